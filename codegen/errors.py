@@ -1,0 +1,47 @@
+"""One exception hierarchy; the CLI maps each class to an exit code (an API, see README)."""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_DRIFT = 1
+EXIT_USER = 2
+EXIT_UPSTREAM = 3
+EXIT_INTERRUPTED = 130
+
+
+class CodegenError(Exception):
+    """Base of every user-facing error: `str()` is the whole message, `hint` an optional fix."""
+
+    exit_code = EXIT_USER
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UserError(CodegenError):
+    """Bad input: a spec, a path, an option."""
+
+
+class SpecError(UserError):
+    """A spec with errors; `message` holds every error, one per line, as file:line:col: ..."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+class UpstreamError(CodegenError):
+    """An AOTriton tree we refuse, or that its own tools reject."""
+
+    exit_code = EXIT_UPSTREAM
+
+
+class DriftError(CodegenError):
+    """`--check` found differences."""
+
+    exit_code = EXIT_DRIFT

@@ -1,0 +1,132 @@
+"""Cross-field validation of a TargetSpec (pure). Returns diagnostics with their field paths,
+so the loader can point each at `file:line:col`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .space import expand_family
+from .target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec
+
+Path = tuple[str | int, ...]
+
+# Upstream rules express the head dim as a BLOCK_DMODEL constexpr list (default 16..512 in
+# steps that are multiples of 16); the runtime pads other head dims up to the next one.
+HEAD_DIM_STEP = 16
+HEAD_DIM_MAX = 512
+
+
+@dataclass(frozen=True, order=True)
+class Diagnostic:
+    path: Path
+    message: str
+    severity: str = "error"  # or "warning"
+
+
+def _lds_lower_bound(block_m: int, block_n: int, head_dim: int, dtype: str) -> int:
+    # Whatever the kernel, one operand tile of max(M, N) rows x head_dim must be staged in LDS
+    # for the matrix product; a config whose lower bound already exceeds the LDS can't compile.
+    return max(block_m, block_n) * head_dim * DTYPE_BYTES[dtype]
+
+
+def check_target(spec: TargetSpec) -> list[Diagnostic]:
+    out: list[Diagnostic] = []
+    err = lambda path, msg: out.append(Diagnostic(tuple(path), msg))  # noqa: E731
+    warn = lambda path, msg: out.append(Diagnostic(tuple(path), msg, "warning"))  # noqa: E731
+
+    for i, gpu in enumerate(spec.gpus):
+        m = GPU_RE.match(gpu)
+        if m and m.group(1) != spec.arch:
+            err(("gpus", i), f"GPU '{gpu}' does not belong to arch '{spec.arch}'")
+    expected_warp = 64 if spec.production_line == "CDNA" else 32
+    if spec.warp_size != expected_warp:
+        err(("warp_size",), f"{spec.production_line} GPUs run wave{expected_warp}, not {spec.warp_size}")
+    hw = spec.hardware
+    if not hw.unified_register_file and hw.agprs_per_lane == 0 and "fp16" in hw.matrix_core_dtypes:
+        warn(("hardware", "agprs_per_lane"), "a split register file with matrix cores normally has AGPRs")
+
+    if sorted(spec.head_dims) != list(spec.head_dims):
+        err(("head_dims",), "head dims must be listed in increasing order")
+    if len(set(spec.head_dims)) != len(spec.head_dims):
+        err(("head_dims",), "duplicate head dim")
+    for i, hd in enumerate(spec.head_dims):
+        if hd % HEAD_DIM_STEP:
+            err(
+                ("head_dims", i),
+                f"head dim {hd} cannot be expressed by upstream's BLOCK_DMODEL axis "
+                f"(multiples of {HEAD_DIM_STEP} up to {HEAD_DIM_MAX}); the runtime pads "
+                f"{hd} up to {hd + HEAD_DIM_STEP - hd % HEAD_DIM_STEP} — list that instead",
+            )
+    if len(spec.head_dims) == 1:
+        warn(
+            ("head_dims",),
+            "a single head dim is fine for normal builds, but upstream tuning builds "
+            "(0.10b-0.12b) drop a one-value axis and crash: keep two for tuning builds",
+        )
+    for i, dt in enumerate(spec.dtypes):
+        if dt not in hw.matrix_core_dtypes:
+            warn(
+                ("dtypes", i),
+                f"{spec.arch} has no matrix-core instructions for {dt}: its kernels run on "
+                "plain ALUs (slow)",
+            )
+
+    if spec.rows.donor_gpu in spec.gpus:
+        err(("rows", "donor_gpu"), "the donor GPU must be another GPU than the target's own")
+    if spec.registration.like == spec.arch:
+        err(("registration", "like"), "registration must clone another arch's entries")
+
+    for family in FAMILIES:
+        space = spec.family_space(family)
+        base = ("tuning", family)
+        seen: set[tuple[int, int]] = set()
+        for i, (m, n) in enumerate(space.block_sizes):
+            for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
+                if v & (v - 1):
+                    err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
+            if m < n:
+                err(
+                    base + ("block_sizes", i),
+                    f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
+                )
+            if (m, n) in seen:
+                err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
+            seen.add((m, n))
+            for dt in spec.dtypes:
+                hd = max(spec.head_dims)
+                need = _lds_lower_bound(m, n, hd, dt)
+                if need > hw.lds_bytes_per_cu:
+                    err(
+                        base + ("block_sizes", i),
+                        f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
+                        f"least {need} bytes > {hw.lds_bytes_per_cu}",
+                    )
+        for axis in ("waves_per_eu", "num_warps", "num_stages"):
+            vals = getattr(space, axis)
+            if len(set(vals)) != len(vals):
+                err(base + (axis,), f"duplicate value in {axis}")
+        for i, w in enumerate(space.waves_per_eu):
+            if w > hw.max_waves_per_simd:
+                err(
+                    base + ("waves_per_eu", i),
+                    f"waves_per_eu={w} exceeds the {hw.max_waves_per_simd} wave slots per SIMD",
+                )
+        if family == "attn_fwd":
+            if space.pre_load_v is None:
+                err(base, "attn_fwd needs pre_load_v (list of booleans)")
+            elif len(set(space.pre_load_v)) != len(space.pre_load_v):
+                err(base + ("pre_load_v",), "duplicate value in pre_load_v")
+        elif space.pre_load_v is not None:
+            err(base + ("pre_load_v",), f"pre_load_v applies to attn_fwd only, not {family}")
+        for j, rule in enumerate(space.exclude):
+            if all(
+                getattr(rule, k) is None
+                for k in ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+                          "pre_load_v", "dtype", "head_dim", "min_tile_area")
+            ):
+                err(base + ("exclude", j), "an exclusion must name at least one field to match")
+        for dt in spec.dtypes:
+            for hd in spec.head_dims:
+                if not expand_family(spec, family, dt, hd):
+                    err(base, f"exclusions leave no config for {dt}, head dim {hd}")
+    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))

@@ -1,0 +1,36 @@
+"""Where the embedded data lives: inside the wheel (codegen/_data/...) or, for a source
+checkout or an editable install, at the repository's top level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PKG = Path(__file__).resolve().parent
+
+
+def data_dir(name: str) -> Path:
+    """`rules`, `templates` or `tuning`."""
+    for candidate in (_PKG / "_data" / name, _PKG.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"mi100-codegen data folder '{name}' is missing from this install")
+
+
+def default_spec_path() -> Path:
+    return data_dir("rules") / "mi100.yaml"
+
+
+def display_path(path: Path) -> str:
+    """A short, stable name for messages: relative to the CWD when below it, else the name
+    under the data folder for embedded files, else the path as given."""
+    path = Path(path)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        pass
+    for name in ("rules", "templates", "tuning"):
+        try:
+            return f"{name}/{path.resolve().relative_to(data_dir(name).resolve())}"
+        except (ValueError, FileNotFoundError):
+            continue
+    return str(path)

@@ -1,0 +1,223 @@
+"""YAML -> TargetSpec, with every error located as `file:line:col: path: message`.
+
+ruamel.yaml's round-trip loader gives the line/column of every key and item; those positions are
+kept in a side table (never inside the data) and used to place pydantic's errors and the
+cross-field diagnostics. All errors are reported at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from .errors import SpecError, UserError
+from .models import Diagnostic, TargetSpec, check_target
+from .resources import default_spec_path, display_path
+
+Loc = tuple[str | int, ...]
+
+
+@dataclass
+class LoadedSpec:
+    spec: TargetSpec
+    path: Path
+    display: str
+    sha256: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def spec_sha256(spec: TargetSpec) -> str:
+    """Hash of the spec's meaning (canonical JSON), not of its comments or layout."""
+    canon = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def format_loc(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+class _Positions:
+    """Path -> (line, col), 1-based, for every node of the document."""
+
+    def __init__(self) -> None:
+        self.table: dict[Loc, tuple[int, int]] = {}
+
+    def walk(self, node: Any, loc: Loc) -> None:
+        if isinstance(node, CommentedMap):
+            for key in node:
+                k_line, k_col = node.lc.key(key)
+                self.table[loc + (str(key),)] = (k_line + 1, k_col + 1)
+                self.walk(node[key], loc + (str(key),))
+        elif isinstance(node, CommentedSeq):
+            for i, item in enumerate(node):
+                i_line, i_col = node.lc.item(i)
+                self.table[loc + (i,)] = (i_line + 1, i_col + 1)
+                self.walk(item, loc + (i,))
+
+    def find(self, loc: Loc) -> tuple[int, int]:
+        loc = tuple(loc)
+        while loc:
+            if loc in self.table:
+                return self.table[loc]
+            loc = loc[:-1]
+        return (1, 1)
+
+
+def _plain(node: Any) -> Any:
+    """ruamel's round-trip types -> plain JSON-able Python (other scalars as strings)."""
+    if isinstance(node, dict):
+        return {str(k): _plain(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    if isinstance(node, bool) or node is None:
+        return node
+    if isinstance(node, int):
+        return int(node)
+    if isinstance(node, float):
+        return float(node)
+    if isinstance(node, str):
+        return str(node)
+    return str(node)
+
+
+def _model_at(loc: Loc) -> type[BaseModel] | None:
+    """The model class that owns the mapping at `loc` (for 'allowed keys' hints)."""
+    model: Any = TargetSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        model = _unwrap(info.annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(ann: Any) -> Any:
+    import typing
+
+    for arg in (ann, *typing.get_args(ann)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        for sub in typing.get_args(arg):
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                return sub
+    return ann
+
+
+def _pydantic_lines(exc: ValidationError) -> list[tuple[Loc, str]]:
+    out = []
+    for e in exc.errors(include_url=False):
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p and "]" in p))
+        typ = e["type"]
+        if typ == "missing":
+            msg = "required field is missing"
+        elif typ == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            allowed = ", ".join(sorted(owner.model_fields)) if owner else ""
+            msg = "unknown key" + (f" (allowed: {allowed})" if allowed else "")
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, ") :]
+        out.append((loc, msg))
+    return out
+
+
+def _mark_error(display: str, exc: MarkedYAMLError) -> str:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+    problem = exc.problem or "invalid YAML"
+    if exc.context and "duplicate" in str(exc.context).lower() or "duplicate" in problem.lower():
+        problem = f"duplicate key: {problem}"
+    return f"{display}:{line}:{col}: YAML: {problem}"
+
+
+def load_spec(path: str | Path | None = None) -> LoadedSpec:
+    """Load and validate a spec; raise SpecError with every problem found."""
+    path = Path(path) if path is not None else default_spec_path()
+    display = display_path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{display}: spec file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{display}: is a directory, not a spec file") from None
+    except OSError as exc:
+        raise UserError(f"{display}: cannot read spec: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SpecError(
+            [f"{display}:{line}:{col}: file is not UTF-8 text (byte 0x{raw[exc.start]:02x})"]
+        ) from None
+    if not text.strip() or all(
+        not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()
+    ):
+        raise SpecError([f"{display}:1:1: spec is empty (expected a mapping of target fields)"])
+
+    yaml = YAML(typ="rt")
+    yaml.allow_duplicate_keys = False
+    try:
+        doc = yaml.load(text)
+    except MarkedYAMLError as exc:
+        raise SpecError([_mark_error(display, exc)]) from None
+    except YAMLError as exc:  # pragma: no cover - ruamel always marks parse errors
+        raise SpecError([f"{display}:1:1: YAML: {exc}"]) from None
+    if not isinstance(doc, CommentedMap):
+        kind = type(_plain(doc)).__name__ if doc is not None else "nothing"
+        raise SpecError([f"{display}:1:1: expected a mapping of target fields, found {kind}"])
+
+    pos = _Positions()
+    pos.walk(doc, ())
+    data = _plain(doc)
+
+    def located(loc: Loc, msg: str, severity: str = "error") -> str:
+        line, col = pos.find(loc)
+        prefix = "warning: " if severity == "warning" else ""
+        return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {msg}"
+
+    try:
+        spec = TargetSpec.model_validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:
+        items = sorted(set(_pydantic_lines(exc)), key=lambda t: (pos.find(t[0]), format_loc(t[0])))
+        raise SpecError([located(loc, msg) for loc, msg in items]) from None
+
+    diags: list[Diagnostic] = check_target(spec)
+    errors = [d for d in diags if d.severity == "error"]
+    warnings = [d for d in diags if d.severity == "warning"]
+    order = lambda d: (pos.find(d.path), d.message)  # noqa: E731
+    if errors:
+        raise SpecError([located(d.path, d.message) for d in sorted(errors, key=order)])
+    return LoadedSpec(
+        spec=spec,
+        path=path,
+        display=display,
+        sha256=spec_sha256(spec),
+        warnings=[located(d.path, d.message, "warning") for d in sorted(warnings, key=order)],
+    )
+
+
+def spec_json_schema() -> str:
+    schema = TargetSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "mi100-codegen target spec"
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
