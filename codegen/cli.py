@@ -149,7 +149,7 @@ def _register_optional() -> None:
         "codegen.precompile.cli",  # precompile, bench
         "codegen.build.cli",       # build
         "codegen.tune.cli",        # tune
-        "codegen.torch.cli",       # torch status|install|restore|rebuild-recipe
+        "codegen.torch_integration.cli",  # torch status|install|restore|rebuild-recipe
         "codegen.validate.cli",    # validate
     ):
         try:

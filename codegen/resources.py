@@ -13,7 +13,10 @@ def data_dir(name: str) -> Path:
     for candidate in (_PKG / "_data" / name, _PKG.parent / name):
         if candidate.is_dir():
             return candidate
-    raise FileNotFoundError(f"mi100-codegen data folder '{name}' is missing from this install")
+    from .errors import UserError
+
+    raise UserError(f"mi100-codegen data folder '{name}' is missing from this install",
+                    hint="reinstall mi100-codegen (pip install .)")
 
 
 def default_spec_path() -> Path:

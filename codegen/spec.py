@@ -144,8 +144,11 @@ def _mark_error(display: str, exc: MarkedYAMLError) -> str:
     mark = exc.problem_mark or exc.context_mark
     line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
     problem = exc.problem or "invalid YAML"
-    if exc.context and "duplicate" in str(exc.context).lower() or "duplicate" in problem.lower():
+    if "duplicate" in problem.lower() or "duplicate" in str(exc.context or "").lower():
         problem = f"duplicate key: {problem}"
+    elif exc.context and exc.context_mark and exc.problem_mark:
+        cm = exc.context_mark
+        problem = f"{problem} ({exc.context} started at {cm.line + 1}:{cm.column + 1})"
     return f"{display}:{line}:{col}: YAML: {problem}"
 
 

@@ -1,0 +1,102 @@
+"""The default spec, config expansion and naming, warnings, the JSON Schema golden file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from codegen.cli import app
+from codegen.models import KernelConfig, expand_family, expand_space
+from codegen.spec import load_spec, spec_json_schema
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_default_spec_is_mi100():
+    loaded = load_spec(None)
+    spec = loaded.spec
+    assert spec.arch == "gfx908" and spec.gpus == ["gfx908_mod0"]
+    assert spec.head_dims == [32, 64]
+    assert sorted(spec.dtypes) == ["bf16", "fp16", "fp32"]
+    assert spec.hardware.vgprs_per_lane == 256 and not spec.hardware.unified_register_file
+    assert loaded.warnings == []
+
+
+def test_config_names_encode_every_axis():
+    cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, False)
+    assert cfg.name == "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0"
+    bwd = KernelConfig("bwd_kernel_dq", "gfx908", "bf16", 32, 32, 16, 1, 4, 1)
+    assert bwd.name == "bwd_kernel_dq.gfx908.bf16.d32.M32N16.wpe1.w4.s1"
+
+
+def test_default_space_respects_fork_lessons_and_exclusions():
+    spec = load_spec(None).spec
+    for family, cfgs in expand_space(spec).items():
+        assert cfgs, family
+        names = [c.name for c in cfgs]
+        assert len(names) == len(set(names))
+        for c in cfgs:
+            assert c.block_m >= c.block_n  # M < N was faulty in the gfx908 fork
+            assert not (c.num_warps == 1 and c.block_m * c.block_n >= 8192)
+            # 4-7 configs per family and (dtype, head dim): a small starting space
+        for dt in spec.dtypes:
+            for hd in spec.head_dims:
+                assert 3 <= len(expand_family(spec, family, dt, hd)) <= 8
+    fwd = expand_family(spec, "attn_fwd", "fp16", 64)
+    assert all(c.waves_per_eu == 1 for c in fwd if c.block_m == 128)
+    assert all(c.block_m < 128 for c in expand_family(spec, "attn_fwd", "fp32", 64))
+
+
+def test_adding_head_dim_128_is_a_one_line_edit(tmp_path):
+    text = (REPO / "rules/mi100.yaml").read_text()
+    edited = text.replace("head_dims: [32, 64]\n", "head_dims: [32, 64, 128]\n")
+    assert sum(a != b for a, b in zip(text.splitlines(), edited.splitlines())) == 1
+    p = tmp_path / "mi100-128.yaml"
+    p.write_text(edited)
+    loaded = load_spec(p)
+    assert loaded.spec.head_dims == [32, 64, 128]
+    assert {c.head_dim for c in expand_space(loaded.spec)["attn_fwd"]} == {32, 64, 128}
+
+
+def test_single_head_dim_and_alu_dtype_warn_but_pass(tmp_path):
+    text = (REPO / "rules/mi100.yaml").read_text()
+    text = text.replace("head_dims: [32, 64]\n", "head_dims: [64]\n")
+    text = text.replace("matrix_core_dtypes: [fp16, bf16, fp32]", "matrix_core_dtypes: [fp16, bf16]")
+    p = tmp_path / "w.yaml"
+    p.write_text(text)
+    loaded = load_spec(p)
+    assert len(loaded.warnings) == 2
+    assert any("fp32" in w and "matrix-core" in w for w in loaded.warnings)
+    assert all(":" in w.split(" ")[0] for w in loaded.warnings)
+    result = CliRunner().invoke(app, ["spec", "check", str(p)])
+    assert result.exit_code == 0
+    assert "warning:" in result.output
+
+
+def test_spec_sha_ignores_comments(tmp_path):
+    text = (REPO / "rules/mi100.yaml").read_text()
+    p = tmp_path / "c.yaml"
+    p.write_text("# another comment\n" + text.replace("# AOTriton's GPU names", "# renamed"))
+    assert load_spec(p).sha256 == load_spec(None).sha256
+
+
+def test_json_schema_golden_is_current():
+    committed = (REPO / "rules/schema/target-spec.schema.json").read_text()
+    assert committed == spec_json_schema(), (
+        "regenerate: mi100-codegen spec schema > rules/schema/target-spec.schema.json"
+    )
+    schema = json.loads(committed)
+    assert "tuning" in schema["properties"] and schema["additionalProperties"] is False
+
+
+def test_spec_schema_command_prints_it():
+    result = CliRunner().invoke(app, ["spec", "schema"])
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["title"] == "mi100-codegen target spec"
+
+
+def test_every_example_spec_is_valid():
+    for p in sorted((REPO / "rules").rglob("*.yaml")):
+        load_spec(p)
