@@ -2,12 +2,22 @@
 
 `winners.csv` holds one row per tuning-grid entry: the config `mi100-codegen tune` measured
 fastest (numerics checked) for that entry. Render turns them into tuning-database rows that
-replace the rows seeded from the donor GPU.
+replace the rows seeded from the donor GPU. `measurements.csv` beside it holds every candidate
+measured for every entry (time, status, errors against the fp64 reference): the evidence.
+
+Both files are sorted, LF, with provenance on every row: `device` (the GPU's name), `proxy`
+(empty for a measurement on the target arch itself, else what stood in for it, e.g.
+`nvidia-proxy`), the Triton and torch versions and the date of the measurement.
+
+This module is pure data handling (stdlib only): render imports it, so keep it light.
 """
 
 from __future__ import annotations
 
 import csv
+import io
+import os
+import tempfile
 from pathlib import Path
 
 from .models import TargetSpec
@@ -17,25 +27,164 @@ WINNER_COLUMNS = (
     "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v",
     "config", "time_ms", "device", "proxy",
 )
+# Provenance columns of the CSV after the ones render passes on (render ignores them).
+WINNER_META_COLUMNS = ("entry", "triton", "torch", "date", "source", "candidates")
+WINNER_CSV_COLUMNS = WINNER_COLUMNS + WINNER_META_COLUMNS
+
+MEASUREMENT_COLUMNS = (
+    "entry", "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q",
+    "seqlen_k", "config", "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+    "pre_load_v", "status", "time_ms", "errors", "same_kernel_as", "device", "proxy", "triton",
+    "torch", "date", "source",
+)
 INT_COLUMNS = ("head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k", "block_m",
-               "block_n", "waves_per_eu", "num_warps", "num_stages")
+               "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v", "candidates")
+FLOAT_COLUMNS = ("time_ms",)
+
+WINNERS_FILE = "winners.csv"
+MEASUREMENTS_FILE = "measurements.csv"
+
+# Row identity: one winner per (gpu, family, functional inputs).
+KEY_COLUMNS = ("gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias",
+               "seqlen_q", "seqlen_k")
+
+TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
+# Upstream (0.11b) stores causal rows as CAUSAL_TYPE 3 (windowed, top-left), others as 0.
+CAUSAL_TYPE_CAUSAL = 3
+
+
+def _typed(rec: dict) -> dict:
+    row = dict(rec)
+    for k in INT_COLUMNS:
+        if k in row and row[k] not in ("", None):
+            row[k] = int(row[k])
+    for k in FLOAT_COLUMNS:
+        if k in row and row[k] not in ("", None):
+            row[k] = float(row[k])
+    return row
+
+
+def read_csv(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8") as fh:
+        return [_typed(rec) for rec in csv.DictReader(fh)]
+
+
+def row_key(row: dict) -> tuple:
+    return tuple(str(row.get(k, "")) for k in KEY_COLUMNS)
+
+
+def _sort_key(columns: tuple[str, ...]):
+    def key(row: dict) -> tuple:
+        out = []
+        for k in columns:
+            v = row.get(k, "")
+            out.append((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool)
+                       else (1, 0, str(v)))
+        return tuple(out)
+    return key
+
+
+def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, ...]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    w.writeheader()
+    for row in sorted(rows, key=_sort_key(sort_by)):
+        out = {}
+        for k in columns:
+            v = row.get(k, "")
+            if isinstance(v, bool):
+                v = int(v)
+            elif isinstance(v, float):
+                v = f"{v:.6f}"
+            out[k] = "" if v is None else v
+        w.writerow(out)
+    return buf.getvalue()
+
+
+def write_text_atomic(path: Path, text: str) -> bool:
+    """Write-if-changed via atomic replace; returns whether the file changed."""
+    path = Path(path)
+    data = text.encode("utf-8")
+    if path.is_file() and path.read_bytes() == data:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def write_winners(folder: Path, rows: list[dict]) -> bool:
+    return write_text_atomic(Path(folder) / WINNERS_FILE,
+                             format_csv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",)))
+
+
+def write_measurements(folder: Path, rows: list[dict]) -> bool:
+    return write_text_atomic(
+        Path(folder) / MEASUREMENTS_FILE,
+        format_csv(rows, MEASUREMENT_COLUMNS, KEY_COLUMNS + ("config",)),
+    )
 
 
 def load_winner_rows(folder: Path, spec: TargetSpec) -> list[dict]:
-    path = Path(folder) / "winners.csv"
-    if not path.is_file():
-        return []
+    """Winners of the spec's GPUs, dtypes and head dims, as render's `rows['measured']`."""
     rows = []
-    with path.open(newline="", encoding="utf-8") as fh:
-        for rec in csv.DictReader(fh):
-            if rec.get("gpu") not in spec.gpus:
-                continue
-            if rec.get("dtype") not in spec.dtypes or int(rec["head_dim"]) not in spec.head_dims:
-                continue
-            row = {k: rec[k] for k in WINNER_COLUMNS if k in rec}
-            for k in INT_COLUMNS:
-                if k in row and row[k] != "":
-                    row[k] = int(row[k])
-            rows.append(row)
-    key = lambda r: tuple(str(r.get(k, "")) for k in WINNER_COLUMNS)  # noqa: E731
-    return sorted(rows, key=key)
+    for rec in read_csv(Path(folder) / WINNERS_FILE):
+        if rec.get("gpu") not in spec.gpus:
+            continue
+        if rec.get("dtype") not in spec.dtypes or rec.get("head_dim") not in spec.head_dims:
+            continue
+        if rec.get("proxy") and not spec.rows.use_proxy_measurements:
+            continue  # measured on a stand-in GPU: opt in with rows.use_proxy_measurements
+        rows.append({k: rec[k] for k in WINNER_COLUMNS if k in rec})
+    return sorted(rows, key=lambda r: tuple(str(r.get(k, "")) for k in WINNER_COLUMNS))
+
+
+def db_row(row: dict) -> tuple[str, dict]:
+    """A winner row -> (upstream table name, {column: value}) in upstream's 0.11b schema
+    (`FLASH$<family>`; `inputs$…`, `tuned_kernel$…`, `compiler_options$…`). The row's key is
+    gpu + every `inputs$` column: replacing a seeded row means deleting the rows whose key
+    matches (compare with `IS`, NULLs occur) and inserting this one."""
+    fam = row["family"]
+    causal = int(row["causal"])
+    seq = ("inputs$Max_seqlen_q", "inputs$Max_seqlen_k") if fam == "attn_fwd" else (
+        "inputs$max_seqlen_q", "inputs$max_seqlen_k")
+    cols: dict = {
+        "gpu": row["gpu"],
+        "inputs$Q_dtype": TORCH_DTYPES[row["dtype"]],
+        seq[0]: int(row["seqlen_q"]),
+        seq[1]: int(row["seqlen_k"]),
+        "inputs$CAUSAL_TYPE": CAUSAL_TYPE_CAUSAL if causal else 0,
+        "inputs$BLOCK_DMODEL": int(row["head_dim"]),
+        "inputs$ENABLE_DROPOUT": int(row["dropout"]),
+        "inputs$PADDED_HEAD": 0,
+        "inputs$BIAS_TYPE": int(row["bias"]),
+    }
+    if fam == "attn_fwd":
+        cols.update({"inputs$USE_ALIBI": 0, "inputs$INT8": 0, "inputs$INT8_KV": 0,
+                     "inputs$USE_P_SCALE": 0})
+    elif fam == "bwd_kernel_fuse":
+        # 0.11b's database stores these as NULL in every FLASH$bwd_kernel_fuse row (and SQLite's
+        # UNIQUE treats NULLs as distinct: the table even holds two rows per input there), so an
+        # ON CONFLICT upsert never fires: replace with a NULL-aware delete (`IS`), then insert.
+        cols.update({"inputs$USE_ALIBI": None, "inputs$INT8": None, "inputs$INT8_KV": None,
+                     "inputs$USE_P_SCALE": None})
+    if fam == "attn_fwd":
+        cols.update({"tuned_kernel$PERSISTENT_TYPE": 2 if causal else 0,
+                     "tuned_kernel$GRID_CU_MULTIP": 2})
+    cols.update({"tuned_kernel$BLOCK_M": int(row["block_m"]),
+                 "tuned_kernel$BLOCK_N": int(row["block_n"])})
+    if fam == "attn_fwd":
+        cols["tuned_kernel$PRE_LOAD_V"] = int(row.get("pre_load_v") or 0)
+    cols.update({"compiler_options$waves_per_eu": int(row["waves_per_eu"]),
+                 "compiler_options$num_warps": int(row["num_warps"]),
+                 "compiler_options$num_stages": int(row["num_stages"])})
+    return f"FLASH${fam}", cols

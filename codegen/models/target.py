@@ -127,6 +127,12 @@ class Rows(_Model):
     default_max_waves_per_eu: int | None = Field(
         None, ge=0, le=10, description="Cap applied to every seeded row (after the specific caps)."
     )
+    use_proxy_measurements: bool = Field(
+        False,
+        description="Let winners measured on a stand-in GPU (proxy column set, e.g. an NVIDIA "
+        "GPU) replace seeded rows. Off by default: a proxy's fastest config says nothing about "
+        "the target; measurements on the target itself are always used.",
+    )
 
     @field_validator("donor_gpu")
     @classmethod

@@ -1,0 +1,139 @@
+"""`tune import FILE`: ingest the raw JSON lines upstream's own tuner writes (AOTriton 0.10b/0.11b
+`test/tune_flash.py --json_file …`, one line per measured kernel, as also read by
+`v2python/table_tool.py --action rawjson`) into our measurements.csv/winners.csv.
+
+A line looks like (abridged):
+  {"arch": "gfx908", "kernel_name": "attn_fwd", "result": "tuned",
+   "inputs": {"Q_dtype": "float16", "D_HEAD": 64, "BLOCK_DMODEL": 64, "Max_seqlen_q": 1024,
+              "Max_seqlen_k": 1024, "CAUSAL_TYPE": true, "ENABLE_DROPOUT": false, "BIAS_TYPE": 0, ...},
+   "tuned_kernel": {"BLOCK_M": 128, "BLOCK_N": 64, "PRE_LOAD_V": false, ...},
+   "compiler_options": {"waves_per_eu": 1, "num_warps": 4, "num_stages": 1},
+   "ut_passed": true, "time": [median, p20, p80], "adiffs": ..., "_debug_task_id": 3, ...}
+Lines with `"result": "skipped"` and kernels we do not tune are ignored. As table_tool does,
+head dims and seqlens are rounded up to upstream's bins and a truthy CAUSAL_TYPE is causal.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..models import FAMILIES, KernelConfig, TargetSpec
+from .grid import SEQLEN_BINS, GridEntry
+from .store import Provenance, config_columns, entry_columns
+
+HEAD_DIM_BINS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 512)
+DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def _round_up(x: int, bins: tuple[int, ...]) -> int:
+    for b in bins:
+        if b >= x:
+            return b
+    return bins[-1]
+
+
+def _first(d: dict, *keys, default=None):
+    for k in keys:
+        if k in d:
+            return d[k]
+    return default
+
+
+@dataclass
+class ImportResult:
+    entries: dict[str, tuple[GridEntry, list[dict]]] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    outside_space: int = 0
+
+    def skip(self, why: str) -> None:
+        self.skipped[why] = self.skipped.get(why, 0) + 1
+
+
+def _time_ms(t) -> float | None:
+    if isinstance(t, list) and t:
+        t = t[0]  # upstream stores [median, p20, p80]
+    if isinstance(t, (int, float)) and math.isfinite(t):
+        return float(t)
+    return None
+
+
+def _any_nan(adiffs) -> bool:
+    vals = adiffs if isinstance(adiffs, list) else [adiffs]
+    return any(isinstance(v, float) and math.isnan(v) for v in vals)
+
+
+def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
+                  space: dict[tuple, set[str]] | None = None) -> ImportResult:
+    res = ImportResult()
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            j = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: not a JSON line: {exc.msg}") from None
+        if not isinstance(j, dict):
+            raise UserError(f"{path}:{lineno}: expected a JSON object per line")
+        if j.get("result") != "tuned":
+            res.skip(f"result {j.get('result', 'missing')!r}")
+            continue
+        fam = j.get("kernel_name")
+        if fam not in FAMILIES:
+            res.skip(f"kernel {fam!r}")
+            continue
+        try:
+            inp, tk, co = j["inputs"], j["tuned_kernel"] or {}, j["compiler_options"] or {}
+            arch = str(j["arch"])
+            dt = DTYPE_NAMES.get(str(inp["Q_dtype"]).removeprefix("torch."))
+            hd = _round_up(int(_first(inp, "D_HEAD", "BLOCK_DMODEL")), HEAD_DIM_BINS)
+            sq = _round_up(int(_first(inp, "Max_seqlen_q", "max_seqlen_q", "seqlen_q")), SEQLEN_BINS)
+            sk = _round_up(int(_first(inp, "Max_seqlen_k", "max_seqlen_k", "seqlen_k")), SEQLEN_BINS)
+            causal = bool(_first(inp, "CAUSAL_TYPE", "CAUSAL", default=0))
+            dropout = bool(inp.get("ENABLE_DROPOUT", False))
+            bias = bool(inp.get("BIAS_TYPE", 0))
+            bm, bn = int(tk["BLOCK_M"]), int(tk["BLOCK_N"])
+            plv = bool(tk.get("PRE_LOAD_V", False)) if fam == "attn_fwd" else None
+            wpe = int(co.get("waves_per_eu", 0))
+            warps, stages = int(co.get("num_warps", 4)), int(co.get("num_stages", 1))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UserError(f"{path}:{lineno}: not an upstream tuning record ({exc!r} missing or malformed)") from None
+        if dt is None:
+            res.skip("dtype")
+            continue
+        if arch != spec.arch and not accept_proxy:
+            res.skip(f"arch {arch} (not {spec.arch}; --proxy imports it as a proxy)")
+            continue
+        if dt not in spec.dtypes or hd not in spec.head_dims:
+            res.skip("dtype/head dim outside the spec")
+            continue
+        entry = GridEntry(fam, spec.arch, dt, hd, causal, dropout, bias, sq, sk)
+        cfg = KernelConfig(fam, spec.arch, dt, hd, bm, bn, wpe, warps, stages, plv)
+        if space is not None and cfg.name not in space.get((fam, dt, hd), set()):
+            res.outside_space += 1
+        t = _time_ms(j.get("time"))
+        adiffs = j.get("adiffs")
+        passed = j.get("ut_passed")
+        if t is None:
+            status = "error"
+        elif passed is False or (adiffs is not None and _any_nan(adiffs)):
+            status = "numerics"
+        else:
+            status = "ok"
+        prov = Provenance(device=arch, proxy="" if arch == spec.arch else f"amd-{arch}-proxy",
+                          triton="", torch="", date=date, source="import:test/tune_flash.py")
+        row = {**entry_columns(entry, spec.primary_gpu), **config_columns(cfg), "status": status,
+               "time_ms": t if t is not None else "",
+               "errors": "" if adiffs is None else f"adiffs={json.dumps(adiffs)}",
+               "same_kernel_as": "", **prov.as_dict()}
+        _, rows = res.entries.setdefault(entry.name, (entry, []))
+        # the same kernel measured twice (a resumed upstream run): keep the later line
+        rows[:] = [r for r in rows if r["config"] != cfg.name] + [row]
+    return res

@@ -1,0 +1,91 @@
+"""tune on a GPU: the tree's kernels run with a chosen config, pass the fp64 check, wrong output
+fails it, and a CLI run resumes without re-measuring. Needs torch + triton + a GPU and an
+AOTriton source tree with tritonsrc/ (AOTRITON_SRC, any of 0.10b-0.12b)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def _gpu_or_skip() -> None:
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("triton") is None:
+        pytest.skip("needs torch and triton")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU visible to torch")
+
+
+@pytest.fixture(scope="module")
+def tree() -> Path:
+    src = os.environ.get("AOTRITON_SRC")
+    if not src or not (Path(src) / "tritonsrc" / "flash.py").is_file():
+        pytest.skip("set AOTRITON_SRC to an AOTriton tree with tritonsrc/ (0.10b-0.12b)")
+    _gpu_or_skip()
+    return Path(src)
+
+
+@pytest.fixture(scope="module")
+def tk(tree):
+    from codegen.tune.kernels import TreeKernels
+
+    return TreeKernels(tree)
+
+
+def _spec():
+    from codegen.spec import load_spec
+
+    return load_spec(None).spec
+
+
+@pytest.mark.parametrize("family", ["attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_measure_entry_passes_reference(tk, family, causal):
+    from codegen.models import expand_family
+    from codegen.tune.grid import GridEntry
+    from codegen.tune.runner import Settings, measure_entry, provenance
+
+    sp = _spec()
+    entry = GridEntry(family, sp.arch, "fp16", 64, causal, False, False, 256, 256)
+    configs = expand_family(sp, family, "fp16", 64)[:3]
+    rows = measure_entry(tk, entry, configs, Settings(batch=2, heads=4, warmup_ms=2, rep_ms=5),
+                         sp.primary_gpu, provenance(sp.arch))
+    assert [r["config"] for r in rows] and {r["status"] for r in rows} == {"ok"}, rows
+    assert all(r["time_ms"] > 0 for r in rows)
+
+
+def test_check_rejects_wrong_output(tk):
+    from codegen.tune.kernels import check, make_problem, reference
+
+    p = make_problem("bf16", 1, 2, 128, 128, 32, True, 7)
+    refs = reference(p, 2, want_grads=False)
+    fwd, o, _ = tk.fwd_launcher(p, 64, 32, False, tk.opts(4, 1, 1))
+    fwd()
+    assert check({"out": o}, refs, 2, "bf16")[0]
+    bad = o.clone()
+    bad[0, 0, 5, :] += 0.25
+    ok, errs = check({"out": bad}, refs, 2, "bf16")
+    assert not ok and errs.startswith("out=")
+
+
+def test_cli_run_then_resume_skips_done(tree, tmp_path):
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    args = ["tune", str(tree), "--family", "attn_fwd", "--dtype", "fp16", "--head-dim", "32",
+            "--seqlen", "128", "--seqlen", "256", "--square", "--no-causal", "--out", str(tmp_path),
+            "--batch", "2", "--heads", "2", "--rep-ms", "5", "--warmup-ms", "2", "--compile-jobs", "0"]
+    r1 = CliRunner().invoke(app, args)
+    assert r1.exit_code == 0, r1.output
+    first = (tmp_path / "measurements.csv").read_bytes()
+    assert (tmp_path / "winners.csv").read_text().count("\n") == 3  # header + 2 entries
+    r2 = CliRunner().invoke(app, args + ["--resume"])
+    assert r2.exit_code == 0 and "nothing to do" in r2.output
+    assert (tmp_path / "measurements.csv").read_bytes() == first
