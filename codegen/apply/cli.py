@@ -1,0 +1,112 @@
+"""`mi100-codegen apply` and `mi100-codegen revert`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+def _console() -> Console:
+    """Verdicts go to stderr; when it is not a terminal keep lines long rather than folded."""
+    c = Console(stderr=True, highlight=False, soft_wrap=True)
+    if not c.is_terminal:
+        c = Console(stderr=True, highlight=False, soft_wrap=True, width=200)
+    return c
+
+
+STYLES = {"create": "green", "edit": "yellow", "identical": "dim", "conflict": "bold red", "skip": "cyan"}
+
+
+def _print_result(console: Console, result, show_edits: bool = True) -> None:
+    title = f"{result.command} {result.tree}"
+    if result.release:
+        title += f" (AOTriton {result.release}, adapter {result.adapter})"
+    if result.pretend:
+        title += " [pretend: nothing written]"
+    if result.recovered:
+        console.print(f"[yellow]recovered an interrupted run:[/] {result.recovered}")
+    table = Table(title=title, title_justify="left", show_edge=False, box=None, pad_edge=False)
+    table.add_column("verdict")
+    table.add_column("file")
+    table.add_column("detail", overflow="fold")
+    for f in result.files:
+        detail = f.detail
+        if f.path in result.rows:
+            detail = (detail + " " if detail else "") + ", ".join(
+                f"{t} {s['rows_written']} rows" for t, s in result.rows[f.path].items())
+        elif f.edits and not detail:
+            detail = ", ".join(f.edits)
+        table.add_row(f"[{STYLES.get(f.verdict, '')}]{f.verdict}[/]", f.path, detail)
+    if show_edits:
+        for e in result.edits:
+            if e.verdict in ("skip", "conflict"):
+                table.add_row(f"[{STYLES[e.verdict]}]{e.verdict}[/]", f"{e.path} ({e.id})", e.detail)
+    console.print(table)
+    counts: dict[str, int] = {}
+    for f in result.files:
+        counts[f.verdict] = counts.get(f.verdict, 0) + 1
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "nothing to do"
+    console.print(f"{result.command}: {summary}")
+
+
+def register(app: typer.Typer, guarded) -> None:
+    @app.command()
+    @guarded
+    def apply(
+        aotriton_dir: Path = typer.Argument(..., help="AOTriton source tree (a release checkout)."),
+        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: embedded rules/mi100.yaml)."),
+        pretend: bool = typer.Option(False, "--pretend", help="Compute and report the verdicts, write nothing."),
+        as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
+    ) -> None:
+        """Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows.
+
+        Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
+        from ..spec import load_spec
+        from .engine import ApplyConflict, apply_overlay
+
+        console = _console()
+        loaded = load_spec(spec)
+        for w in loaded.warnings:
+            console.print(w, markup=False, style="yellow")
+        try:
+            with console.status("applying…") as status:
+                result = apply_overlay(aotriton_dir, loaded, pretend=pretend,
+                                       progress=lambda msg: status.update(msg))
+        except ApplyConflict as exc:
+            _print_result(console, exc.result)
+            if as_json:
+                sys.stdout.write(json.dumps(exc.result.to_json(), indent=2, sort_keys=True) + "\n")
+            raise
+        _print_result(console, result)
+        if as_json:
+            sys.stdout.write(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+
+    @app.command()
+    @guarded
+    def revert(
+        aotriton_dir: Path = typer.Argument(..., help="AOTriton tree that `apply` changed."),
+        force: bool = typer.Option(False, "--force", help="Restore files even if they were changed after apply."),
+        as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
+    ) -> None:
+        """Restore the tree byte-for-byte to its state before the first apply."""
+        from .engine import ApplyConflict, revert_tree
+
+        console = _console()
+        try:
+            result = revert_tree(aotriton_dir, force=force)
+        except ApplyConflict as exc:
+            _print_result(console, exc.result, show_edits=False)
+            if as_json:
+                sys.stdout.write(json.dumps(exc.result.to_json(), indent=2, sort_keys=True) + "\n")
+            raise
+        if not result.files and not result.release:
+            console.print(f"revert: {aotriton_dir} has no mi100-codegen lock: nothing to revert")
+        else:
+            _print_result(console, result, show_edits=False)
+        if as_json:
+            sys.stdout.write(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,315 @@
+"""Anchored edits of upstream files, computed at apply time from the edit catalogue
+(`Overlay.edits`, rendered from templates/edits/*.yaml.j2).
+
+Python literal tables are edited with libcst (format-preserving): the new element is inserted
+right before (default) or after the neighbour element, and takes the neighbour's whitespace so
+the file's own alignment is kept. C++/CMake files are edited with strict text anchors: the
+neighbour must occur on exactly one line of the file.
+
+Every function here is pure: text in, text out. A problem with an anchor raises `EditConflict`;
+an optional edit whose symbol is absent raises `EditSkipped`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import libcst as cst
+
+
+class EditConflict(Exception):
+    """The anchor is missing, ambiguous, or the tree already holds the payload."""
+
+
+class EditSkipped(Exception):
+    """An optional edit whose symbol the file does not have."""
+
+
+def _position(edit: dict) -> str:
+    pos = edit.get("position", "before")
+    if pos not in ("before", "after"):
+        raise EditConflict(f"edit {edit['id']}: position must be 'before' or 'after', not {pos!r}")
+    return pos
+
+
+# ------------------------------------------------------------------------------------- python --
+
+
+def _parse(text: str, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as exc:
+        raise EditConflict(f"{path}: not valid Python ({str(exc).splitlines()[0]})") from None
+
+
+def _expr(src: str, what: str) -> cst.BaseExpression:
+    try:
+        return cst.parse_expression(src)
+    except cst.ParserSyntaxError:
+        raise EditConflict(f"{what}: {src!r} is not a Python expression") from None
+
+
+def _assignments(module: cst.Module, symbol: str) -> list[tuple[int, int, cst.BaseSmallStatement]]:
+    """Module-level `symbol = ...` / `symbol: T = ...`: (statement index, small index, node)."""
+    hits = []
+    for i, stmt in enumerate(module.body):
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for j, small in enumerate(stmt.body):
+            if isinstance(small, cst.Assign):
+                names = [t.target for t in small.targets]
+                if any(isinstance(n, cst.Name) and n.value == symbol for n in names):
+                    hits.append((i, j, small))
+            elif isinstance(small, cst.AnnAssign) and small.value is not None:
+                if isinstance(small.target, cst.Name) and small.target.value == symbol:
+                    hits.append((i, j, small))
+    return hits
+
+
+def _one_assignment(module: cst.Module, edit: dict):
+    symbol = edit["symbol"]
+    hits = _assignments(module, symbol)
+    if not hits:
+        if edit.get("optional"):
+            raise EditSkipped(f"{symbol} is absent (optional edit)")
+        raise EditConflict(f"{edit['path']}: no module-level assignment to {symbol}")
+    if len(hits) > 1:
+        raise EditConflict(f"{edit['path']}: {symbol} is assigned {len(hits)} times (ambiguous anchor)")
+    return hits[0]
+
+
+def _replace_value(module: cst.Module, idx: tuple[int, int], new_small) -> cst.Module:
+    i, j = idx
+    stmt = module.body[i]
+    body = list(stmt.body)
+    body[j] = new_small
+    new_body = list(module.body)
+    new_body[i] = stmt.with_changes(body=body)
+    return module.with_changes(body=new_body)
+
+
+def _code(module: cst.Module, node: cst.CSTNode) -> str:
+    return module.code_for_node(node)
+
+
+def _check_neighbour_line(module: cst.Module, literal, nb, edit: dict) -> None:
+    """In a multi-line literal the neighbour must sit alone on its line(s), without a comment:
+    anything else there is a local edit at the anchor (and would be cloned into the new line)."""
+    code = module.code
+    lit = _code(module, literal)
+    if "\n" not in lit:
+        return
+    elem = _code(module, nb.with_changes(comma=cst.MaybeSentinel.DEFAULT)).strip()
+    hits = [n for n in range(len(code)) if code.startswith(lit, n)]
+    if len(hits) != 1:
+        return
+    start = hits[0]
+    body = code[start:start + len(lit)]
+    lines = [l.strip() for l in body.splitlines()]
+    expected = {elem + ",", elem}
+    if not any(l in expected for l in lines):
+        raise EditConflict(
+            f"{edit['path']}: the line of {edit['neighbour']} in {edit['symbol']} was changed locally "
+            f"(expected it alone on its line: {elem + ','!r})"
+        )
+
+
+def _insert_element(module: cst.Module, edit: dict, kind: str) -> cst.Module:
+    """Insert into the tuple/list/set (seq) or dict literal assigned to edit['symbol']."""
+    i, j, assign = _one_assignment(module, edit)
+    value = assign.value
+    path, symbol = edit["path"], edit["symbol"]
+    if kind == "seq":
+        if not isinstance(value, (cst.Tuple, cst.List, cst.Set)):
+            raise EditConflict(f"{path}: {symbol} is not a tuple/list/set literal")
+        key_src = edit["payload"]
+        new_value_node = _expr(key_src, f"edit {edit['id']} payload")
+        present = [e for e in value.elements if _code(module, e.value).strip() == key_src.strip()]
+    else:
+        if not isinstance(value, cst.Dict):
+            raise EditConflict(f"{path}: {symbol} is not a dict literal")
+        key_src = edit["payload"]["key"]
+        new_key = _expr(key_src, f"edit {edit['id']} payload key")
+        new_val = _expr(str(edit["payload"]["value"]), f"edit {edit['id']} payload value")
+        present = [e for e in value.elements
+                   if isinstance(e, cst.DictElement) and _code(module, e.key).strip() == key_src.strip()]
+    if present:
+        raise EditConflict(f"{path}: {symbol} already contains {key_src} (tree patched by something else?)")
+
+    def ident(e) -> str:
+        node = e.value if kind == "seq" else getattr(e, "key", None)
+        return _code(module, node).strip() if node is not None else ""
+
+    elems = list(value.elements)
+    matches = [k for k, e in enumerate(elems) if ident(e) == edit["neighbour"].strip()]
+    if len(matches) != 1:
+        what = "not found" if not matches else f"found {len(matches)} times"
+        raise EditConflict(f"{path}: neighbour {edit['neighbour']} of {symbol} {what}")
+    k = matches[0]
+    nb = elems[k]
+    _check_neighbour_line(module, value, nb, edit)
+
+    if kind == "seq":
+        new = nb.with_changes(value=new_value_node)
+    else:
+        ws = nb.whitespace_before_colon
+        if isinstance(ws, cst.SimpleWhitespace) and ws.value.strip(" ") == "" and ws.value:
+            # keep the colon column: pad by the width difference of the keys
+            col = len(_code(module, nb.key)) + len(ws.value)
+            ws = cst.SimpleWhitespace(" " * max(1, col - len(key_src)))
+        new = nb.with_changes(key=new_key, value=new_val, whitespace_before_colon=ws)
+
+    # The comma after an element carries the whitespace up to the next one: give every element
+    # of the pair a real comma (cloned from a neighbour that has one).
+    def comma_like() -> cst.Comma:
+        for e in [nb] + elems:
+            if isinstance(e.comma, cst.Comma):
+                return e.comma
+        return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+
+    if _position(edit) == "before":
+        new = new.with_changes(comma=nb.comma if isinstance(nb.comma, cst.Comma) else comma_like())
+        elems[k:k] = [new]
+    else:
+        if isinstance(nb.comma, cst.Comma):
+            elems[k + 1:k + 1] = [new]  # new keeps nb's comma (and so its trailing whitespace)
+        else:  # nb was last without a trailing comma: nb gets one, new stays last without
+            elems[k] = nb.with_changes(comma=comma_like())
+            elems[k + 1:k + 1] = [new.with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+    return _replace_value(module, (i, j), assign.with_changes(value=value.with_changes(elements=elems)))
+
+
+GETENV_FUNCS = ("os.getenv", "getenv", "os.environ.get")
+
+
+def _set_getenv_default(module: cst.Module, edit: dict) -> cst.Module:
+    """Change the default of `SYMBOL = os.getenv(NEIGHBOUR, default=...)` (the one assignment
+    of SYMBOL that reads that variable; later re-assignments like a split() are ignored)."""
+    path, symbol = edit["path"], edit["symbol"]
+    hits = _assignments(module, symbol)
+    if not hits:
+        if edit.get("optional"):
+            raise EditSkipped(f"{symbol} is absent (optional edit)")
+        raise EditConflict(f"{path}: no module-level assignment to {symbol}")
+
+    def reads_env(node) -> bool:
+        v = node.value
+        return (isinstance(v, cst.Call) and _code(module, v.func).strip() in GETENV_FUNCS and bool(v.args)
+                and _code(module, v.args[0].value).strip() == edit["neighbour"].strip())
+
+    hits = [h for h in hits if reads_env(h[2])]
+    if len(hits) != 1:
+        what = "no" if not hits else f"{len(hits)}"
+        raise EditConflict(f"{path}: {what} assignments of {symbol} from os.getenv({edit['neighbour']})")
+    i, j, assign = hits[0]
+    call = assign.value
+    args = list(call.args)
+    new_default = _expr(edit["payload"], f"edit {edit['id']} payload")
+    slot = [n for n, a in enumerate(args) if a.keyword is not None and a.keyword.value == "default"]
+    if not slot and len(args) >= 2 and args[1].keyword is None:
+        slot = [1]
+    if len(slot) != 1:
+        raise EditConflict(f"{path}: {symbol}: os.getenv(...) has no default argument to change")
+    n = slot[0]
+    args[n] = args[n].with_changes(value=new_default)
+    return _replace_value(module, (i, j), assign.with_changes(value=call.with_changes(args=args)))
+
+
+# --------------------------------------------------------------------------------------- text --
+
+
+def _symbol_re(symbol: str) -> re.Pattern:
+    words = symbol.split()
+    return re.compile(r".*?".join(rf"(?<![A-Za-z0-9_]){re.escape(w)}(?![A-Za-z0-9_])" for w in words))
+
+
+def _lines(text: str) -> list[str]:
+    return text.splitlines(keepends=True)
+
+
+def _eol(line: str) -> str:
+    return line[len(line.rstrip("\r\n")):] or "\n"
+
+
+def _unique_line(lines: list[str], edit: dict) -> int:
+    path, nbr = edit["path"], edit["neighbour"]
+    sym = _symbol_re(edit["symbol"])
+    if not any(sym.search(l) for l in lines):
+        if edit.get("optional"):
+            raise EditSkipped(f"{edit['symbol']} is absent (optional edit)")
+        raise EditConflict(f"{path}: symbol {edit['symbol']!r} not found")
+    hits = [n for n, l in enumerate(lines) if nbr in l]
+    if len(hits) != 1:
+        what = "not found" if not hits else f"matches {len(hits)} lines"
+        raise EditConflict(f"{path}: anchor {nbr!r} {what}")
+    n = hits[0]
+    if not any(sym.search(l) for l in lines[: n + 1]):
+        raise EditConflict(f"{path}: anchor {nbr!r} is not inside {edit['symbol']!r}")
+    return n
+
+
+def _substitute(line: str, pairs: list, edit: dict) -> str:
+    for old, new in pairs:
+        if line.count(old) != 1:
+            raise EditConflict(
+                f"{edit['path']}: anchor line {line.strip()!r} has {line.count(old)} occurrences of {old!r}"
+            )
+        line = line.replace(old, new)
+    return line
+
+
+def _text_op(text: str, edit: dict) -> str:
+    lines = _lines(text)
+    n = _unique_line(lines, edit)
+    line = lines[n]
+    op, payload = edit["op"], edit["payload"]
+    if op == "text.clone_line":
+        new = _substitute(line, payload["substitute"], edit)
+        if new == line or new in lines:
+            raise EditConflict(f"{edit['path']}: the line {new.strip()!r} is already there")
+        at = n if _position(edit) == "before" else n + 1
+        lines[at:at] = [new]
+    elif op == "text.substitute":
+        new = _substitute(line, [(payload["old"], payload["new"])], edit)
+        if payload["new"] in line:
+            raise EditConflict(f"{edit['path']}: {line.strip()!r} already contains {payload['new']!r}")
+        lines[n] = new
+    elif op == "text.replace_line":
+        indent = line[: len(line) - len(line.lstrip(" \t"))]
+        eol = _eol(line)
+        lines[n : n + 1] = [indent + p + eol for p in payload["lines"]]
+    else:  # pragma: no cover - guarded by OPS
+        raise AssertionError(op)
+    return "".join(lines)
+
+
+def _python_op(fn: Callable[[cst.Module, dict], cst.Module]) -> Callable[[str, dict], str]:
+    def run(text: str, edit: dict) -> str:
+        return fn(_parse(text, edit["path"]), edit).code
+
+    return run
+
+
+OPS: dict[str, Callable[[str, dict], str]] = {
+    "python.seq_insert": _python_op(lambda m, e: _insert_element(m, e, "seq")),
+    "python.dict_insert": _python_op(lambda m, e: _insert_element(m, e, "dict")),
+    "python.set_getenv_default": _python_op(_set_getenv_default),
+    "text.clone_line": _text_op,
+    "text.substitute": _text_op,
+    "text.replace_line": _text_op,
+}
+
+
+def apply_edit(text: str, edit: dict) -> str:
+    """Return `text` with `edit` applied. Raises EditConflict / EditSkipped."""
+    op = OPS.get(edit.get("op", ""))
+    if op is None:
+        raise EditConflict(f"edit {edit.get('id')}: unknown op {edit.get('op')!r}")
+    new = op(text, edit)
+    if new == text:
+        raise EditConflict(f"{edit['path']}: edit {edit['id']} changes nothing")
+    return new
+
+
+__all__ = ["OPS", "EditConflict", "EditSkipped", "apply_edit"]

@@ -1,0 +1,186 @@
+"""Upstream adapters: everything that depends on which AOTriton release a tree is.
+
+`detect(tree)` reads the release of an AOTriton source tree and returns the adapter for it, or
+raises `UnsupportedTree` (a `UserError`: exit code 2, one message) *before anything is written*.
+
+Stable API (other stages call it; keep it compatible):
+
+    adapter = detect(tree)          # -> Adapter (frozen)
+    adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b' or '0.12b'
+    adapter.version                 # (0, 11, 1)
+    adapter.id                      # 'v3python-central-db' | 'v3python-sharded-db'
+    adapter.layout                  # 'v3python' (the codegen.render layout family)
+    adapter.tuning_db_layout        # 'central' (0.10b, 0.11b) | 'sharded' (0.11.1b and later)
+    adapter.tuning_db               # 'v3python/rules/tuning_database.sqlite3.tar.xz' (central)
+                                    # or the schema-only central DB of a sharded release
+    adapter.op_db                   # op-DB tarball path, None for 0.10b
+    adapter.shard_root              # 'v3python/database/amd' (sharded) or None
+    adapter.shard_path(arch, kernel)   # 'v3python/database/amd/gfx908/flash/attn_fwd.sqlite3.tar.xz'
+    adapter.generator_module        # 'v3python.generate' (run from the tree root)
+    adapter.db_compose_module       # 'v3python.database_compose' (sharded) or None
+    adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
+                                    # '.' (central) or 'database' (sharded)
+    adapter.required_files          # files whose presence identifies the layout
+
+How detection works: the top CMakeLists.txt's `set(AOTRITON_VERSION_{MAJOR,MINOR,PATCH}_INT n)`
+lines give the version (there is no `project(... VERSION ...)`); the version picks the adapter
+from an explicit table; then every file the adapter relies on must exist, otherwise the tree is
+"modified beyond recognition". Trees in the newer layout (0.13b and later: `python/` +
+`modules/`) are refused with the list of supported releases.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+
+VERSION_RE = {
+    k: re.compile(rf"^\s*set\(AOTRITON_VERSION_{k}_INT\s+(\d+)\s*\)", re.M)
+    for k in ("MAJOR", "MINOR", "PATCH")
+}
+
+COMMON_FILES = (
+    "CMakeLists.txt",
+    "include/aotriton/util.h",
+    "v3src/util.cc",
+    "v3python/gpu_targets.py",
+    "v3python/compile.py",
+    "v3python/generate.py",
+    "v3python/kernel/kdesc.py",
+    "v3python/rules/flash/op_attn_fwd.py",
+)
+
+
+def release_name(version: tuple[int, int, int]) -> str:
+    """(0, 11, 0) -> '0.11b'; (0, 11, 1) -> '0.11.1b' (upstream's tag spelling)."""
+    major, minor, patch = version
+    return f"{major}.{minor}b" if patch == 0 else f"{major}.{minor}.{patch}b"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    id: str
+    release: str
+    version: tuple[int, int, int]
+    layout: str
+    tuning_db_layout: str  # 'central' | 'sharded'
+    tuning_db: str
+    op_db: str | None
+    shard_root: str | None
+    generator_module: str = "v3python.generate"
+    db_compose_module: str | None = None
+    build_db_dir: str = "."
+    required_files: tuple[str, ...] = field(default_factory=tuple)
+
+    def shard_path(self, arch: str, kernel: str, family: str = "flash") -> str:
+        if self.shard_root is None:
+            raise ValueError(f"release {self.release} has no sharded tuning database")
+        return f"{self.shard_root}/{arch}/{family}/{kernel}.sqlite3.tar.xz"
+
+    def summary(self) -> dict:
+        return {
+            "id": self.id, "release": self.release, "layout": self.layout,
+            "tuning_db_layout": self.tuning_db_layout, "tuning_db": self.tuning_db,
+            "op_db": self.op_db, "shard_root": self.shard_root,
+        }
+
+
+def _central(version: tuple[int, int, int], op_db: bool) -> Adapter:
+    tdb = "v3python/rules/tuning_database.sqlite3.tar.xz"
+    odb = "v3python/rules/op_database.sqlite3.tar.xz" if op_db else None
+    return Adapter(
+        id="v3python-central-db", release=release_name(version), version=version,
+        layout="v3python", tuning_db_layout="central", tuning_db=tdb, op_db=odb, shard_root=None,
+        build_db_dir=".",
+        required_files=COMMON_FILES + (tdb,) + ((odb,) if odb else ()),
+    )
+
+
+def _sharded(version: tuple[int, int, int]) -> Adapter:
+    tdb = "v3python/database/tuning_database.sqlite3.tar.xz"
+    odb = "v3python/database/op_database.sqlite3.tar.xz"
+    return Adapter(
+        id="v3python-sharded-db", release=release_name(version), version=version,
+        layout="v3python", tuning_db_layout="sharded", tuning_db=tdb, op_db=odb,
+        shard_root="v3python/database/amd", db_compose_module="v3python.database_compose",
+        build_db_dir="database",
+        required_files=COMMON_FILES + (tdb, odb, "v3python/database_compose.py"),
+    )
+
+
+# The explicit table: version -> adapter. Nothing is guessed for versions not listed here.
+ADAPTERS: dict[tuple[int, int, int], Adapter] = {
+    (0, 10, 0): _central((0, 10, 0), op_db=False),
+    (0, 11, 0): _central((0, 11, 0), op_db=True),
+    (0, 11, 1): _sharded((0, 11, 1)),
+    (0, 11, 2): _sharded((0, 11, 2)),
+    (0, 12, 0): _sharded((0, 12, 0)),
+}
+SUPPORTED_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values())
+
+
+class UnsupportedTree(UserError):
+    """A tree that is not one of the supported AOTriton releases (or not recognisable)."""
+
+
+def read_version(tree: Path) -> tuple[int, int, int] | None:
+    cm = Path(tree) / "CMakeLists.txt"
+    try:
+        text = cm.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = []
+    for k in ("MAJOR", "MINOR", "PATCH"):
+        hits = VERSION_RE[k].findall(text)
+        if len(hits) != 1:
+            return None
+        found.append(int(hits[0]))
+    return (found[0], found[1], found[2])
+
+
+def _supported() -> str:
+    return ", ".join(SUPPORTED_RELEASES)
+
+
+def detect(tree: Path | str) -> Adapter:
+    """Detect the AOTriton release of `tree` and return its adapter.
+
+    Raises UnsupportedTree (exit 2) for: a path that is not a directory; a tree without the
+    three CMake version lines; a release not in the table (0.13b and later get a message naming
+    their new python/ + modules/ layout); a known version whose expected files are missing.
+    Reads only; never writes."""
+    root = Path(tree)
+    if not root.is_dir():
+        raise UnsupportedTree(f"{tree}: not a directory")
+    version = read_version(root)
+    if version is None:
+        raise UnsupportedTree(
+            f"{tree}: not an AOTriton source tree (no AOTRITON_VERSION_{{MAJOR,MINOR,PATCH}}_INT "
+            f"in CMakeLists.txt); supported releases: {_supported()}"
+        )
+    rel = release_name(version)
+    new_layout = (root / "python" / "generate.py").is_file() or (root / "modules").is_dir()
+    adapter = ADAPTERS.get(version)
+    if adapter is None:
+        if new_layout or version >= (0, 13, 0):
+            raise UnsupportedTree(
+                f"{tree}: AOTriton {rel} uses the python/ + modules/ layout, which mi100-codegen "
+                f"does not support yet; supported releases: {_supported()}"
+            )
+        raise UnsupportedTree(f"{tree}: AOTriton {rel} is not supported; supported releases: {_supported()}")
+    missing = [p for p in adapter.required_files if not (root / p).is_file()]
+    if new_layout:
+        missing.append("(has python/generate.py or modules/: newer layout)")
+    if missing:
+        raise UnsupportedTree(
+            f"{tree}: says AOTriton {rel} but does not look like it (missing: {', '.join(missing)}); "
+            f"modified beyond recognition?"
+        )
+    return adapter
+
+
+__all__ = ["ADAPTERS", "Adapter", "SUPPORTED_RELEASES", "UnsupportedTree", "detect", "read_version",
+           "release_name"]
