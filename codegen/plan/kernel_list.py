@@ -1,0 +1,253 @@
+"""The kernels a tree's build compiles for the target GPUs, from the tree's OWN generator.
+
+`generate_kernel_list` composes the tuning database the way the tree's CMake does, runs
+`python -X utf8 -m v3python.generate --target_gpus GPU... --build_dir TMP` in a throwaway build
+dir (PYTHONHASHSEED=0, no bytecode written into the tree) and parses its compile list
+(`Bare.compile`: one line per GPU kernel; CMake turns each line into one compiler invocation).
+
+Each `KernelEntry` carries everything needed to compile that kernel (source, kernel name, Triton
+signature, num_warps/num_stages/waves_per_eu, arch) and our procedural config name.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import UpstreamError, UserError
+from ..models import FAMILIES, KernelConfig
+from ..models.target import GPU_RE
+from .tree import (
+    _last_line,
+    _python_hint,
+    check_registered,
+    compose_database,
+    generator_env,
+    release_of,
+)
+
+COMPILE_LIST = "Bare.compile"
+# <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
+_HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
+_DTYPES = {"*fp16:16": "fp16", "*bf16:16": "bf16", "*fp32:16": "fp32"}
+_HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
+
+
+class KernelEntry(BaseModel):
+    """One GPU kernel of the compile list."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str                  # upstream's image name (hsaco file name without suffix): unique
+    family: str              # kernel family = Triton kernel name (attn_fwd, bwd_preprocess, ...)
+    arch: str
+    dtype: str               # fp16 | bf16 | fp32 (the functional's dtype)
+    head_dim: int | None
+    config: str              # our procedural name, e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
+    block_m: int | None
+    block_n: int | None
+    pre_load_v: bool | None
+    hsaco: str               # path of the image relative to the build dir (v3src/ of a CMake build)
+    source: str              # Triton source relative to the tree root (e.g. tritonsrc/flash.py)
+    kernel_name: str
+    signature: str           # Triton AOT signature, as the tree's compile.py takes it
+    num_warps: int
+    num_stages: int
+    waves_per_eu: int
+    perf: str                # upstream's perf tokens (tuned_kernel values) of the image name
+    functional: str          # upstream's functional tokens of the image name
+
+    def source_path(self, tree: Path) -> Path:
+        return Path(tree) / self.source
+
+    @property
+    def config_key(self) -> str:
+        """The config without family/arch/dtype/head dim (what a tuning row stores)."""
+        return self.config.split(".", 4)[-1] if self.head_dim is not None else self.config.split(".", 3)[-1]
+
+
+def arch_of(gpus: list[str]) -> str:
+    archs = sorted({m.group(1) for m in (GPU_RE.match(g) for g in gpus) if m})
+    if len(archs) != 1 or any(not GPU_RE.match(g) for g in gpus):
+        raise UserError(f"target GPUs {gpus} must be names like gfx908_mod0 of one arch")
+    return archs[0]
+
+
+def generate_kernel_list(
+    tree: str | Path,
+    gpus: list[str],
+    python: str = sys.executable,
+    *,
+    tuning: bool = False,
+    keep_build_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> list[KernelEntry]:
+    """Run the tree's generator for `gpus` only and return the sorted kernel list.
+
+    `tuning` lists a tuning build (AOTRITON_BUILD_FOR_TUNING=ON) instead of a normal one.
+    `keep_build_dir` keeps the generator's outputs there (default: a throwaway dir)."""
+    tree = Path(tree).resolve()
+    info = release_of(tree)
+    arch = arch_of(list(gpus))
+    check_registered(info, list(gpus), arch)
+    genv = generator_env(env)
+    if keep_build_dir is not None:
+        build = Path(keep_build_dir).resolve()
+        if build.exists() and any(build.iterdir()):
+            raise UserError(f"{build}: build dir exists and is not empty")
+        build.mkdir(parents=True, exist_ok=True)
+        cleanup = False
+    else:
+        build = Path(tempfile.mkdtemp(prefix="mi100-codegen-plan-"))
+        cleanup = True
+    try:
+        compose_database(info, build, python, genv)
+        cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
+               "--target_gpus", *gpus, "--build_dir", str(build)]
+        if tuning:
+            cmd.append("--build_for_tuning")
+        proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+        if proc.returncode:
+            raise UpstreamError(
+                f"the generator of AOTriton {info.release} failed (rc {proc.returncode}): "
+                + _last_line(proc.stderr or proc.stdout),
+                hint=_python_hint(proc.stderr, python),
+            )
+        listing = build / COMPILE_LIST
+        if not listing.is_file():
+            raise UpstreamError(f"the generator of AOTriton {info.release} wrote no {COMPILE_LIST}")
+        return parse_compile_list(listing, tree, build)
+    finally:
+        if cleanup:
+            shutil.rmtree(build, ignore_errors=True)
+
+
+def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEntry]:
+    """Bare.compile -> sorted entries. Fields per line: [venv_name;python;] (0.12b) then
+    hsaco;source;kernel_name;num_warps;num_stages;waves_per_eu;arch;signature."""
+    entries: dict[str, KernelEntry] = {}
+    build_dir = Path(build_dir).resolve()
+    tree = Path(tree).resolve()
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        fields = line.split(";")
+        hs = next((i for i, f in enumerate(fields) if f.endswith(".hsaco")), None)
+        if hs is None or len(fields) - hs != 8:
+            raise UpstreamError(f"{path}:{lineno}: unexpected compile-list line ({len(fields)} fields)")
+        hsaco, src, kname, warps, stages, wpe, arch, sig = fields[hs:]
+        entry = _entry(tree, build_dir, hsaco, src, kname, int(warps), int(stages), int(wpe), arch, sig)
+        if entry.id in entries:
+            raise UpstreamError(f"{path}:{lineno}: kernel image {entry.id} listed twice")
+        entries[entry.id] = entry
+    return sorted(entries.values(), key=sort_key)
+
+
+def sort_key(e: KernelEntry) -> tuple:
+    return (e.family, e.dtype, e.head_dim or 0, e.config, e.id)
+
+
+def _rel(path: str, base: Path) -> str:
+    p = Path(os.path.normpath(path))
+    try:
+        return p.relative_to(base).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int, stages: int,
+           wpe: int, arch: str, sig: str) -> KernelEntry:
+    name = Path(hsaco).name
+    m = _HSACO_RE.match(name)
+    functional, perf = (m.group("f"), m.group("p")) if m else ("", "")
+    ftoks = functional.split("_") if functional else []
+    dtype_sig = ftoks[0].replace("＊", "*").replace("@", ":") if ftoks else ""
+    source = _rel(src, tree)
+    consts = _constants(str(Path(tree) / source), kname, sig)
+    head_dim = next((consts[a] for a in _HEAD_DIM_ARGS if isinstance(consts.get(a), int)), None)
+    if head_dim is None and len(ftoks) > 1 and ftoks[1].isdigit():
+        head_dim = int(ftoks[1])
+    block_m = consts.get("BLOCK_M") if isinstance(consts.get("BLOCK_M"), int) else None
+    block_n = consts.get("BLOCK_N") if isinstance(consts.get("BLOCK_N"), int) else None
+    plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
+    dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
+    return KernelEntry(
+        id=name[: -len(".hsaco")], family=kname, arch=arch, dtype=dtype, head_dim=head_dim,
+        config=config_name(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),
+        block_m=block_m, block_n=block_n, pre_load_v=plv,
+        hsaco=_rel(hsaco, build), source=source, kernel_name=kname, signature=sig,
+        num_warps=warps, num_stages=stages, waves_per_eu=wpe, perf=perf, functional=functional,
+    )
+
+
+def config_name(family: str, arch: str, dtype: str, head_dim: int | None, block_m: int | None,
+                block_n: int | None, wpe: int, warps: int, stages: int, plv: bool | None) -> str:
+    """Our naming: KernelConfig.name for the tunable families; the same scheme, with the axes the
+    kernel has, for the others (e.g. bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1)."""
+    if family in FAMILIES and head_dim is not None and block_m and block_n:
+        if family != "attn_fwd":
+            plv = None
+        return KernelConfig(family, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv).name
+    parts = [family, arch, dtype]
+    if head_dim is not None:
+        parts.append(f"d{head_dim}")
+    if block_m:
+        parts.append(f"M{block_m}" + (f"N{block_n}" if block_n else ""))
+    parts += [f"wpe{wpe}", f"w{warps}", f"s{stages}"]
+    if plv is not None:
+        parts.append(f"plv{int(plv)}")
+    return ".".join(parts)
+
+
+def _constexpr(text: str):
+    text = text.strip()
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text)
+
+
+def _constants(source: str, kname: str, sig: str) -> dict:
+    """Constant arguments of the signature by parameter name (empty when unknown)."""
+    names = kernel_arg_names(source, kname)
+    values = [s.strip() for s in sig.split(",")]
+    if names is None or len(names) != len(values):
+        return {}
+    return {n: v for n, v in ((n, _constexpr(s)) for n, s in zip(names, values)) if v is not None}
+
+
+@lru_cache(maxsize=256)
+def kernel_arg_names(source: str, kname: str) -> tuple[str, ...] | None:
+    """Parameter names of Triton kernel `kname` reachable from `source`, found statically
+    (the def, or `from module import kname` chains within the source's directory)."""
+    return _arg_names(Path(source), kname, 0)
+
+
+def _arg_names(path: Path, name: str, depth: int) -> tuple[str, ...] | None:
+    if depth > 8 or not path.is_file():
+        return None
+    try:
+        module = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (OSError, SyntaxError):
+        return None
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return tuple(a.arg for a in node.args.args)
+    for node in module.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    target = path.parent / (node.module.replace(".", "/") + ".py")
+                    return _arg_names(target, alias.name, depth + 1)
+    return None

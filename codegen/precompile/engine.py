@@ -1,0 +1,146 @@
+"""Compile a kernel list for the target with warm workers and the persistent cache."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+from ..models import TargetSpec
+from ..plan.kernel_list import KernelEntry
+from .cache import CompileCache, cache_key
+from .pool import WorkerPool
+from .report import KernelResult, kernel_result
+
+
+def triton_version() -> str:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        raise UserError(
+            "precompile needs pip triton in this Python",
+            hint="pip install triton==3.5.1 (3.5.x-3.8.x compile AOTriton's kernels for AMD targets)",
+        ) from None
+
+
+def worker_env(triton_cache: Path) -> dict[str, str]:
+    return {
+        "TRITON_F32_DEFAULT": "ieee",        # the kernels assert it, as the tree's build sets it
+        "TRITON_CACHE_DIR": str(triton_cache),
+        "PYTHONDONTWRITEBYTECODE": "1",      # never write __pycache__ into the tree
+    }
+
+
+@dataclass
+class CompileRun:
+    results: list[KernelResult]
+    wall_s: float
+    compiled_now: int
+    from_cache: int
+    triton: str
+    jobs: int
+
+
+def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
+    return {
+        "id": entry.id,
+        "source": str((Path(tree) / entry.source).resolve()),
+        "kernel_name": entry.kernel_name,
+        "signature": entry.signature,
+        "num_warps": entry.num_warps,
+        "num_stages": entry.num_stages,
+        "waves_per_eu": entry.waves_per_eu,
+        "arch": entry.arch,
+        "warp_size": warp_size,
+    }
+
+
+def compile_entries(
+    tree: Path,
+    entries: list[KernelEntry],
+    spec: TargetSpec,
+    *,
+    jobs: int,
+    timeout_s: float,
+    cache: CompileCache | None,
+    keep: Path | None = None,
+    on_progress: Callable[[KernelResult], None] | None = None,
+) -> CompileRun:
+    tree = Path(tree).resolve()
+    version = triton_version()
+    for e in entries:
+        if not (tree / e.source).is_file():
+            raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
+    by_id = {e.id: e for e in entries}
+    keys = {
+        e.id: cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name,
+                        signature=e.signature, num_warps=e.num_warps, num_stages=e.num_stages,
+                        waves_per_eu=e.waves_per_eu, arch=e.arch, warp_size=spec.warp_size,
+                        triton_version=version)
+        for e in entries
+    }
+    results: dict[str, KernelResult] = {}
+    todo: list[dict] = []
+
+    def keep_image(entry: KernelEntry, data: bytes | None) -> None:
+        if keep is not None and data:
+            dest = Path(keep) / entry.hsaco
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+
+    for e in entries:
+        record = cache.get(keys[e.id]) if cache is not None else None
+        if record is not None:
+            r = kernel_result(e, record, spec.hardware, cached=True)
+            results[e.id] = r
+            keep_image(e, cache.hsaco(keys[e.id]) if record.get("ok") else None)
+            if on_progress:
+                on_progress(r)
+        else:
+            todo.append(task_for(tree, e, spec.warp_size))
+
+    def done(raw: dict) -> None:
+        e = by_id[raw["id"]]
+        hsaco = raw.pop("hsaco", None)
+        if cache is not None and not raw.get("timeout") and not raw.get("crashed"):
+            record = {k: v for k, v in raw.items() if k in ("ok", "id", "compile_s", "error", "resources")}
+            cache.put(keys[e.id], record, hsaco if raw.get("ok") else None)
+        keep_image(e, hsaco)
+        r = kernel_result(e, raw, spec.hardware, cached=False)
+        results[e.id] = r
+        if on_progress:
+            on_progress(r)
+
+    # longest (expected) first: fewer idle workers at the tail of the run
+    todo.sort(key=lambda t: (-expected_cost(by_id[t["id"]]), t["id"]))
+    t0 = time.perf_counter()
+    if todo:
+        scratch = Path(tempfile.mkdtemp(prefix="mi100-codegen-triton-"))
+        try:
+            WorkerPool(jobs, worker_env(scratch), timeout_s).run(todo, done)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    wall = time.perf_counter() - t0
+    ordered = [results[e.id] for e in entries]
+    return CompileRun(results=ordered, wall_s=wall, compiled_now=len(todo),
+                      from_cache=len(entries) - len(todo), triton=version, jobs=jobs)
+
+
+def expected_cost(e: KernelEntry) -> float:
+    """A rough relative compile cost: tile area x head dim, heavier for the backward kernels."""
+    weight = {"bwd_kernel_fuse": 3.0, "bwd_kernel_dk_dv": 2.0, "bwd_kernel_dq": 1.5, "attn_fwd": 1.5}
+    area = (e.block_m or 16) * (e.block_n or 16) * (e.head_dim or 16)
+    return weight.get(e.family, 0.1) * area * (1 + 0.25 * e.num_warps)
+
+
+def default_jobs() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return max(1, os.cpu_count() or 1)

@@ -1,0 +1,128 @@
+"""A pool of warm compile workers with a per-kernel timeout.
+
+Each worker is a spawned process that imports Triton once and compiles many kernels. The parent
+hands one task at a time to each idle worker; a worker that exceeds the timeout is killed (its
+kernel reported as `timeout`) and replaced, so one hung compile never stalls the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Callable
+
+from ..errors import UpstreamError
+from .worker import serve
+
+
+@dataclass
+class _Worker:
+    proc: mp.process.BaseProcess
+    conn: object
+    ready: bool = False
+    task: dict | None = None
+    started: float = 0.0
+    done: int = field(default=0)
+
+
+class WorkerPool:
+    def __init__(self, jobs: int, env: dict[str, str], timeout_s: float = 600.0):
+        self.jobs = max(1, int(jobs))
+        self.env = dict(env)
+        self.timeout_s = float(timeout_s)
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self.spawned = 0
+        self._startup_deaths = 0
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=serve, args=(child, self.env), daemon=True,
+                                 name=f"mi100-codegen-compile-{self.spawned}")
+        proc.start()
+        child.close()
+        self.spawned += 1
+        return _Worker(proc=proc, conn=parent)
+
+    def _retire(self, w: _Worker, kill: bool) -> None:
+        if kill and w.proc.is_alive():
+            w.proc.kill()
+        w.proc.join(timeout=5)
+        try:
+            w.conn.close()
+        except OSError:
+            pass
+
+    def run(self, tasks: list[dict], on_result: Callable[[dict], None]) -> None:
+        """Compile every task; call on_result(result) in completion order (in this process)."""
+        pending = deque(tasks)
+        n_workers = min(self.jobs, len(pending))
+        self._workers = [self._spawn() for _ in range(n_workers)]
+        try:
+            while pending or any(w.task is not None for w in self._workers):
+                for w in self._workers:
+                    if w.ready and w.task is None and pending:
+                        w.task = pending.popleft()
+                        w.started = time.monotonic()
+                        w.conn.send(w.task)
+                busy = [w for w in self._workers if w.task is not None]
+                waits = [self.timeout_s - (time.monotonic() - w.started) for w in busy]
+                tick = max(0.05, min([1.0, *waits]))
+                ready = wait([w.conn for w in self._workers], timeout=tick)
+                for w in list(self._workers):
+                    if w.conn in ready:
+                        try:
+                            msg = w.conn.recv()
+                        except (EOFError, OSError):
+                            self._died(w, on_result, pending)
+                            continue
+                        if "fatal" in msg:
+                            raise UpstreamError(f"a compile worker could not start: {msg['fatal']}",
+                                                hint="install a Triton that compiles for AMD targets "
+                                                "(pip install triton==3.5.1)")
+                        if msg.get("ready"):
+                            w.ready = True
+                            continue
+                        w.task, w.done = None, w.done + 1
+                        on_result(msg)
+                    elif w.task is not None and time.monotonic() - w.started > self.timeout_s:
+                        task = w.task
+                        self._replace(w, kill=True)
+                        on_result({"ok": False, "id": task["id"], "timeout": True,
+                                   "compile_s": self.timeout_s,
+                                   "error": f"timeout: no result after {self.timeout_s:g} s"})
+        finally:
+            self.close()
+
+    def _died(self, w: _Worker, on_result: Callable[[dict], None], pending: deque) -> None:
+        task = w.task
+        code = w.proc.exitcode
+        self._replace(w, kill=True)
+        if task is not None:
+            on_result({"ok": False, "id": task["id"], "crashed": True, "compile_s": 0.0,
+                       "error": f"compile worker died (exit code {code})"})
+        else:
+            self._startup_deaths += 1
+            if self._startup_deaths > 2 * self.jobs:
+                raise UpstreamError(f"compile workers keep dying at start (exit code {code})")
+
+    def _replace(self, w: _Worker, kill: bool) -> None:
+        i = self._workers.index(w)
+        self._retire(w, kill=kill)
+        self._workers[i] = self._spawn()
+
+    def close(self) -> None:
+        for w in self._workers:
+            if w.proc.is_alive():
+                try:
+                    w.conn.send(None)
+                except (BrokenPipeError, OSError):
+                    pass
+        deadline = time.monotonic() + 5
+        for w in self._workers:
+            w.proc.join(timeout=max(0.0, deadline - time.monotonic()))
+            self._retire(w, kill=True)
+        self._workers = []

@@ -1,0 +1,180 @@
+"""What a precompile run means for the spec and for the seeded tuning rows.
+
+- `prune_spec`: the spec, with `exclude` rules for every config of its tuning space that failed
+  to compile or spilled VGPRs for the target (comments and layout kept; validated before it is
+  written).
+- `compile_report`: config name -> resources and verdict, committed as
+  tuning/<arch>/compile_report.json, so render can make seeded rows reference only configs that
+  compile cleanly (`largest_clean_waves_per_eu`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+from ..errors import UserError
+from ..models import FAMILIES, KernelConfig, expand_space
+from ..plan.kernel_list import KernelEntry
+from ..spec import LoadedSpec, load_spec
+from .report import KernelResult, worst
+
+REPORT_NAME = "compile_report.json"
+PRUNED = ("failed", "spills")
+
+
+def config_verdicts(results: list[KernelResult]) -> dict[str, tuple[str, list[KernelResult]]]:
+    groups: dict[str, list[KernelResult]] = {}
+    for r in results:
+        groups.setdefault(r.config, []).append(r)
+    return {c: (worst(v for r in rs for v in r.verdicts), rs) for c, rs in sorted(groups.items())}
+
+
+def _reason(verdict: str, rs: list[KernelResult], triton: str) -> str:
+    if verdict == "failed":
+        err = next((r.error for r in rs if r.error), "compile error")
+        return f"precompile: fails to compile with Triton {triton} ({err[:120]})"
+    spills = max(r.resources.vgpr_spills for r in rs if r.resources)
+    return f"precompile: spills {spills} VGPRs with Triton {triton}"
+
+
+def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[KernelResult],
+                triton: str) -> tuple[dict[str, list[dict]], list[str]]:
+    """family -> new exclude rules; plus the pruned configs that are not in the spec's space."""
+    space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
+    by_config = {e.config: e for e in entries}
+    rules: dict[str, list[dict]] = {}
+    outside: list[str] = []
+    for name, (verdict, rs) in config_verdicts(results).items():
+        if verdict not in PRUNED:
+            continue
+        e = by_config[name]
+        if e.family not in FAMILIES or name not in space:
+            outside.append(name)
+            continue
+        rule = {"block_m": e.block_m, "block_n": e.block_n, "waves_per_eu": e.waves_per_eu,
+                "num_warps": e.num_warps, "num_stages": e.num_stages}
+        if e.family == "attn_fwd" and e.pre_load_v is not None:
+            rule["pre_load_v"] = e.pre_load_v
+        rule.update({"dtype": e.dtype, "head_dim": e.head_dim, "reason": _reason(verdict, rs, triton)})
+        rules.setdefault(e.family, []).append(rule)
+    return rules, outside
+
+
+def _same_rule(a, b: dict) -> bool:
+    keys = set(b) - {"reason"}
+    return all(a.get(k) == b[k] for k in keys) and set(a) - {"reason"} == keys
+
+
+def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> int:
+    """Write the spec with the extra exclude rules to `out`; return how many rules were added."""
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of rules/*.yaml
+    doc = yaml.load(Path(loaded.path).read_text(encoding="utf-8"))
+    added = 0
+    for family in FAMILIES:
+        new = rules.get(family, [])
+        if not new:
+            continue
+        fam = doc["tuning"][family]
+        if "exclude" not in fam or fam["exclude"] is None:
+            fam["exclude"] = CommentedSeq()
+        for rule in new:
+            if any(_same_rule(dict(old), rule) for old in fam["exclude"]):
+                continue
+            item = CommentedMap({k: DoubleQuotedScalarString(v) if k == "reason" else v for k, v in rule.items()})
+            item.fa.set_flow_style()
+            fam["exclude"].append(item)
+            added += 1
+    buf = io.StringIO()
+    yaml.dump(doc, buf)
+    text = buf.getvalue()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".yaml", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        load_spec(tmp)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return added
+
+
+def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release: str, triton: str,
+                   previous: dict | None = None) -> dict:
+    """config -> resources and verdict (no timings: reviewable, deterministic)."""
+    configs = {}
+    if previous and previous.get("triton") == triton and previous.get("arch") == arch:
+        configs.update(previous.get("configs", {}))
+    for name, (verdict, rs) in config_verdicts(results).items():
+        ok = [r for r in rs if r.resources is not None]
+
+        def mx(attr):
+            return max((getattr(r.resources, attr) for r in ok), default=None)
+
+        configs[name] = {
+            "verdict": verdict,
+            "kernels": len(rs),
+            "vgprs": mx("vgprs"), "agprs": mx("agprs"), "sgprs": mx("sgprs"),
+            "lds_bytes": mx("lds_bytes"), "scratch_bytes": mx("scratch_bytes"),
+            "vgpr_spills": mx("vgpr_spills"), "sgpr_spills": mx("sgpr_spills"),
+            "occupancy": min((r.occupancy for r in ok if r.occupancy is not None), default=None),
+            "mfma": min((r.resources.mfma for r in ok), default=None),
+            "error": next((r.error for r in rs if r.error), None),
+        }
+    return {
+        "generated": "@generated by mi100-codegen precompile (static resources of a CPU cross-compile)",
+        "arch": arch, "gpu": gpu, "release": release, "triton": triton,
+        "configs": dict(sorted(configs.items())),
+    }
+
+
+def write_compile_report(path: Path, report: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps(report, indent=2, sort_keys=True) + "\n"
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
+
+
+def load_compile_report(folder: Path) -> dict | None:
+    """tuning/<arch>/compile_report.json, or None when absent."""
+    p = Path(folder) / REPORT_NAME
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{p}: not valid JSON: {exc}") from None
+
+
+def largest_clean_waves_per_eu(report: dict, cfg: KernelConfig, candidates=range(1, 11)) -> int | None:
+    """The largest waves_per_eu (<= cfg.waves_per_eu) whose variant of `cfg` compiled cleanly
+    (no failure, no VGPR spill) in the report; None when the report knows no clean variant."""
+    configs = report.get("configs", {})
+    best = None
+    for w in candidates:
+        if w > cfg.waves_per_eu:
+            continue
+        entry = configs.get(replace(cfg, waves_per_eu=w).name)
+        if entry and entry.get("verdict") not in PRUNED:
+            best = w if best is None or w > best else best
+    return best

@@ -1,0 +1,221 @@
+"""precompile's pure parts: resource parsing, occupancy, verdicts, sampling, cache keys, pruning,
+reports (fast; no Triton, no AOTriton tree)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from codegen.models import KernelConfig, expand_space
+from codegen.plan.kernel_list import KernelEntry, config_name
+from codegen.precompile.cache import CompileCache, cache_key
+from codegen.precompile.prune import (
+    compile_report,
+    largest_clean_waves_per_eu,
+    prune_rules,
+    prune_spec,
+)
+from codegen.precompile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
+from codegen.precompile.resources import Resources, occupancy, parse_resources, text_section_size
+from codegen.precompile.sample import stratified_sample
+from codegen.precompile.worker import first_error_line
+from codegen.spec import load_spec
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_spec(None)
+
+
+def _elf(text_size: int) -> bytes:
+    """A minimal ELF64 LE object: null, .text, .shstrtab sections."""
+    names = b"\0.text\0.shstrtab\0"
+    text = b"\0" * text_size
+    shoff = 64 + len(text) + len(names)
+    hdr = bytearray(64)
+    hdr[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", hdr, 0x28, shoff)
+    struct.pack_into("<HHH", hdr, 0x3A, 64, 3, 2)
+
+    def sh(name, typ, off, size):
+        return struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off, size, 0, 0, 1, 0)
+
+    return bytes(hdr) + text + names + sh(0, 0, 0, 0) + sh(1, 1, 64, text_size) + sh(7, 3, 64 + text_size, len(names))
+
+
+ASM = """\t.text
+kernel:
+\tv_mfma_f32_32x32x8f16 a[0:15], v[0:1], v[2:3], a[0:15]
+\tv_mfma_f32_32x32x8f16 a[0:15], v[0:1], v[2:3], a[0:15]
+\tv_mov_b32 v1, v2 ; not v_mfma
+\ts_endpgm
+; Kernel info:
+; codeLenInByte = 8852
+; Occupancy: 3
+\t.amdgpu_metadata
+---
+amdhsa.kernels:
+  - .agpr_count:     9
+    .group_segment_fixed_size: 0
+    .private_segment_fixed_size: 16
+    .sgpr_count:     104
+    .sgpr_spill_count: 61
+    .vgpr_count:     72
+    .vgpr_spill_count: 0
+\t.end_amdgpu_metadata
+"""
+
+
+def test_parse_resources_and_text_size():
+    r = parse_resources(ASM, _elf(1234), shared=2048)
+    assert r == Resources(vgprs=72, agprs=9, sgprs=104, lds_bytes=2048, scratch_bytes=16, vgpr_spills=0,
+                          sgpr_spills=61, mfma=2, code_bytes=1234, llvm_occupancy=3)
+    assert text_section_size(b"not an elf") == 0
+
+
+def test_parse_resources_requires_metadata():
+    with pytest.raises(ValueError, match="vgpr_count"):
+        parse_resources("s_endpgm\n", b"", 0)
+
+
+def _res(**kw) -> Resources:
+    base = dict(vgprs=72, agprs=9, sgprs=104, lds_bytes=2048, scratch_bytes=0, vgpr_spills=0, sgpr_spills=0,
+                mfma=4, code_bytes=100)
+    base.update(kw)
+    return Resources(**base)
+
+
+def test_occupancy_gfx908_limits(loaded):
+    hw = loaded.spec.hardware
+    assert occupancy(hw, _res(), 4) == (3, "VGPRs")                   # 256 // 72 (LLVM says 3 too)
+    assert occupancy(hw, _res(vgprs=24, sgprs=58, lds_bytes=0), 4) == (10, "wave slots")
+    assert occupancy(hw, _res(vgprs=24, sgprs=90, lds_bytes=0), 4) == (8, "SGPRs")
+    assert occupancy(hw, _res(vgprs=24, sgprs=58, lds_bytes=40000), 4) == (1, "LDS")
+    assert occupancy(hw, _res(vgprs=24, agprs=130, sgprs=58, lds_bytes=0), 4) == (1, "AGPRs")
+    unified = hw.model_copy(update={"unified_register_file": True, "vgprs_per_lane": 512})
+    assert occupancy(unified, _res(vgprs=128, agprs=128, sgprs=58, lds_bytes=0), 4) == (2, "VGPRs")
+
+
+def _result(config="attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0", status="ok", wpe=2, occ=3, **res) -> KernelResult:
+    family, _, dtype, d = config.split(".")[:4]
+    return KernelResult(id=f"{config}#{res.get('code_bytes', 0)}", config=config, family=family, dtype=dtype,
+                        head_dim=int(d[1:]), waves_per_eu=wpe, num_warps=4, num_stages=1, status=status,
+                        error=None if status == "ok" else "CompilationError: boom",
+                        resources=_res(**res) if status == "ok" else None, occupancy=occ if status == "ok" else None)
+
+
+def test_verdicts():
+    assert _result().verdicts == ["ok"]
+    assert _result(vgpr_spills=3).verdict == "spills"
+    assert _result(occ=1).verdicts == ["low occupancy"]
+    assert _result(mfma=0).verdicts == ["no matrix cores"]
+    assert _result(status="failed").verdict == "failed"
+    assert _result(occ=1, vgpr_spills=2).verdicts == ["low occupancy", "spills"]
+    assert _result(wpe=0, occ=1).verdicts == ["ok"]  # no occupancy request, nothing to miss
+
+
+def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
+    plv = plv if family == "attn_fwd" else None
+    cfg = config_name(family, "gfx908", dtype, hd, m, n, wpe, 4, 1, plv)
+    return KernelEntry(id=f"{family}-{dtype}-{hd}-{m}-{n}-{wpe}-{i}", family=family, arch="gfx908", dtype=dtype,
+                       head_dim=hd, config=cfg, block_m=m, block_n=n, pre_load_v=plv, hsaco=f"x/{i}.hsaco",
+                       source="tritonsrc/flash.py", kernel_name=family, signature="*fp16:16", num_warps=4,
+                       num_stages=1, waves_per_eu=wpe, perf="", functional="")
+
+
+def test_stratified_sample_covers_and_is_deterministic():
+    entries = [_entry(f, dt, hd, wpe=w, i=i) for f in ("attn_fwd", "bwd_kernel_dq", "bwd_kernel_dk_dv")
+               for dt in ("fp16", "bf16", "fp32") for hd in (32, 64) for w in (1, 2) for i in range(3)]
+    s = stratified_sample(entries, 4)
+    assert len(s) == 4
+    assert {e.family for e in s} == {"attn_fwd", "bwd_kernel_dq", "bwd_kernel_dk_dv"}
+    assert {e.dtype for e in s} == {"fp16", "bf16", "fp32"} and {e.head_dim for e in s} == {32, 64}
+    assert stratified_sample(list(reversed(entries)), 4) == s
+    s18 = stratified_sample(entries, 18)  # one per stratum
+    assert len({(e.family, e.dtype, e.head_dim) for e in s18}) == 18
+    s36 = stratified_sample(entries, 36)  # configs take turns inside a stratum
+    assert len({e.config for e in s36}) == 36
+    assert stratified_sample(entries, 0) == stratified_sample(entries, len(entries))
+
+
+def test_cache_key_and_roundtrip(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "k.py").write_text("x = 1\n")
+    kw = dict(source_dir=str(tmp_path / "src"), kernel_name="k", signature="*fp16:16, 32", num_warps=4,
+              num_stages=1, waves_per_eu=2, arch="gfx908", warp_size=64, triton_version="3.5.1")
+    key = cache_key(**kw)
+    assert key == cache_key(**{**kw, "signature": "*fp16:16,32"})
+    for change in ({"signature": "*bf16:16, 32"}, {"waves_per_eu": 1}, {"triton_version": "3.6.0"}, {"arch": "gfx90a"}):
+        assert cache_key(**{**kw, **change}) != key
+    cache = CompileCache(tmp_path / "cache")
+    assert cache.get(key) is None
+    cache.put(key, {"ok": True, "id": "k", "resources": {}}, b"\x7fELF")
+    assert cache.get(key)["id"] == "k" and cache.hsaco(key) == b"\x7fELF"
+
+
+def test_prune_spec_excludes_failing_and_spilling_configs(loaded, tmp_path):
+    spilling = _entry("attn_fwd", "fp16", 64, 128, 64, wpe=1)
+    failing = _entry("bwd_kernel_dq", "bf16", 32, 64, 32, wpe=2)
+    clean = _entry("bwd_kernel_dq", "bf16", 32, 32, 16, wpe=2)
+    outside = _entry("attn_fwd", "fp16", 64, 16, 16, wpe=2)  # not in the spec's space
+    space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
+    assert {spilling.config, failing.config, clean.config} <= space and outside.config not in space
+    results = [_result(spilling.config, wpe=1, vgpr_spills=12), _result(failing.config, status="failed"),
+               _result(clean.config), _result(outside.config, vgpr_spills=1)]
+    rules, out_of_space = prune_rules(loaded, [spilling, failing, clean, outside], results, "3.5.1")
+    assert out_of_space == [outside.config]
+    assert sorted(rules) == ["attn_fwd", "bwd_kernel_dq"]
+    assert "spills 12 VGPRs with Triton 3.5.1" in rules["attn_fwd"][0]["reason"]
+    dest = tmp_path / "pruned.yaml"
+    assert prune_spec(loaded, rules, dest) == 2
+    assert prune_spec(load_spec(dest), rules, dest) == 0  # idempotent
+    text = dest.read_text()
+    import difflib
+
+    original = loaded.path.read_text().splitlines()
+    removed = [ln for ln in difflib.ndiff(original, text.splitlines()) if ln.startswith("- ")]
+    assert removed == [], removed  # only lines added: comments and layout kept
+    assert "# Head dims to build." in text
+    pruned = load_spec(dest)
+    names = {c.name for cfgs in expand_space(pruned.spec).values() for c in cfgs}
+    assert spilling.config not in names and failing.config not in names and clean.config in names
+    assert len(names) == len(space) - 2
+
+
+def test_compile_report_and_largest_clean_waves():
+    results = [_result("attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0", vgpr_spills=8),
+               _result("attn_fwd.gfx908.fp16.d64.M128N64.wpe1.w4.s1.plv0", wpe=1, occ=1),
+               _result("attn_fwd.gfx908.fp16.d64.M64N64.wpe3.w4.s1.plv0", wpe=3, occ=3)]
+    rep = compile_report(results, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
+    assert rep["configs"]["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"]["verdict"] == "spills"
+    assert json.loads(json.dumps(rep)) == rep
+    cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 128, 64, 4, 4, 1, False)
+    assert largest_clean_waves_per_eu(rep, cfg) == 1
+    cfg64 = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 64, 2, 4, 1, False)
+    assert largest_clean_waves_per_eu(rep, cfg64) is None  # only wpe3 known, above the request
+    merged = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1", previous=rep)
+    assert merged["configs"] == rep["configs"]
+    other = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.6.0", previous=rep)
+    assert other["configs"] == {}
+
+
+def test_report_is_deterministic_and_renders_markdown():
+    results = [_result(), _result(vgpr_spills=2, code_bytes=5), _result(status="failed", code_bytes=7)]
+    info = RunInfo(gpu="gfx908_mod0", arch="gfx908", release="0.11b", triton="3.5.1", build="normal",
+                   planned=10, sampled=3, sample=3, jobs=2, wall_s=6.0, compiled_now=3, from_cache=0)
+    rep = report_dict(info, results)
+    assert report_json(rep) == report_json(report_dict(info, list(reversed(results))))
+    assert rep["totals"]["failed"] == 1 and rep["totals"]["spilling"] == 1
+    assert rep["run"]["kernels_per_min"] == 30.0
+    assert set(rep) >= {"by_family", "by_head_dim", "by_dtype", "by_config", "kernels", "totals", "run"}
+    md = report_markdown(rep)
+    assert "## By config" in md and "## Failures" in md and "CompilationError: boom" in md
+
+
+def test_first_error_line():
+    exc = RuntimeError("at 3:4:\ndef k(A):\n    x = y\n        ^\nNameError('y is not defined')")
+    assert first_error_line(exc) == "RuntimeError: NameError('y is not defined')"
+    assert first_error_line(RuntimeError("at 1:2:\nboom\nmore")) == "RuntimeError: boom"
+    assert first_error_line(ValueError("")) == "ValueError"
