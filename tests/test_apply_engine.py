@@ -14,6 +14,8 @@ from codegen.apply import LOCK_NAME, ApplyConflict, apply_overlay, read_lock, re
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
 from codegen.apply.testing import make_fake_tree, snapshot
+from codegen.precompile.limits import cap_waves_per_eu, limit_key
+from codegen.render import plan_overlay
 from codegen.cli import app
 from codegen.resources import default_spec_path
 from codegen.spec import load_spec
@@ -85,9 +87,13 @@ def test_rows_are_complete_capped_and_renamed(tmp_path, spec):
     donor = _rows(tree, "v3python/database/amd/gfx90a/flash/attn_fwd.sqlite3.tar.xz", "FLASH$attn_fwd",
                   "gfx90a_mod0")
     assert len(rows) == len(donor) == 144  # hd 32/64 x 3 dtypes x 12 functionals... x 2x2 bins
+    limits = plan_overlay(spec).rows["waves_per_eu_limits"]  # tuning/gfx908/compile_report.json
+    dtypes = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
     for r in rows:  # BLOCK_M, BLOCK_N, PRE_LOAD_V, waves, warps, stages follow the 9 key columns
         bm, bn, waves = r[9], r[10], r[12]
-        assert waves == (1 if (bm, bn) in ((128, 64), (128, 128)) else 2)
+        want = 1 if (bm, bn) in ((128, 64), (128, 128)) else 2  # the spec's caps
+        key = limit_key("attn_fwd", "gfx908", dtypes[r[1]], r[5], bm, bn, r[13], r[14], r[11])
+        assert waves == cap_waves_per_eu(limits, key, want)[0]  # then the compile report's limits
     # the op DB keeps every other GPU's rows
     op = "v3python/database/op_database.sqlite3.tar.xz"
     assert len(_rows(tree, op, "FLASH$op_attn_bwd", "gfx90a_mod0")) == 144

@@ -40,10 +40,11 @@ def test_default_space_respects_fork_lessons_and_exclusions():
         for c in cfgs:
             assert c.block_m >= c.block_n  # M < N was faulty in the gfx908 fork
             assert not (c.num_warps == 1 and c.block_m * c.block_n >= 8192)
-            # 4-7 configs per family and (dtype, head dim): a small starting space
+            # 2-7 configs per family and (dtype, head dim): a small starting space (2: fuse fp32
+            # d64, where precompile pruned both waves_per_eu=2 variants for spilling)
         for dt in spec.dtypes:
             for hd in spec.head_dims:
-                assert 3 <= len(expand_family(spec, family, dt, hd)) <= 8
+                assert 2 <= len(expand_family(spec, family, dt, hd)) <= 8
     fwd = expand_family(spec, "attn_fwd", "fp16", 64)
     assert all(c.waves_per_eu == 1 for c in fwd if c.block_m == 128)
     assert all(c.block_m < 128 for c in expand_family(spec, "attn_fwd", "fp32", 64))

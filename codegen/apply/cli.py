@@ -47,11 +47,32 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
             if e.verdict in ("skip", "conflict"):
                 table.add_row(f"[{STYLES[e.verdict]}]{e.verdict}[/]", f"{e.path} ({e.id})", e.detail)
     console.print(table)
+    _print_compile_check(console, result)
     counts: dict[str, int] = {}
     for f in result.files:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "nothing to do"
     console.print(f"{result.command}: {summary}")
+
+
+def _print_compile_check(console: Console, result) -> None:
+    """The seeded rows against tuning/<arch>/compile_report.json (see codegen.apply.dbrows)."""
+    capped, unclean, unmeasured, checked = 0, set(), set(), False
+    for tables in result.rows.values():
+        for st in tables.values():
+            if "compile_unclean" in st:
+                checked = True
+                capped += st["compile_capped"]
+                unclean.update(st["compile_unclean"])
+                unmeasured.update(st["compile_unmeasured"])
+    if not checked:
+        return
+    console.print(f"compile report: {capped} seeded row(s) lowered to the largest spill-free waves_per_eu")
+    for name in sorted(unclean):
+        console.print(f"[bold red]spills or fails at every measured waves_per_eu (kept):[/] {name}")
+    if unmeasured:
+        console.print(f"[yellow]{len(unmeasured)} config(s) not in the compile report[/] (run `mi100-codegen "
+                      f"precompile --tuning-report`), e.g. {', '.join(sorted(unmeasured)[:3])}")
 
 
 def register(app: typer.Typer, guarded) -> None:

@@ -2,8 +2,12 @@
 
 Rows are derived, for every target GPU of the spec, from the donor GPU's rows
 (`spec.rows.donor_gpu`) restricted to the spec's head dims and dtypes, renamed to the target
-GPU, with `waves_per_eu` capped (`rows.waves_per_eu_caps`, then `rows.default_max_waves_per_eu`)
-and finally overridden by measured rows (`overlay.rows['measured']`). They give the target a
+GPU, with `waves_per_eu` capped (`rows.waves_per_eu_caps`, then `rows.default_max_waves_per_eu`,
+then the compile report's `waves_per_eu_limits`: the largest waves_per_eu that compiled without
+spills for the row's config) and finally overridden by measured rows (`overlay.rows['measured']`).
+Every final row's config is checked against the compile report: configs that spill or fail
+at every measured waves_per_eu are kept but listed (`compile_unclean`), as are configs the
+report does not know (`compile_unmeasured`). They give the target a
 complete LUT for every functional (upstream aborts with MissingLutEntry on a hole): the donor's
 grid is checked for completeness before anything is written. The tuning-DB reuse map is never
 used.
@@ -36,11 +40,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
+from ..models import FAMILIES
+from ..precompile.limits import cap_waves_per_eu, config_name, limit_key, variant_status
 from ..upstream import Adapter
 
 XZ_PRESET = 6
 TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
-ROWS_CODE_VERSION = 2  # bump when the derivation changes: invalidates cached DB outputs
+ROWS_CODE_VERSION = 3  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
 
@@ -56,11 +62,21 @@ class TableStats:
     capped: int = 0
     measured: int = 0
     measured_unmatched: int = 0
+    compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
+    compile_capped: int = 0         # rows lowered by the compile report
+    compile_clean: int = 0          # final rows whose config the report measured clean
+    compile_unclean: list[str] = field(default_factory=list)     # configs: spill/fail, kept
+    compile_unmeasured: list[str] = field(default_factory=list)  # configs the report lacks
 
     def as_dict(self) -> dict:
-        return {"donor_rows": self.donor_rows, "rows_written": self.written,
-                "waves_capped": self.capped, "measured_overrides": self.measured,
-                "measured_unmatched": self.measured_unmatched}
+        out = {"donor_rows": self.donor_rows, "rows_written": self.written,
+               "waves_capped": self.capped, "measured_overrides": self.measured,
+               "measured_unmatched": self.measured_unmatched}
+        if self.compile_checked:
+            out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
+                        "compile_unclean": list(self.compile_unclean),
+                        "compile_unmeasured": list(self.compile_unmeasured)})
+        return out
 
 
 @dataclass
@@ -198,8 +214,21 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
 
     c_bm, c_bn = _col(cols, "tuned_kernel$BLOCK_M"), _col(cols, "tuned_kernel$BLOCK_N")
     c_w = _col(cols, "compiler_options$waves_per_eu")
+    c_nw, c_ns = _col(cols, "compiler_options$num_warps"), _col(cols, "compiler_options$num_stages")
+    c_plv = _col(cols, "tuned_kernel$PRE_LOAD_V")
     rev_dt = {v: k for k, v in TORCH_DTYPES.items()}
     measured = [m for m in rows_spec.get("measured", []) if m.get("family") == family]
+    limits = rows_spec.get("waves_per_eu_limits")
+    checkable = bool(limits) and family in FAMILIES and all((c_bm, c_bn, c_w, c_nw, c_ns))
+
+    def limit_key_of(row: list) -> str | None:
+        if not checkable or any(row[ix[c]] is None for c in (c_bm, c_bn, c_w, c_nw, c_ns)):
+            return None
+        plv = None
+        if family == "attn_fwd":
+            plv = _truthy(row[ix[c_plv]]) if c_plv and row[ix[c_plv]] is not None else False
+        return limit_key(family, _gpu_arch(row[ix["gpu"]]), rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
+                         row[ix[c_bm]], row[ix[c_bn]], row[ix[c_nw]], row[ix[c_ns]], plv)
 
     out: list[list] = []
     for gpu in rows_spec["gpus"]:
@@ -212,6 +241,12 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
                 if cap is not None and row[ix[c_w]] > cap:
                     row[ix[c_w]] = cap
                     st.capped += 1
+            key = limit_key_of(row)
+            if key is not None:  # the compile report: largest spill-free waves_per_eu of the config
+                w, _ = cap_waves_per_eu(limits, key, int(row[ix[c_w]]))
+                if w != row[ix[c_w]]:
+                    row[ix[c_w]] = w
+                    st.compile_capped += 1
             out.append(row)
 
     # Measured winners override the seeded config of their grid entry.
@@ -239,6 +274,26 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
             st.measured += 1
         else:  # e.g. a seqlen bin the release's grid does not have (fuse stops at 1024 in 0.10b/0.11b)
             st.measured_unmatched += 1
+
+    # Audit every final row (measured ones included) against the compile report; a duplicate
+    # key (the table's UNIQUE key) counts once, as its last row: the one the upsert and
+    # upstream's LUT keep.
+    if checkable:
+        st.compile_checked = True
+        kcols = [ix[c] for c in _unique_key(conn, table, src) if c in ix]
+        final = {tuple(row[i] for i in kcols): row for row in out}
+        unclean, unmeasured = set(), set()
+        for row in final.values():
+            key = limit_key_of(row)
+            if key is None:
+                continue
+            w = int(row[ix[c_w]])
+            status = variant_status(limits["configs"].get(key), w)
+            if status == "clean":
+                st.compile_clean += 1
+            else:
+                (unclean if status == "unclean" else unmeasured).add(config_name(key, w))
+        st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
     return [tuple(r) for r in out], st
 
 

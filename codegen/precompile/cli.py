@@ -32,6 +32,7 @@ def _write(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600
     os.replace(tmp, path)
 
 
@@ -60,6 +61,66 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     return t
 
 
+class DescendInterrupted(KeyboardInterrupt):
+    def __init__(self, results: list):
+        super().__init__()
+        self.results = results
+
+
+def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout, cache, err) -> list:
+    """Rounds of `codegen.precompile.descend`: spilling configs recompiled at lower waves_per_eu."""
+    from .descend import plan_round
+    from .engine import compile_entries
+    from .prune import compile_report
+    from .report import worst
+
+    entries, results = list(entries), list(results)
+    for rnd in range(1, 11):
+        merged = compile_report(results, arch=info.arch, gpu=info.gpu, release=info.release, triton=triton,
+                                previous=previous)
+        plan = plan_round(entries, results, spec.hardware, merged, info.arch)
+        if not plan.entries:
+            break
+        done: list = []
+
+        def tick(r, progress=None, bar=None):
+            done.append(r)
+            progress.update(bar, advance=1)
+
+        try:
+            with _progress(err) as progress:
+                bar = progress.add_task(f"descend {rnd}", total=len(plan.entries), status="")
+                sub = compile_entries(tree, plan.entries, spec, jobs=jobs, timeout_s=timeout, cache=cache,
+                                      on_progress=lambda r: tick(r, progress, bar))
+        except KeyboardInterrupt:
+            # keep the variants whose kernels all finished (a partial variant's verdict would
+            # speak for kernels never compiled); the caller writes the report, then exits 130
+            want: dict[str, int] = {}
+            for e in plan.entries:
+                want[e.config] = want.get(e.config, 0) + 1
+            got: dict[str, int] = {}
+            for r in done:
+                got[r.config] = got.get(r.config, 0) + 1
+            complete = [r for r in done if got[r.config] == want[r.config]]
+            err.print(f"descend round {rnd} interrupted: keeping {len(complete)} of {len(done)} finished kernel(s) "
+                      f"(complete variants only)")
+            raise DescendInterrupted(results + complete) from None
+        entries += plan.entries
+        results += sub.results
+        verdict = {}
+        for r in results:
+            verdict.setdefault(r.config, []).extend(r.verdicts)
+        targets = sorted(set(plan.moves.values()))
+        still = [c for c in targets if worst(verdict.get(c, [])) in ("spills", "failed")]
+        err.print(f"descend round {rnd}: {len(plan.moves)} spilling config(s) -> {len(targets)} lower variant(s), "
+                  f"{len(plan.entries)} kernel(s) ({sub.compiled_now} compiled, {sub.from_cache} cached, "
+                  f"{sub.wall_s:.1f} s); still spilling: {len(still)}")
+    stuck = sorted({r.config for r in results if "spills" in r.verdicts and r.waves_per_eu <= 1})
+    for c in stuck:
+        err.print(f"[red]spills even at waves_per_eu=1:[/] {c}", markup=True)
+    return results
+
+
 def register(app: typer.Typer, guarded) -> None:
     @app.command()
     @guarded
@@ -74,6 +135,7 @@ def register(app: typer.Typer, guarded) -> None:
         prune_to: Optional[Path] = typer.Option(None, "--prune-to", help="Write the spec with exclude rules for configs that fail or spill."),
         tuning_report: Optional[Path] = typer.Option(None, "--tuning-report", help="Write/merge the compile report (config -> resources), e.g. tuning/gfx908/compile_report.json."),
         tuning: bool = typer.Option(False, "--tuning", help="Compile a tuning build's kernel list (the spec's tuning space)."),
+        descend: bool = typer.Option(False, "--descend", help="Also compile every spilling config's kernels at lower waves_per_eu until they are spill-free (for --tuning-report: what apply caps seeded rows to)."),
         timeout: float = typer.Option(600.0, "--timeout", help="Per-kernel timeout in seconds."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the persistent cache."),
         cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Persistent cache (default: $MI100_CODEGEN_CACHE/precompile or ~/.cache/mi100-codegen/precompile)."),
@@ -136,14 +198,24 @@ def register(app: typer.Typer, guarded) -> None:
         for k in report["kernels"]:
             if k["status"] != "ok":
                 err.print(f"[red]{k['status']}:[/] {k['id']}: {k['error']}", markup=True)
+        previous = json.loads(tuning_report.read_text()) if tuning_report and tuning_report.is_file() else None
+        all_results = list(run.results)
+        interrupted = None
+        if descend:
+            try:
+                all_results = _descend(aotriton_dir, loaded.spec, chosen, all_results, info, run.triton, previous,
+                                       jobs, timeout, cache, err)
+            except DescendInterrupted as exc:
+                all_results, interrupted = exc.results, exc
         if tuning_report:
-            previous = json.loads(tuning_report.read_text()) if tuning_report.is_file() else None
             write_compile_report(tuning_report, compile_report(
-                run.results, arch=info.arch, gpu=info.gpu, release=info.release, triton=run.triton,
+                all_results, arch=info.arch, gpu=info.gpu, release=info.release, triton=run.triton,
                 previous=previous))
             err.print(f"wrote {tuning_report}")
+        if interrupted is not None:
+            raise KeyboardInterrupt
         if prune_to:
-            rules, outside = prune_rules(loaded, chosen, run.results, run.triton)
+            rules, outside = prune_rules(loaded, chosen, run.results, run.triton, info.arch, info.release)
             added = prune_spec(loaded, rules, prune_to)
             err.print(f"wrote {prune_to}: {added} exclude rule(s) added"
                       + (f"; {len(outside)} failing/spilling config(s) are not in the spec's tuning space"

@@ -38,16 +38,37 @@ def config_verdicts(results: list[KernelResult]) -> dict[str, tuple[str, list[Ke
     return {c: (worst(v for r in rs for v in r.verdicts), rs) for c, rs in sorted(groups.items())}
 
 
-def _reason(verdict: str, rs: list[KernelResult], triton: str) -> str:
+def _where(arch: str | None, release: str | None) -> str:
+    bits = [f"CPU cross-compile for {arch}" if arch else "CPU cross-compile"]
+    if release:
+        bits.append(f"AOTriton {release}")
+    return " (" + ", ".join(bits) + ")"
+
+
+def _reason_text(verdict: str, error: str | None, spills: int | None, triton: str, where: str = "") -> str:
     if verdict == "failed":
-        err = next((r.error for r in rs if r.error), "compile error")
-        return f"precompile: fails to compile with Triton {triton} ({err[:120]})"
-    spills = max(r.resources.vgpr_spills for r in rs if r.resources)
-    return f"precompile: spills {spills} VGPRs with Triton {triton}"
+        return f"precompile: fails to compile with Triton {triton}{where} ({(error or 'compile error')[:120]})"
+    return f"precompile: spills {spills} VGPRs with Triton {triton}{where}"
+
+
+def _reason(verdict: str, rs: list[KernelResult], triton: str, where: str = "") -> str:
+    err = next((r.error for r in rs if r.error), None)
+    spills = max((r.resources.vgpr_spills for r in rs if r.resources), default=None)
+    return _reason_text(verdict, err, spills, triton, where)
+
+
+def _rule(cfg, reason: str) -> dict:
+    rule = {"block_m": cfg.block_m, "block_n": cfg.block_n, "waves_per_eu": cfg.waves_per_eu,
+            "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    if cfg.family == "attn_fwd" and cfg.pre_load_v is not None:
+        rule["pre_load_v"] = cfg.pre_load_v
+    rule.update({"dtype": cfg.dtype, "head_dim": cfg.head_dim, "reason": reason})
+    return rule
 
 
 def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[KernelResult],
-                triton: str) -> tuple[dict[str, list[dict]], list[str]]:
+                triton: str, arch: str | None = None, release: str | None = None
+                ) -> tuple[dict[str, list[dict]], list[str]]:
     """family -> new exclude rules; plus the pruned configs that are not in the spec's space."""
     space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
     by_config = {e.config: e for e in entries}
@@ -60,13 +81,25 @@ def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[Ke
         if e.family not in FAMILIES or name not in space:
             outside.append(name)
             continue
-        rule = {"block_m": e.block_m, "block_n": e.block_n, "waves_per_eu": e.waves_per_eu,
-                "num_warps": e.num_warps, "num_stages": e.num_stages}
-        if e.family == "attn_fwd" and e.pre_load_v is not None:
-            rule["pre_load_v"] = e.pre_load_v
-        rule.update({"dtype": e.dtype, "head_dim": e.head_dim, "reason": _reason(verdict, rs, triton)})
-        rules.setdefault(e.family, []).append(rule)
+        rules.setdefault(e.family, []).append(_rule(e, _reason(verdict, rs, triton, _where(arch, release))))
     return rules, outside
+
+
+def prune_rules_from_report(loaded: LoadedSpec, report: dict) -> dict[str, list[dict]]:
+    """family -> exclude rules for every config of the spec's tuning space that a committed
+    compile report (`tuning/<arch>/compile_report.json`) marks failed or spilling."""
+    configs = report.get("configs", {})
+    where = _where(report.get("arch"), report.get("release"))
+    rules: dict[str, list[dict]] = {}
+    for family, cfgs in expand_space(loaded.spec).items():
+        for cfg in sorted(cfgs, key=lambda c: c.name):
+            entry = configs.get(cfg.name)
+            if not entry or entry.get("verdict") not in PRUNED:
+                continue
+            reason = _reason_text(entry["verdict"], entry.get("error"), entry.get("vgpr_spills"),
+                                  report.get("triton", "?"), where)
+            rules.setdefault(family, []).append(_rule(cfg, reason))
+    return rules
 
 
 def _same_rule(a, b: dict) -> bool:
@@ -118,11 +151,21 @@ def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> i
 
 def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release: str, triton: str,
                    previous: dict | None = None) -> dict:
-    """config -> resources and verdict (no timings: reviewable, deterministic)."""
+    """config -> resources and verdict (no timings: reviewable, deterministic).
+
+    Merging into `previous` (same arch and Triton version, else it is dropped): a config this run
+    compiled replaces the previous entry, unless the previous verdict is more severe (another
+    kernel of that config, e.g. of a tuning build, spilled): then the previous entry stays, so a
+    merge never turns a spilling config clean."""
+    from .report import VERDICTS
+
     configs = {}
     if previous and previous.get("triton") == triton and previous.get("arch") == arch:
         configs.update(previous.get("configs", {}))
     for name, (verdict, rs) in config_verdicts(results).items():
+        old = configs.get(name)
+        if old and VERDICTS.index(old.get("verdict", "ok")) > VERDICTS.index(verdict):
+            continue
         ok = [r for r in rs if r.resources is not None]
 
         def mx(attr):
@@ -152,6 +195,7 @@ def write_compile_report(path: Path, report: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
         fh.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; this file is committed and shared
     os.replace(tmp, path)
 
 

@@ -178,7 +178,7 @@ def report_markdown(report: dict) -> str:
         + (f", {run['kernels_per_min']} kernels/min" if run.get("kernels_per_min") else ""),
         f"- failed: {tot['failed']}, spilling (VGPR spills): {tot['spilling']}, low occupancy: "
         f"{tot['low_occupancy']}, no matrix cores: {tot['no_matrix_cores']}",
-        f"- config verdicts: " + ", ".join(f"{k} {v}" for k, v in tot["config_verdicts"].items()),
+        "- config verdicts: " + ", ".join(f"{k} {v}" for k, v in tot["config_verdicts"].items()),
         "",
         "Cross-compiled on a CPU with pip Triton; resources are static (code object metadata), "
         "not measured on a GPU.",

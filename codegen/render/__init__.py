@@ -128,8 +128,9 @@ def space_table(spec: TargetSpec) -> list[tuple[str, list]]:
     return out
 
 
-def render_rows(spec: TargetSpec, measured: list[dict]) -> dict:
-    """How the target's tuning-database rows are made: donor + caps, overridden by measurements."""
+def render_rows(spec: TargetSpec, measured: list[dict], limits: dict | None = None) -> dict:
+    """How the target's tuning-database rows are made: donor + caps (the spec's, then the compile
+    report's `waves_per_eu_limits`), overridden by measurements."""
     return {
         "gpus": list(spec.gpus),
         "donor_gpu": spec.rows.donor_gpu,
@@ -137,6 +138,7 @@ def render_rows(spec: TargetSpec, measured: list[dict]) -> dict:
         "dtypes": sorted(spec.dtypes),
         "waves_per_eu_caps": [c.model_dump(mode="json") for c in spec.rows.waves_per_eu_caps],
         "default_max_waves_per_eu": spec.rows.default_max_waves_per_eu,
+        "waves_per_eu_limits": limits,
         "measured": measured,
     }
 
@@ -146,6 +148,23 @@ def load_measured(spec: TargetSpec) -> list[dict]:
     from ..tuning_results import load_winner_rows  # local import: keeps render import-light
 
     return load_winner_rows(data_dir("tuning") / spec.arch, spec)
+
+
+def load_limits(spec: TargetSpec) -> dict | None:
+    """waves_per_eu limits per config from tuning/<arch>/compile_report.json (written by
+    `mi100-codegen precompile --tuning-report`); None when there is no report for the arch."""
+    from ..precompile.limits import waves_per_eu_limits  # local import: keeps render import-light
+
+    path = data_dir("tuning") / spec.arch / "compile_report.json"
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        from ..errors import UserError
+
+        raise UserError(f"tuning/{spec.arch}/compile_report.json: not valid JSON: {exc}") from None
+    return waves_per_eu_limits(report, spec.arch, set(spec.dtypes), set(spec.head_dims))
 
 
 def plan_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
@@ -173,7 +192,7 @@ def plan_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
         )
     )
 
-    ov.rows = render_rows(spec, load_measured(spec))
+    ov.rows = render_rows(spec, load_measured(spec), load_limits(spec))
     ov.add(
         RenderedFile(
             f"rows.{spec.arch}", f"rows/{spec.arch}.json", "(rows)",
