@@ -1,0 +1,216 @@
+"""`mi100-codegen build`: overlay check, prerequisites, configure, ninja, verify, summary."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from ..errors import UserError
+from ..resources import data_dir, default_spec_path
+from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
+                        configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
+from .overlay import check_overlay, module_spec_sha, read_lock
+from .prereq import check_prerequisites
+from .run import run_cmake, run_ninja
+from .verify import verify_install
+
+LOG_NAME = f"{SUPPORT_DIR}/build.log"
+
+
+@dataclass
+class BuildReport:
+    tree: str
+    release: str
+    arch: str
+    spec: str
+    spec_sha256: str
+    prefix: str
+    build_dir: str
+    log: str
+    mode: str
+    configured: bool = False
+    configure_seconds: float = 0.0
+    build_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    kernels_total: int | None = None
+    kernels_before: int | None = None
+    kernels_compiled: int = 0
+    edges_total: int = 0
+    toolchain: dict = field(default_factory=dict)
+    hip_compat: bool = False
+    verification: dict = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def kernels_per_minute(self) -> float | None:
+        if self.kernels_compiled and self.build_seconds > 0:
+            return round(self.kernels_compiled / (self.build_seconds / 60.0), 1)
+        return None
+
+    def as_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["kernels_per_minute"] = self.kernels_per_minute
+        for k in ("configure_seconds", "build_seconds", "wall_seconds"):
+            d[k] = round(d[k], 1)
+        return d
+
+
+def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
+    if explicit is not None:
+        return [explicit]
+    out: list[Path] = []
+    _, lock = read_lock(tree)
+    if lock:
+        from .overlay import _find
+
+        hint = _find(lock, ("spec_path", "spec"))
+        if isinstance(hint, str) and Path(hint).is_file():
+            out.append(Path(hint))
+    out.append(default_spec_path())
+    examples = data_dir("rules") / "examples"
+    if examples.is_dir():
+        out += sorted(examples.glob("*.yaml"))
+    return out
+
+
+def resolve_spec(tree: Path, explicit: Path | None):
+    """The spec to build: --spec, else the one (lock hint, embedded default, bundled examples)
+    whose sha256 is the one the tree's overlay was applied from."""
+    from ..spec import load_spec
+
+    if explicit is not None:
+        return load_spec(explicit)
+    from .overlay import _find
+
+    _, lock = read_lock(tree)
+    applied = _find(lock, ("spec_sha256",)) if lock else None
+    applied = applied or module_spec_sha(tree)
+    first = None
+    for cand in _spec_candidates(tree, None):
+        try:
+            loaded = load_spec(cand)
+        except UserError:
+            continue
+        first = first or loaded
+        if not applied or loaded.sha256 == applied:
+            return loaded
+    name = _find(lock, ("spec_name",)) if lock else None
+    raise UserError(
+        f"{tree}: the overlay was applied from spec {name + ' ' if name else ''}(sha256 {str(applied)[:12]}…), "
+        f"which is neither the embedded default nor a bundled example as they are now",
+        hint=f"pass the spec it was applied from (--spec SPEC); if that spec or mi100-codegen changed since, "
+             f"re-apply first: mi100-codegen apply {tree} --spec SPEC")
+
+
+def count_kernels(build_dir: Path) -> tuple[int | None, int | None]:
+    """(kernels in the generator's compile list, how many of them are already compiled)."""
+    lst = build_dir / "v3src" / "Bare.compile"
+    if not lst.is_file():
+        return None, None
+    total = done = 0
+    for line in lst.read_text(encoding="utf-8", errors="replace").splitlines():
+        hsaco = next((f for f in line.split(";") if f.endswith(".hsaco")), None)
+        if hsaco is None:
+            continue
+        total += 1
+        p = Path(hsaco)
+        if p.is_file() and p.stat().st_size > 0:
+            done += 1
+    return total, done
+
+
+def build_tree(tree: Path, *, prefix: Path, build_dir: Path | None, jobs: int, noimage: bool,
+               for_tuning: bool, python_binding: bool, python: str, spec_path: Path | None,
+               console: Console, show_progress: bool = True, reconfigure: bool = False) -> BuildReport:
+    t_start = time.monotonic()
+    from ..upstream import detect
+
+    tree = tree.resolve()
+    prefix = prefix.resolve()
+    build_dir = (build_dir or tree / "build").resolve()
+    adapter = detect(tree)
+    loaded = resolve_spec(tree, spec_path)
+    spec = loaded.spec
+    if for_tuning and noimage:
+        raise UserError("--for-tuning and --noimage exclude each other (a tuning build is all kernel images)")
+    if for_tuning:
+        if len(spec.head_dims) < 2:
+            raise UserError(f"{loaded.display}: a tuning build needs at least two head dims (upstream "
+                            f"0.10b-0.12b drop a one-value axis and crash); this spec has {list(spec.head_dims)}")
+        lacking = [d for d in ("fp16", "bf16") if d not in spec.dtypes]
+        if lacking:
+            raise UserError(f"{loaded.display}: a tuning build compiles every dtype upstream builds (fp16, bf16), "
+                            f"but the spec's tuning space has no {', '.join(lacking)} configs")
+    triton_src = tree / "third_party" / "triton"
+    if adapter.version < (0, 11, 0) and not noimage and not any(triton_src.iterdir() if triton_src.is_dir() else []):
+        raise UserError(
+            f"{tree}: AOTriton {adapter.release} image builds compile Triton from the third_party/triton "
+            f"submodule (there is no option to use an installed Triton before 0.11b), and it is empty",
+            hint="check out the submodule (git submodule update --init third_party/triton), use --noimage, "
+                 "or build a 0.11b+ tree")
+    manifest = None
+    _, lock = read_lock(tree)
+    if lock:
+        from ..render import plan_overlay
+
+        manifest = plan_overlay(loaded, adapter.layout).manifest_sha256
+    state = check_overlay(tree, gpus=list(spec.gpus), spec_sha256=loaded.sha256, manifest_sha256=manifest,
+                          spec_display=loaded.display)
+
+    tc = check_prerequisites(tree, python, need_triton=not noimage, python_binding=python_binding)
+    req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=jobs, noimage=noimage,
+                       for_tuning=for_tuning, python_binding=python_binding, arch=spec.arch,
+                       gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)
+    watched = [".mi100-codegen.lock.json", adapter.tuning_db] + ([adapter.op_db] if adapter.op_db else []) \
+        + ([adapter.shard_root] if adapter.shard_root else [])
+    plan = plan_configure(req, tc, adapter.release, adapter.version, state.upstream_commit,
+                          inputs=configure_inputs(tree, watched))
+    report = BuildReport(
+        tree=str(tree), release=adapter.release, arch=spec.arch, spec=loaded.display, spec_sha256=loaded.sha256,
+        prefix=str(prefix), build_dir=str(build_dir), log=str(build_dir / LOG_NAME),
+        mode="noimage" if noimage else ("tuning" if for_tuning else "images"),
+        toolchain=tc.summary(), hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
+    )
+    if adapter.version >= (0, 12, 0) and not noimage and not (build_dir / "v3src" / "aiter").is_dir():
+        report.warnings.append("AOTriton 0.12b+ clones https://github.com/ROCm/aiter.git at configure time "
+                               "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
+    for w in report.warnings:
+        console.print(w, style="yellow", markup=False)
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    check_generator(build_dir)
+    log_path = build_dir / LOG_NAME
+    prepare_venv(build_dir, tc)
+    write_support_files(plan, build_dir)
+    env = configure_env(plan)
+    if reconfigure or configured_fingerprint(build_dir) != plan.fingerprint:
+        report.configure_seconds = run_cmake(plan.cmake_args(tree, build_dir), env=env, log_path=log_path,
+                                             console=console, cmake=tc.cmake)
+        record_fingerprint(plan, build_dir)
+        report.configured = True
+    if not noimage:
+        report.kernels_total, report.kernels_before = count_kernels(build_dir)
+    if report.kernels_total and report.kernels_before:
+        console.print(f"resuming: {report.kernels_before} of {report.kernels_total} kernels already compiled")
+    elif report.kernels_total:
+        console.print(f"{report.kernels_total} kernels to compile")
+    res = run_ninja(build_dir, jobs=jobs, target="install", env=env, log_path=log_path, console=console,
+                    ninja=tc.ninja, show_progress=show_progress)
+    report.build_seconds = res.seconds
+    total_after, done_after = count_kernels(build_dir) if not noimage else (None, None)
+    report.kernels_total = total_after if total_after is not None else report.kernels_total
+    if done_after is not None:  # files on disk, not status lines: exact across interruptions
+        report.kernels_compiled = max(0, done_after - (report.kernels_before or 0))
+    else:
+        report.kernels_compiled = res.kernels_compiled
+    report.edges_total = res.edges_total
+    ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, images=not noimage)
+    report.verification = ver.summary()
+    report.wall_seconds = time.monotonic() - t_start
+    return report
+
+
+__all__ = ["BuildReport", "build_tree", "count_kernels", "resolve_spec"]

@@ -1,0 +1,85 @@
+"""`mi100-codegen build AOTRITON_DIR --prefix PREFIX …` (registered by codegen.cli)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def _print_summary(console: Console, rep) -> None:
+    v = rep.verification
+    t = Table(show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold")
+    t.add_column()
+    t.add_row("tree", f"{rep.tree} (AOTriton {rep.release})")
+    t.add_row("spec", f"{rep.spec} ({rep.spec_sha256[:12]}…), arch {rep.arch}, mode {rep.mode}")
+    t.add_row("library", v.get("library", ""))
+    syms = v.get("symbols", {})
+    t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}" for k, ok in syms.items()))
+    if rep.mode != "noimage":
+        t.add_row("images", f"{v.get('images_dir')}: {v.get('packages')} packages")
+        t.add_row("kernels", f"{v.get('kernels_packed')} of {v.get('kernels_referenced')} referenced kernels packed"
+                             f" (missing {v.get('missing_count')}, empty {v.get('empty_count')})")
+        fam = v.get("kernels_by_family", {})
+        if fam:
+            t.add_row("by family", ", ".join(f"{k} {n}" for k, n in fam.items()))
+    t.add_row("this run", f"{rep.kernels_compiled} kernels compiled in {rep.build_seconds / 60:.1f} min"
+                          + (f" ({rep.kernels_per_minute} kernels/min)" if rep.kernels_per_minute else "")
+                          + (f", configure {rep.configure_seconds:.0f} s" if rep.configured else ", configure skipped (up to date)"))
+    t.add_row("wall time", f"{rep.wall_seconds / 60:.1f} min")
+    t.add_row("log", rep.log)
+    console.print(t)
+    for p in v.get("problems", []):
+        console.print(f"[red]problem:[/] {p}")
+    for m in v.get("missing", []):
+        console.print(f"  missing {m}", markup=False)
+    for m in v.get("empty", []):
+        console.print(f"  empty {m}", markup=False)
+
+
+def register(app: typer.Typer, guarded) -> None:
+    @app.command("build")
+    @guarded
+    def build(
+        aotriton_dir: Path = typer.Argument(..., help="AOTriton source tree with the overlay applied."),
+        prefix: Path = typer.Option(..., "--prefix", help="Install prefix (lib/libaotriton_v2.so.*, lib/aotriton.images/)."),
+        build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Build directory (default: AOTRITON_DIR/build)."),
+        jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel jobs (default: CPUs available)."),
+        noimage: bool = typer.Option(False, "--noimage", help="Build the C++ runtime only (no kernel images, no Triton)."),
+        for_tuning: bool = typer.Option(False, "--for-tuning", help="Tuning build: every config of the spec's tuning space."),
+        json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
+        spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from "
+                                            "(default: found by the sha256 the tree records)."),
+        python: str = typer.Option(sys.executable, "--python", help="Interpreter whose environment has triton "
+                                   "and the tree's requirements (default: this one)."),
+        python_binding: bool = typer.Option(False, "--python-binding", help="Also build upstream's Python "
+                                            "binding (AOTRITON_NO_PYTHON=OFF)."),
+        reconfigure: bool = typer.Option(False, "--reconfigure", help="Run CMake even when the configuration is unchanged."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (logs only)."),
+    ) -> None:
+        """Configure, build and install AOTriton for the spec's GPU; verify the install.
+
+        Re-running continues an interrupted build. Exit 3 when the build fails or the install is
+        incomplete; 2 when the tree or the environment is not ready (the message says what to do)."""
+        from .builder import build_tree
+        from .run import cpu_count
+        from .verify import VerifyError
+
+        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        rep = build_tree(aotriton_dir, prefix=prefix, build_dir=build_dir, jobs=jobs or cpu_count(),
+                         noimage=noimage, for_tuning=for_tuning, python_binding=python_binding, python=python,
+                         spec_path=spec, console=console, show_progress=not no_progress and not json_out,
+                         reconfigure=reconfigure)
+        if json_out:
+            sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
+        _print_summary(console, rep)
+        if rep.verification.get("problems"):
+            raise VerifyError(f"the install in {rep.prefix} is incomplete",
+                              hint="re-run the same build command (it resumes); the log names failing steps")
+        console.print("[green]ok:[/] install verified")

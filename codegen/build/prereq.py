@@ -1,0 +1,264 @@
+"""Prerequisites of an AOTriton build, checked up front: each missing piece is named with the
+command that installs it (Debian 12 package names; pip where that is the usual route)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from ..errors import UserError
+
+# Triton releases that compile AOTriton's kernels for gfx908 on CPU (AOTRITON.md, verified):
+# 3.5.1 .. 3.8.x; 3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail.
+TRITON_MIN = Version("3.5.1")
+TRITON_BELOW = Version("3.9")
+TRITON_PIN = "triton==3.5.1"
+CMAKE_MIN = Version("3.18")
+
+HIP_PACKAGES = "hipcc libamdhip64-dev rocm-device-libs libhsa-runtime-dev libamd-comgr-dev"
+APT_ALL = f"apt-get install -y cmake ninja-build g++ pkg-config liblzma-dev {HIP_PACKAGES}"
+
+# CMake package -> Debian package that ships its config file (find_package(hip) pulls them all).
+HIP_CMAKE_PACKAGES = (
+    ("hip", "libamdhip64-dev"),
+    ("amd_comgr", "libamd-comgr-dev"),
+    ("hsa-runtime64", "libhsa-runtime-dev"),
+    ("AMDDeviceLibs", "rocm-device-libs"),
+)
+HIP_VERSION_RE = {k: re.compile(rf"#define\s+HIP_VERSION_{k}\s+(\d+)") for k in ("MAJOR", "MINOR", "PATCH")}
+MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu")
+# requirements.txt entries the build itself never imports (test runners, packaging, the Python
+# binding): not demanded up front. The generator needs numpy, pandas (and pyyaml in 0.12b).
+NOT_NEEDED = frozenset({"iniconfig", "pluggy", "setuptools", "wheel", "pybind11", "filelock", "packaging"})
+
+
+class PrerequisiteError(UserError):
+    """Tools or libraries the build needs are missing; the message lists each with its fix."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    cmake: str
+    cmake_version: str
+    ninja: str
+    ninja_version: str
+    cxx: str
+    cc: str
+    hip_dir: str | None  # directory holding hip-config.cmake
+    hip_version: tuple[int, int, int] | None
+    python: str  # interpreter whose environment provides triton and the generator's packages
+    site_packages: tuple[str, ...] = ()
+    triton_version: str | None = None
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def needs_hip_compat(self) -> bool:
+        """hipStreamGetDevice appeared in HIP 5.6; older HIP needs our compatibility header."""
+        return self.hip_version is not None and self.hip_version[:2] < (5, 6)
+
+    def summary(self) -> dict:
+        return {
+            "cmake": self.cmake_version, "ninja": self.ninja_version, "cxx": self.cxx,
+            "hip": ".".join(map(str, self.hip_version)) if self.hip_version else None,
+            "python": self.python, "triton": self.triton_version,
+        }
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B006 (read-only)
+    try:
+        out = _run([exe, *args], timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"(\d+\.\d+(\.\d+)?)", out)
+    return m.group(1) if m else ""
+
+
+def _prefixes() -> list[Path]:
+    out: list[Path] = []
+    for var in ("CMAKE_PREFIX_PATH",):
+        out += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if p]
+    for var in ("ROCM_PATH", "HIP_PATH"):
+        if os.environ.get(var):
+            out.append(Path(os.environ[var]))
+    out += [Path("/opt/rocm"), Path("/usr"), Path("/usr/local")]
+    seen, uniq = set(), []
+    for p in out:
+        if p not in seen:
+            seen.add(p)
+            uniq.append(p)
+    return uniq
+
+
+def find_cmake_package(name: str, prefixes: list[Path] | None = None) -> Path | None:
+    """The directory holding `<name>-config.cmake` / `<Name>Config.cmake` under the usual prefixes."""
+    files = (f"{name}-config.cmake", f"{name}Config.cmake", f"{name.lower()}-config.cmake")
+    for prefix in prefixes or _prefixes():
+        libdirs = ["lib", "lib64", "share"] + [f"lib/{m}" for m in MULTIARCH]
+        for lib in libdirs:
+            d = prefix / lib / "cmake" / name
+            if any((d / f).is_file() for f in files):
+                return d
+    return None
+
+
+def hip_version_of(hip_dir: Path | None) -> tuple[int, int, int] | None:
+    """HIP version from hip_version.h next to the cmake config (or in the usual include dirs)."""
+    candidates = []
+    if hip_dir is not None:
+        # <prefix>/lib[/<multiarch>]/cmake/hip -> <prefix>/include
+        for up in (3, 4):
+            try:
+                candidates.append(hip_dir.parents[up - 1] / "include" / "hip" / "hip_version.h")
+            except IndexError:
+                pass
+    candidates += [p / "include" / "hip" / "hip_version.h" for p in _prefixes()]
+    for c in candidates:
+        if c.is_file():
+            text = c.read_text(errors="replace")
+            parts = [HIP_VERSION_RE[k].search(text) for k in ("MAJOR", "MINOR", "PATCH")]
+            if all(parts):
+                return tuple(int(p.group(1)) for p in parts)  # type: ignore[return-value]
+    return None
+
+
+_PY_PROBE = r"""
+import importlib.metadata as md, json, site, sys
+names = json.loads(sys.argv[1])
+found = {}
+for n in names:
+    try:
+        found[n] = md.version(n)
+    except md.PackageNotFoundError:
+        found[n] = None
+paths = []
+try:
+    paths = list(site.getsitepackages())
+except AttributeError:
+    pass
+if getattr(site, 'ENABLE_USER_SITE', False) and site.getusersitepackages():
+    paths.append(site.getusersitepackages())
+print(json.dumps({"found": found, "site": paths, "version": list(sys.version_info[:3])}))
+"""
+
+
+def requirement_names(tree: Path) -> list[str]:
+    """Distribution names in the tree's requirements.txt (what its generator imports)."""
+    req = tree / "requirements.txt"
+    names: list[str] = []
+    if req.is_file():
+        for line in req.read_text(errors="replace").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line or line.startswith("-"):
+                continue
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)", line)
+            if m:
+                names.append(m.group(1))
+    return sorted(set(names))
+
+
+def probe_python(python: str, names: list[str]) -> dict:
+    try:
+        proc = _run([python, "-c", _PY_PROBE, json.dumps(names)], timeout=120)
+    except OSError as exc:
+        raise PrerequisiteError(f"cannot run Python interpreter {python}: {exc.strerror}") from None
+    if proc.returncode != 0:
+        raise PrerequisiteError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
+    return json.loads(proc.stdout)
+
+
+def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False) -> Toolchain:
+    """Find every tool the build needs; raise one PrerequisiteError listing all that are missing."""
+    missing: list[str] = []
+    warnings: list[str] = []
+
+    cmake = shutil.which("cmake")
+    cmake_v = _tool_version(cmake) if cmake else ""
+    if not cmake:
+        missing.append("cmake (>= 3.18): apt-get install -y cmake   (or: pip install cmake)")
+    else:
+        try:
+            if Version(cmake_v) < CMAKE_MIN:
+                missing.append(f"cmake >= 3.18 (found {cmake_v} at {cmake}): pip install 'cmake>=3.26'")
+        except InvalidVersion:
+            warnings.append(f"cannot read the version of {cmake}")
+    ninja = shutil.which("ninja")
+    ninja_v = _tool_version(ninja) if ninja else ""
+    if not ninja:
+        missing.append("ninja: apt-get install -y ninja-build   (or: pip install ninja)")
+
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    if not cxx or not shutil.which(cxx):
+        missing.append("a C++20 compiler: apt-get install -y g++")
+    if not cc or not shutil.which(cc):
+        missing.append("a C compiler: apt-get install -y gcc")
+
+    pkgconfig = shutil.which("pkg-config") or shutil.which("pkgconf")
+    if not pkgconfig:
+        missing.append("pkg-config: apt-get install -y pkg-config")
+    elif _run([pkgconfig, "--exists", "liblzma"]).returncode != 0:
+        missing.append("liblzma (development files, found through pkg-config): apt-get install -y liblzma-dev")
+
+    prefixes = _prefixes()
+    hip_dir = find_cmake_package("hip", prefixes)
+    for name, pkg in HIP_CMAKE_PACKAGES:
+        if find_cmake_package(name, prefixes) is None:
+            missing.append(f"HIP: CMake package '{name}' (HIP headers and CMake config): "
+                           f"apt-get install -y {pkg}   (all of HIP on Debian 12: apt-get install -y {HIP_PACKAGES}; "
+                           f"or ROCm under /opt/rocm, or set ROCM_PATH)")
+    hip_version = hip_version_of(hip_dir) if hip_dir else None
+    if hip_dir is not None and hip_version is None:
+        missing.append(f"HIP headers (hip/hip_version.h) for {hip_dir}: apt-get install -y libamdhip64-dev")
+    if hip_dir is not None and shutil.which("hipcc") is None and not (hip_dir.parents[2] / "bin" / "hipcc").exists():
+        missing.append("hipcc: apt-get install -y hipcc")
+
+    skip = NOT_NEEDED - ({"pybind11"} if python_binding else set())
+    names = [n for n in requirement_names(tree) if n.lower() not in skip]
+    probe = probe_python(python, names + ["triton"])
+    py_v = tuple(probe["version"])
+    if py_v < (3, 10):
+        missing.append(f"Python >= 3.10 (found {'.'.join(map(str, py_v))} at {python})")
+    absent = [n for n in names if probe["found"].get(n) is None]
+    if absent:
+        missing.append(f"Python packages of the tree's requirements.txt in {python}'s environment: "
+                       f"{python} -m pip install {' '.join(absent)}")
+    triton_v = probe["found"].get("triton")
+    if need_triton:
+        if triton_v is None:
+            missing.append(f"Triton (compiles the kernels) in {python}'s environment: "
+                           f"{python} -m pip install '{TRITON_PIN}'")
+        else:
+            try:
+                tv = Version(triton_v)
+                if not (TRITON_MIN <= tv < TRITON_BELOW):
+                    missing.append(f"a compatible Triton (3.5.1 <= version < 3.9; found {triton_v}): "
+                                   f"{python} -m pip install '{TRITON_PIN}'")
+            except InvalidVersion:
+                warnings.append(f"cannot read Triton's version '{triton_v}'")
+    if missing:
+        raise PrerequisiteError(
+            "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
+            hint=f"on Debian 12 everything system-wide: {APT_ALL}; then {python} -m pip install '{TRITON_PIN}'",
+        )
+    return Toolchain(
+        cmake=cmake or "", cmake_version=cmake_v, ninja=ninja or "", ninja_version=ninja_v,
+        cxx=shutil.which(cxx) or cxx, cc=shutil.which(cc) or cc,
+        hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
+        python=python, site_packages=tuple(probe["site"]), triton_version=triton_v,
+        warnings=tuple(warnings),
+    )
+
+
+__all__ = ["APT_ALL", "HIP_PACKAGES", "PrerequisiteError", "Toolchain", "check_prerequisites",
+           "find_cmake_package", "hip_version_of", "requirement_names"]

@@ -1,0 +1,130 @@
+"""Checks an installed AOTriton build: the versioned library, its exported entry points, and the
+packed kernel images against every kernel the generated dispatch tables can select."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UpstreamError
+from .images import ImageError, read_aks2_directory, referenced_kernels
+
+# Itanium-mangled prefixes of what PyTorch calls (aotriton::v2::flash::*; v3 from 0.11b).
+REQUIRED_SYMBOLS = {
+    "aotriton::v2::flash::check_gpu": "_ZN8aotriton2v25flash9check_gpuE",
+    "aotriton::v2::flash::attn_fwd": "_ZN8aotriton2v25flash8attn_fwdE",
+    "aotriton::v2::flash::attn_bwd": "_ZN8aotriton2v25flash8attn_bwdE",
+}
+V3_SYMBOLS = {
+    "aotriton::v3::flash::attn_fwd": "_ZN8aotriton2v35flash8attn_fwdE",
+    "aotriton::v3::flash::attn_bwd": "_ZN8aotriton2v35flash8attn_bwdE",
+}
+LIST_LIMIT = 20
+
+
+class VerifyError(UpstreamError):
+    """The install is incomplete."""
+
+
+@dataclass
+class Verification:
+    library: str
+    symbols: dict[str, bool] = field(default_factory=dict)
+    images_dir: str | None = None
+    packages: int = 0
+    kernels_referenced: int = 0
+    kernels_packed: int = 0
+    missing: list[str] = field(default_factory=list)
+    empty: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    by_kernel: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> dict:
+        return {
+            "ok": self.ok, "library": self.library, "symbols": dict(sorted(self.symbols.items())),
+            "images_dir": self.images_dir, "packages": self.packages,
+            "kernels_referenced": self.kernels_referenced, "kernels_packed": self.kernels_packed,
+            "kernels_by_family": dict(sorted(self.by_kernel.items())),
+            "missing": self.missing[:LIST_LIMIT], "missing_count": len(self.missing),
+            "empty": self.empty[:LIST_LIMIT], "empty_count": len(self.empty), "problems": self.problems,
+        }
+
+
+def defined_symbols(lib: Path) -> set[str]:
+    """Defined dynamic symbols (mangled): our ELF reader, else `nm -D --defined-only`."""
+    try:
+        from ..torch_integration.elf import read_dynamic  # shared ELF reader (torch stage)
+    except ImportError:
+        read_dynamic = None
+    if read_dynamic is not None:
+        return set(read_dynamic(lib).defined)
+    nm = shutil.which("nm")
+    if nm is None:
+        raise VerifyError("cannot read the library's symbols: no ELF reader and no nm (apt-get install -y binutils)")
+    out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise VerifyError(f"nm -D {lib} failed: {out.stderr.strip()}")
+    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+
+
+def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
+                   images: bool) -> Verification:
+    libdir = prefix / "lib"
+    lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
+    v = Verification(library=str(lib))
+    if not lib.is_file():
+        found = sorted(p.name for p in libdir.glob("libaotriton*.so*")) if libdir.is_dir() else []
+        v.problems.append(f"{lib} is missing" + (f" (found: {', '.join(found)})" if found else ""))
+    else:
+        syms = defined_symbols(lib)
+        wanted = dict(REQUIRED_SYMBOLS)
+        if version >= (0, 11, 0):
+            wanted.update(V3_SYMBOLS)
+        for name, prefix_ in wanted.items():
+            v.symbols[name] = any(s.startswith(prefix_) for s in syms)
+        absent = [n for n, ok in v.symbols.items() if not ok]
+        if absent:
+            v.problems.append(f"{lib.name} does not export {', '.join(absent)} (a name suffix or another release?)")
+    if not images:
+        return v
+    img = libdir / "aotriton.images" / f"amd-{arch}"
+    v.images_dir = str(img)
+    if not img.is_dir():
+        v.problems.append(f"{img} is missing")
+    refs = referenced_kernels(build_dir)
+    v.kernels_referenced = len(refs)
+    if not refs:
+        v.problems.append(f"no dispatch tables with kernels under {build_dir}/v3src (was the build configured?)")
+    dirs: dict[str, dict | None] = {}
+    for ref in refs:
+        v.by_kernel[ref.kernel] = v.by_kernel.get(ref.kernel, 0) + 1
+        if ref.package not in dirs:
+            pkg = libdir / "aotriton.images" / f"{ref.package}.aks2"
+            try:
+                dirs[ref.package] = {e.name: e for e in read_aks2_directory(pkg)} if pkg.is_file() else None
+            except ImageError as exc:
+                v.problems.append(str(exc))
+                dirs[ref.package] = None
+        entries = dirs[ref.package]
+        entry = entries.get(ref.stem) if entries is not None else None
+        if entry is None:
+            v.missing.append(f"{ref.package}.aks2: {ref.stem}")
+        elif entry.image_size == 0:
+            v.empty.append(f"{ref.package}.aks2: {ref.stem}")
+        else:
+            v.kernels_packed += 1
+    v.packages = sum(1 for d in dirs.values() if d is not None)
+    if v.missing:
+        v.problems.append(f"{len(v.missing)} referenced kernels are not in the installed images")
+    if v.empty:
+        v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
+    return v
+
+
+__all__ = ["REQUIRED_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]

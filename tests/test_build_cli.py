@@ -1,0 +1,53 @@
+"""`mi100-codegen build` refusals that need no compiler time (real 0.11b tree)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from codegen.cli import app
+from conftest import REPO
+
+SMOKE = REPO / "rules" / "examples" / "smoke.yaml"
+pytestmark = pytest.mark.aotriton
+
+
+def _run(*args):
+    return CliRunner().invoke(app, list(map(str, args)))
+
+
+def test_smoke_spec_passes_check():
+    r = _run("spec", "check", SMOKE)
+    assert r.exit_code == 0, r.output
+
+
+def test_pristine_tree_refused(pristine_tree, tmp_path):
+    tree = pristine_tree("0.11b")
+    r = _run("build", tree, "--prefix", tmp_path / "p", "--build-dir", tmp_path / "b")
+    assert r.exit_code == 2
+    assert "overlay is not applied" in r.output and "mi100-codegen apply" in r.output
+    assert not (tmp_path / "b").exists()
+
+
+def test_missing_prerequisites_listed(fresh_tree, tmp_path):
+    tree = fresh_tree("0.11b")
+    r = _run("apply", tree, "--spec", SMOKE)
+    assert r.exit_code == 0, r.output
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    r = _run("build", tree, "--prefix", tmp_path / "p", "--build-dir", tmp_path / "b",
+             "--python", venv / "bin" / "python")
+    assert r.exit_code == 2, r.output
+    assert "missing build prerequisites" in r.output
+    assert "triton==3.5.1" in r.output and "pandas" in r.output
+    assert not (tmp_path / "b").exists()
+    # One head dim crashes upstream tuning builds: refused before anything is written.
+    r = _run("build", tree, "--prefix", tmp_path / "p", "--build-dir", tmp_path / "b", "--for-tuning")
+    assert r.exit_code == 2 and "at least two head dims" in r.output
+    assert not (tmp_path / "b").exists()
+    # The spec is found from the sha256 the lock records; another spec is refused.
+    r = _run("build", tree, "--prefix", tmp_path / "p", "--spec", REPO / "rules" / "mi100.yaml")
+    assert r.exit_code == 2 and "applied from another spec" in r.output

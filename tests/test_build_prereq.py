@@ -1,0 +1,43 @@
+"""Prerequisite checks: every missing piece named with its install command."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+
+from codegen.build import prereq
+from codegen.build.prereq import PrerequisiteError, check_prerequisites, requirement_names
+
+
+def test_requirement_names(tmp_path):
+    (tmp_path / "requirements.txt").write_text("numpy\n# comment\npandas>=2  # x\n-r other.txt\nPyYAML==6\n")
+    assert requirement_names(tmp_path) == ["PyYAML", "numpy", "pandas"]
+
+
+def test_everything_missing_is_listed(tmp_path, monkeypatch):
+    (tmp_path / "requirements.txt").write_text("surely-not-installed-pkg-xyz\n")
+    monkeypatch.setattr(shutil, "which", lambda *_a, **_k: None)
+    monkeypatch.setattr(prereq, "find_cmake_package", lambda *_a, **_k: None)
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(PrerequisiteError) as ei:
+        check_prerequisites(tmp_path, sys.executable, need_triton=True)
+    msg = str(ei.value)
+    for needle in ("apt-get install -y cmake", "ninja-build", "g++", "pkg-config",
+                   "libamdhip64-dev", "libamd-comgr-dev", "libhsa-runtime-dev", "rocm-device-libs",
+                   "pip install surely-not-installed-pkg-xyz"):
+        assert needle in msg, needle
+    assert "apt-get install -y" in ei.value.hint
+
+
+def test_triton_version_window(tmp_path, monkeypatch):
+    monkeypatch.setattr(prereq, "probe_python", lambda _py, names: {
+        "found": {n: ("3.9.0" if n == "triton" else "1") for n in names}, "site": [], "version": [3, 11, 7]})
+    try:
+        check_prerequisites(tmp_path, sys.executable, need_triton=True)
+    except PrerequisiteError as exc:
+        assert "compatible Triton" in str(exc) and "triton==3.5.1" in str(exc)
+    else:
+        pytest.fail("triton 3.9.0 accepted")

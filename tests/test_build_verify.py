@@ -1,0 +1,61 @@
+"""verify_install on a synthetic install: images complete, missing, empty; symbols."""
+
+from __future__ import annotations
+
+import pytest
+
+from codegen.build import verify as verify_mod
+from codegen.build.verify import REQUIRED_SYMBOLS, V3_SYMBOLS, verify_install
+
+from test_build_images import PKG, _aks2, _table
+
+RAWS = [f"{PKG}__P__0_2_64_32_False__CO__wave1_warp4_stg1--Arch_gfx908",
+        f"{PKG}__P__0_2_16_16_False__CO__wave2_warp4_stg1--Arch_gfx908"]
+STEMS = [f"attn_fwd-Sig-F__＊fp16@16_F_F_0_0__P__0_2_64_32_False__CO__wave1_warp4_stg1--Arch_gfx908",
+         f"attn_fwd-Sig-F__＊fp16@16_F_F_0_0__P__0_2_16_16_False__CO__wave2_warp4_stg1--Arch_gfx908"]
+
+
+@pytest.fixture
+def install(tmp_path, monkeypatch):
+    build = tmp_path / "build"
+    t = build / "v3src" / "flash" / "autotune.attn_fwd" / "FONLY.cc"
+    t.parent.mkdir(parents=True)
+    t.write_text(_table(RAWS), encoding="utf-8")
+    prefix = tmp_path / "prefix"
+    lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    syms = {p + "XYZ" for p in list(REQUIRED_SYMBOLS.values()) + list(V3_SYMBOLS.values())}
+    monkeypatch.setattr(verify_mod, "defined_symbols", lambda _lib: syms)
+    pkg = prefix / "lib" / "aotriton.images" / f"{PKG}.aks2"
+    pkg.parent.mkdir(parents=True)
+    return build, prefix, pkg, syms
+
+
+def test_complete(install):
+    build, prefix, pkg, _ = install
+    pkg.write_bytes(_aks2([(STEMS[0], 64), (STEMS[1], 32)]))
+    v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True)
+    assert v.ok, v.problems
+    assert (v.kernels_referenced, v.kernels_packed, v.packages) == (2, 2, 1)
+    assert v.summary()["kernels_by_family"] == {"attn_fwd": 2}
+
+
+def test_missing_and_empty(install):
+    build, prefix, pkg, _ = install
+    pkg.write_bytes(_aks2([(STEMS[1], 0)]))
+    v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True)
+    assert not v.ok
+    assert len(v.missing) == 1 and STEMS[0] in v.missing[0]
+    assert len(v.empty) == 1 and STEMS[1] in v.empty[0]
+
+
+def test_missing_symbol_and_library(install, monkeypatch):
+    build, prefix, pkg, syms = install
+    monkeypatch.setattr(verify_mod, "defined_symbols",
+                        lambda _lib: {s for s in syms if "check_gpu" not in s})
+    v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=False)
+    assert v.symbols["aotriton::v2::flash::check_gpu"] is False
+    assert any("check_gpu" in p for p in v.problems)
+    v2 = verify_install(prefix, build, version=(0, 12, 0), arch="gfx908", images=False)
+    assert any("libaotriton_v2.so.0.12.0 is missing" in p for p in v2.problems)
