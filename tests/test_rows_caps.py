@@ -382,3 +382,34 @@ def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):
         _descend(Path("."), spec, a + b, results, info, "3.5.1", None, 1, 60.0, None, Console(quiet=True))
     kept = exc.value.results[len(results):]
     assert [r.config for r in kept] == ["bwd_kernel_dq.gfx908.fp16.d64.M64N32.wpe2.w4.s1"]  # fwd@2 half done: dropped
+
+
+@pytest.mark.parametrize("version", [(0, 12, 0), (0, 11, 0)])
+def test_tile_replacement_then_report_cap(tmp_path, version):
+    """A donor tile that spills at every wpe is replaced by the spec's tile, which the report
+    then caps like any other row; tables and dtypes not named keep their tiles."""
+    tree = make_fake_tree(tmp_path / "t", version)
+    rows = dict(ROWS, waves_per_eu_limits=waves_per_eu_limits(_fake_report(), "gfx908", None, None),
+                tile_replacements=[{"family": "attn_fwd", "block_m": 64, "block_n": 32, "dtype": "fp16",
+                                    "head_dim": 64, "to": [64, 64], "reason": "spills"}])
+    out = _build(tree, rows, "attn_fwd")
+    st = out.tables["FLASH$attn_fwd"]
+    assert st.replaced > 0 and st.as_dict()["tiles_replaced"] == st.replaced
+    d = st.as_dict()
+    assert d["compile_unclean"] == []                      # the spilling fp16 d64 64x32 rows are gone
+    waves = _configs(out.content, "FLASH$attn_fwd", tmp_path)
+    assert waves[(64, 64)] == {1}                          # replaced rows capped by the report too
+    assert (64, 32) in waves                               # other dtypes/head dims keep 64x32
+    before = _count(_build(tree, dict(ROWS), "attn_fwd").content, "FLASH$attn_fwd", 64, 32, tmp_path)
+    assert _count(out.content, "FLASH$attn_fwd", 64, 32, tmp_path) == before - st.replaced
+
+
+def test_default_spec_replaces_the_tiles_that_spill_at_wpe1():
+    spec = load_spec(None).spec
+    reps = spec.rows.tile_replacements
+    assert reps and all(r.family == "attn_fwd" and (r.block_m, r.block_n) == (128, 128) for r in reps)
+    report = json.loads((Path(__file__).resolve().parents[1] / "tuning/gfx908/compile_report.json").read_text())
+    for r in reps:
+        for dt in ("fp16", "bf16"):
+            name = f"attn_fwd.gfx908.{dt}.d{r.head_dim}.M{r.to[0]}N{r.to[1]}.wpe1.w4.s1.plv0"
+            assert report["configs"][name]["verdict"] == "ok", name

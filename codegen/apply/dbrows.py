@@ -46,7 +46,7 @@ from ..upstream import Adapter
 
 XZ_PRESET = 6
 TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
-ROWS_CODE_VERSION = 3  # bump when the derivation changes: invalidates cached DB outputs
+ROWS_CODE_VERSION = 4  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
 
@@ -60,6 +60,7 @@ class TableStats:
     donor_rows: int = 0
     written: int = 0
     capped: int = 0
+    replaced: int = 0
     measured: int = 0
     measured_unmatched: int = 0
     compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
@@ -72,6 +73,8 @@ class TableStats:
         out = {"donor_rows": self.donor_rows, "rows_written": self.written,
                "waves_capped": self.capped, "measured_overrides": self.measured,
                "measured_unmatched": self.measured_unmatched}
+        if self.replaced:
+            out["tiles_replaced"] = self.replaced
         if self.compile_checked:
             out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
                         "compile_unclean": list(self.compile_unclean),
@@ -165,6 +168,14 @@ def _cap_for(rows_spec: dict, family: str, dtype: str, hd: int, bm: int, bn: int
     return cap
 
 
+def _replacement_for(rows_spec: dict, family: str, dtype: str, hd: int, bm: int, bn: int):
+    for t in rows_spec.get("tile_replacements", []):
+        if (t["family"] == family and t["block_m"] == bm and t["block_n"] == bn
+                and t.get("dtype") in (None, dtype) and t.get("head_dim") in (None, hd)):
+            return tuple(t["to"])
+    return None
+
+
 def _truthy(v) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes")
 
@@ -235,6 +246,12 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
         for r in donor_rows:
             row = list(r)
             row[ix["gpu"]] = gpu
+            if c_bm and c_bn and row[ix[c_bm]] is not None:
+                to = _replacement_for(rows_spec, family, rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
+                                      row[ix[c_bm]], row[ix[c_bn]])
+                if to is not None:
+                    row[ix[c_bm]], row[ix[c_bn]] = to
+                    st.replaced += 1
             if c_bm and c_bn and c_w and row[ix[c_w]] is not None:
                 cap = _cap_for(rows_spec, family, rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
                                row[ix[c_bm]], row[ix[c_bn]])

@@ -73,6 +73,13 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
 
     if spec.rows.donor_gpu in spec.gpus:
         err(("rows", "donor_gpu"), "the donor GPU must be another GPU than the target's own")
+    for i, rep in enumerate(spec.rows.tile_replacements):
+        m, n = rep.to
+        if m < n or m & (m - 1) or n & (n - 1):
+            err(("rows", "tile_replacements", i, "to"),
+                f"replacement tile [{m}, {n}] must be powers of two with BLOCK_M >= BLOCK_N")
+        if (m, n) == (rep.block_m, rep.block_n):
+            err(("rows", "tile_replacements", i, "to"), "replacement tile equals the tile it replaces")
     if spec.registration.like == spec.arch:
         err(("registration", "like"), "registration must clone another arch's entries")
 

@@ -119,6 +119,18 @@ class WavesCap(_Model):
     reason: str = Field(min_length=1)
 
 
+class TileReplacement(_Model):
+    """Seeded rows whose donor tile can't be made spill-free on the target get another tile."""
+
+    family: Family
+    block_m: int
+    block_n: int
+    dtype: DType | None = None
+    head_dim: int | None = None
+    to: tuple[PowerOfTwoTile, PowerOfTwoTile] = Field(description="[BLOCK_M, BLOCK_N] to use instead.")
+    reason: str = Field(min_length=1)
+
+
 class Rows(_Model):
     """Where the target's own tuning-database rows come from until measured rows exist."""
 
@@ -126,6 +138,11 @@ class Rows(_Model):
     waves_per_eu_caps: list[WavesCap] = Field(default_factory=list)
     default_max_waves_per_eu: int | None = Field(
         None, ge=0, le=10, description="Cap applied to every seeded row (after the specific caps)."
+    )
+    tile_replacements: list[TileReplacement] = Field(
+        default_factory=list,
+        description="Seeded rows with these tiles get another tile (before the waves_per_eu caps): "
+        "for donor configs that spill on the target even at waves_per_eu=1.",
     )
     use_proxy_measurements: bool = Field(
         False,

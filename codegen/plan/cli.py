@@ -28,7 +28,9 @@ def run_plan(tree: Path, spec_path: Optional[Path], python: str, tuning: bool):
     loaded = load_spec(spec_path)
     spec = loaded.spec
     info = release_of(tree)
-    entries = generate_kernel_list(tree, list(spec.gpus), python, tuning=tuning)
+    # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
+    fp32 = {"AOTRITON_ENABLE_FP32": "1" if "fp32" in spec.dtypes else "0"}
+    entries = generate_kernel_list(tree, list(spec.gpus), python, tuning=tuning, env=fp32)
     return loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if tuning else "normal")
 
 

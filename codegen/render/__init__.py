@@ -138,6 +138,7 @@ def render_rows(spec: TargetSpec, measured: list[dict], limits: dict | None = No
         "dtypes": sorted(spec.dtypes),
         "waves_per_eu_caps": [c.model_dump(mode="json") for c in spec.rows.waves_per_eu_caps],
         "default_max_waves_per_eu": spec.rows.default_max_waves_per_eu,
+        "tile_replacements": [t.model_dump(mode="json") for t in spec.rows.tile_replacements],
         "waves_per_eu_limits": limits,
         "measured": measured,
     }
