@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -26,7 +25,7 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 class _DefaultRunGroup(TyperGroup):
     """Dispatch `tune ARGS` to `tune run ARGS` unless ARGS starts with a subcommand."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx, args: list[str]) -> list[str]:  # ctx: click.Context
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
