@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import csv
 import io
-import os
-import tempfile
 from pathlib import Path
 
+from .fsutil import write_if_changed
 from .models import TargetSpec
 
 WINNER_COLUMNS = (
@@ -106,20 +105,7 @@ def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, .
 
 def write_text_atomic(path: Path, text: str) -> bool:
     """Write-if-changed via atomic replace; returns whether the file changed."""
-    path = Path(path)
-    data = text.encode("utf-8")
-    if path.is_file() and path.read_bytes() == data:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return True
+    return write_if_changed(path, text)
 
 
 def write_winners(folder: Path, rows: list[dict]) -> bool:

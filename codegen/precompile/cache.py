@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+from ..fsutil import atomic_write as _atomic_write
 
 CACHE_FORMAT = 1
 ENV_CACHE = "MI100_CODEGEN_CACHE"
@@ -47,21 +48,6 @@ def cache_key(*, source_dir: str, kernel_name: str, signature: str, num_warps: i
         "env": {"TRITON_F32_DEFAULT": "ieee"},
     }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 class CompileCache:

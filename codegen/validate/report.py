@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from ..fsutil import atomic_write as _atomic_write
 
 
 def summarize(report: dict) -> dict:
@@ -22,14 +23,6 @@ def summarize(report: dict) -> dict:
 
 def write_json(report: dict, path: Path) -> None:
     _atomic_write(path, json.dumps(report, indent=2, sort_keys=True) + "\n")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _fmt(x, digits: int = 3) -> str:
