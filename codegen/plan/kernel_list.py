@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import UpstreamError, UserError
 from ..models import FAMILIES, KernelConfig
+from ..upstream import parse_constexpr as _constexpr
 from ..models.target import GPU_RE
 from .tree import (
     _last_line,
@@ -206,16 +207,6 @@ def config_name(family: str, arch: str, dtype: str, head_dim: int | None, block_
     if plv is not None:
         parts.append(f"plv{int(plv)}")
     return ".".join(parts)
-
-
-def _constexpr(text: str):
-    text = text.strip()
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"True": True, "False": False}.get(text)
 
 
 def _constants(source: str, kname: str, sig: str) -> dict:

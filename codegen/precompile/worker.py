@@ -18,18 +18,10 @@ import time
 import traceback
 from pathlib import Path
 
+from codegen.upstream import parse_constexpr as _constexpr
+
 _MODULES: dict[str, object] = {}
 parse_resources = None  # bound in serve()
-
-
-def _constexpr(text: str):
-    text = text.strip()
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    return {"True": True, "False": False}.get(text)
 
 
 def _kernel(source: str, name: str):

@@ -184,3 +184,15 @@ def detect(tree: Path | str) -> Adapter:
 
 __all__ = ["ADAPTERS", "Adapter", "SUPPORTED_RELEASES", "UnsupportedTree", "detect", "read_version",
            "release_name"]
+
+
+def parse_constexpr(text: str):
+    """A constant from a kernel signature of upstream's compile list ('64', '0.5', 'True'),
+    or None when the entry is not a constant (e.g. '*fp16:16')."""
+    text = text.strip()
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text)
