@@ -385,12 +385,17 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
                 txn.write(LOCK_NAME, lock_bytes, 0o644)
         result.changed = bool(txn.ops)
         progress("writing")
-        try:
-            txn.commit()
-        except OSError as exc:
-            raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
-                from None
+        _commit(txn, tree)
         return result
+
+
+def _commit(txn: Transaction, tree: Path) -> None:
+    """Commit a transaction; an OS error (e.g. a full disk) leaves the tree as it was."""
+    try:
+        txn.commit()
+    except OSError as exc:
+        raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
+            from None
 
 
 def _conflict_message(result: Result) -> str:
@@ -443,11 +448,7 @@ def revert_tree(tree: Path | str, force: bool = False) -> Result:
             txn.rmdir(d)
         txn.delete(LOCK_NAME)
         result.changed = True
-        try:
-            txn.commit()
-        except OSError as exc:
-            raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
-                from None
+        _commit(txn, tree)
         return result
 
 
