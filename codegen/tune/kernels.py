@@ -144,6 +144,20 @@ class TreeKernels:
             "window": (q.shape[2], 0) if p.causal else (0, 0),
         }
 
+    @staticmethod
+    def _bwd_kwargs(p: Problem, c: dict, block_m: int, block_n: int, opts: dict) -> dict:
+        """Keyword arguments the three backward kernels share (by name, so order is free)."""
+        B, Hq, Sq, D = p.q.shape
+        Hk, Sk = p.k.shape[1], p.k.shape[2]
+        return dict(
+            num_head_q=Hq, num_head_k=Hk, cu_seqlens_q=c["null"], cu_seqlens_k=c["null"],
+            num_seqlens=0, max_seqlen_q=Sq, max_seqlen_k=Sk, head_dim=D, dropout_p=0.0,
+            philox_seed_ptr=c["u64"], philox_offset1=c["u64"], philox_offset2=0,
+            Window_left=c["window"][0], Window_right=c["window"][1],
+            BLOCK_M=block_m, BLOCK_DMODEL=D, BLOCK_N=block_n, CAUSAL_TYPE=c["causal_type"],
+            ENABLE_DROPOUT=False, PADDED_HEAD=False, BIAS_TYPE=0, **opts,
+        )
+
     def preprocess_launcher(self, o, do, delta, block_m: int = 64):
         B, H, Sq, D = o.shape
         kern = self.flash.bwd_preprocess
@@ -161,6 +175,7 @@ class TreeKernels:
         B, Hq, Sq, D = q.shape
         Hk, Sk = k.shape[1], k.shape[2]
         c = self._bwd_common(p)
+        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
         kern = self.flash.bwd_kernel_dk_dv
         b = c["b"]
@@ -170,12 +185,7 @@ class TreeKernels:
                 q, k, v, b, p.sm_scale, do, dk, dv, L, delta,
                 *q.stride(), *k.stride(), *v.stride(), *b.stride(), *do.stride(),
                 *dk.stride(), *dv.stride(),
-                num_head_q=Hq, num_head_k=Hk, cu_seqlens_q=c["null"], cu_seqlens_k=c["null"],
-                num_seqlens=0, max_seqlen_q=Sq, max_seqlen_k=Sk, head_dim=D, dropout_p=0.0,
-                philox_seed_ptr=c["u64"], philox_offset1=c["u64"], philox_offset2=0,
-                Window_left=c["window"][0], Window_right=c["window"][1],
-                BLOCK_M=block_m, BLOCK_DMODEL=D, BLOCK_N=block_n, CAUSAL_TYPE=c["causal_type"],
-                ENABLE_DROPOUT=False, PADDED_HEAD=False, BIAS_TYPE=0, **opts,
+                **kw,
             )
 
         return launch, (dk, dv)
@@ -183,8 +193,8 @@ class TreeKernels:
     def dq_launcher(self, p: Problem, L, delta, block_m, block_n, opts):
         q, k, v, do = p.q, p.k, p.v, p.do
         B, Hq, Sq, D = q.shape
-        Hk, Sk = k.shape[1], k.shape[2]
         c = self._bwd_common(p)
+        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
         dq = torch.empty_like(q)
         db = c["b"]
         kern = self.flash.bwd_kernel_dq
@@ -195,12 +205,7 @@ class TreeKernels:
                 q, k, v, b, p.sm_scale, do, dq, db, L, delta,
                 *q.stride(), *k.stride(), *v.stride(), *b.stride(), *do.stride(), *dq.stride(),
                 0, 0, 0, 0,
-                num_head_q=Hq, num_head_k=Hk, cu_seqlens_q=c["null"], cu_seqlens_k=c["null"],
-                num_seqlens=0, max_seqlen_q=Sq, max_seqlen_k=Sk, head_dim=D, dropout_p=0.0,
-                philox_seed_ptr=c["u64"], philox_offset1=c["u64"], philox_offset2=0,
-                Window_left=c["window"][0], Window_right=c["window"][1],
-                BLOCK_M=block_m, BLOCK_DMODEL=D, BLOCK_N=block_n, CAUSAL_TYPE=c["causal_type"],
-                ENABLE_DROPOUT=False, PADDED_HEAD=False, BIAS_TYPE=0, **opts,
+                **kw,
             )
 
         return launch, (dq,)
@@ -210,6 +215,7 @@ class TreeKernels:
         B, Hq, Sq, D = q.shape
         Hk, Sk = k.shape[1], k.shape[2]
         c = self._bwd_common(p)
+        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         db = c["b"]
         kern = self.flash.bwd_kernel_fuse
@@ -221,12 +227,7 @@ class TreeKernels:
                 q, k, v, b, p.sm_scale, o, do, dk, dv, dq, db, L,
                 *q.stride(), *k.stride(), *v.stride(), *b.stride(), *o.stride(), *do.stride(),
                 *dk.stride(), *dv.stride(), *dq.stride(), 0, 0, 0, 0,
-                num_head_q=Hq, num_head_k=Hk, cu_seqlens_q=c["null"], cu_seqlens_k=c["null"],
-                num_seqlens=0, max_seqlen_q=Sq, max_seqlen_k=Sk, head_dim=D, dropout_p=0.0,
-                philox_seed_ptr=c["u64"], philox_offset1=c["u64"], philox_offset2=0,
-                Window_left=c["window"][0], Window_right=c["window"][1],
-                BLOCK_DMODEL=D, CAUSAL_TYPE=c["causal_type"], ENABLE_DROPOUT=False,
-                PADDED_HEAD=False, BIAS_TYPE=0, BLOCK_M=block_m, BLOCK_N=block_n, **opts,
+                **kw,
             )
 
         return launch, (dk, dv, dq)
