@@ -14,7 +14,8 @@ from codegen.apply import LOCK_NAME, ApplyConflict, apply_overlay, read_lock, re
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
 from codegen.apply.testing import make_fake_tree, snapshot
-from codegen.precompile.limits import cap_waves_per_eu, limit_key
+from codegen.models import KernelConfig
+from codegen.models.limits import cap_waves_per_eu
 from codegen.render import plan_overlay
 from codegen.cli import app
 from codegen.resources import default_spec_path
@@ -92,7 +93,7 @@ def test_rows_are_complete_capped_and_renamed(tmp_path, spec):
     for r in rows:  # BLOCK_M, BLOCK_N, PRE_LOAD_V, waves, warps, stages follow the 9 key columns
         bm, bn, waves = r[9], r[10], r[12]
         want = 1 if (bm, bn) in ((128, 64), (128, 128)) else 2  # the spec's caps
-        key = limit_key("attn_fwd", "gfx908", dtypes[r[1]], r[5], bm, bn, r[13], r[14], r[11])
+        key = KernelConfig("attn_fwd", "gfx908", dtypes[r[1]], r[5], bm, bn, 0, r[13], r[14], r[11]).limit_key
         assert waves == cap_waves_per_eu(limits, key, want)[0]  # then the compile report's limits
     # the op DB keeps every other GPU's rows
     op = "v3python/database/op_database.sqlite3.tar.xz"

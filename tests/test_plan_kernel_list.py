@@ -9,7 +9,7 @@ import pytest
 from codegen.errors import UpstreamError, UserError
 from codegen.plan.kernel_list import (
     arch_of,
-    config_name,
+    config_of,
     kernel_arg_names,
     parse_compile_list,
 )
@@ -108,11 +108,11 @@ def test_kernel_arg_names_follows_imports(tmp_path):
 
 
 def test_config_name_matches_kernel_config_naming():
-    assert config_name("bwd_kernel_dq", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, None) == \
+    assert config_of("bwd_kernel_dq", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, None).name == \
         "bwd_kernel_dq.gfx908.fp16.d64.M64N32.wpe2.w4.s1"
     # pre_load_v is an attn_fwd axis only
-    assert config_name("bwd_kernel_dq", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, True).endswith(".s1")
-    assert config_name("debug_simulate_encoded_softmax", "gfx908", "fp32", None, 64, 32, 2, 4, 1, None) == \
+    assert config_of("bwd_kernel_dq", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, True).name.endswith(".s1")
+    assert config_of("debug_simulate_encoded_softmax", "gfx908", "fp32", None, 64, 32, 2, 4, 1, None).name == \
         "debug_simulate_encoded_softmax.gfx908.fp32.M64N32.wpe2.w4.s1"
 
 

@@ -9,11 +9,11 @@ import struct
 import pytest
 
 from codegen.models import KernelConfig, expand_space
-from codegen.plan.kernel_list import KernelEntry, config_name
+from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
+from codegen.plan.kernel_list import KernelEntry, config_of
 from codegen.precompile.cache import CompileCache, cache_key
 from codegen.precompile.prune import (
     compile_report,
-    largest_clean_waves_per_eu,
     prune_rules,
     prune_spec,
 )
@@ -118,7 +118,7 @@ def test_verdicts():
 
 def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
     plv = plv if family == "attn_fwd" else None
-    cfg = config_name(family, "gfx908", dtype, hd, m, n, wpe, 4, 1, plv)
+    cfg = config_of(family, "gfx908", dtype, hd, m, n, wpe, 4, 1, plv).name
     return KernelEntry(id=f"{family}-{dtype}-{hd}-{m}-{n}-{wpe}-{i}", family=family, arch="gfx908", dtype=dtype,
                        head_dim=hd, config=cfg, block_m=m, block_n=n, pre_load_v=plv, hsaco=f"x/{i}.hsaco",
                        source="tritonsrc/flash.py", kernel_name=family, signature="*fp16:16", num_warps=4,
@@ -192,9 +192,10 @@ def test_compile_report_and_largest_clean_waves():
     assert rep["configs"]["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"]["verdict"] == "spills"
     assert json.loads(json.dumps(rep)) == rep
     cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 128, 64, 4, 4, 1, False)
-    assert largest_clean_waves_per_eu(rep, cfg) == 1
+    limits = waves_per_eu_limits(rep, "gfx908")
+    assert largest_clean_waves_per_eu(limits, cfg) == 1
     cfg64 = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 64, 2, 4, 1, False)
-    assert largest_clean_waves_per_eu(rep, cfg64) is None  # only wpe3 known, above the request
+    assert largest_clean_waves_per_eu(limits, cfg64) is None  # only wpe3 known, above the request
     merged = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1", previous=rep)
     assert merged["configs"] == rep["configs"]
     other = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.6.0", previous=rep)

@@ -3,6 +3,7 @@ rows/<arch>.json, and apply's capping of the seeded rows to the largest spill-fr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -11,8 +12,8 @@ import pytest
 
 from codegen.apply.dbrows import build_db, db_targets, read_tarxz
 from codegen.apply.testing import make_fake_tree
-from codegen.precompile.limits import (cap_waves_per_eu, config_name, limit_key, parse_config_name,
-                                       waves_per_eu_limits)
+from codegen.models import KernelConfig
+from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
 from codegen.render import load_limits, plan_overlay, render_rows
 from codegen.spec import load_spec
 from codegen.upstream import detect
@@ -30,15 +31,15 @@ DQ = "bwd_kernel_dq.gfx908.bf16.d32.M32N32.wpe{}.w4.s1"
 
 
 def test_parse_and_keys_round_trip():
-    p = parse_config_name(FWD.format(2))
-    assert p == {"family": "attn_fwd", "arch": "gfx908", "dtype": "fp16", "head_dim": 64, "block_m": 64,
-                 "block_n": 32, "waves_per_eu": 2, "num_warps": 4, "num_stages": 1, "pre_load_v": 0}
-    key = limit_key("attn_fwd", "gfx908", "fp16", 64, 64, 32, 4, 1, False)
-    assert key == "attn_fwd.gfx908.fp16.d64.M64N32.w4.s1.plv0"
-    assert config_name(key, 3) == FWD.format(3)
-    dq = limit_key("bwd_kernel_dq", "gfx908", "bf16", 32, 32, 32, 4, 1, None)
-    assert config_name(dq, 2) == DQ.format(2)
-    assert parse_config_name("bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1") is None  # not a row family
+    p = KernelConfig.parse(FWD.format(2))
+    assert p == KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 32, 2, 4, 1, False)
+    assert p.limit_key == "attn_fwd.gfx908.fp16.d64.M64N32.w4.s1.plv0"
+    assert p.with_waves(3).name == FWD.format(3)
+    dq = KernelConfig("bwd_kernel_dq", "gfx908", "bf16", 32, 32, 32, 0, 4, 1, None)
+    assert dq.limit_key == "bwd_kernel_dq.gfx908.bf16.d32.M32N32.w4.s1"
+    assert dq.with_waves(2).name == DQ.format(2)
+    pre = KernelConfig.parse("bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1")
+    assert not pre.tunable and pre.block_n is None  # not a row family
 
 
 def test_limits_table_is_largest_clean_and_sorted():
@@ -216,10 +217,12 @@ def test_render_rows_carry_the_committed_report():
         rep = json.loads(report.read_text())
         assert lim["triton"] == rep["triton"] and lim["configs"]
         assert list(lim["configs"]) == sorted(lim["configs"])
+        verdict = {(c.limit_key, c.waves_per_eu): e["verdict"]
+                   for c, e in ((KernelConfig.try_parse(n), e) for n, e in rep["configs"].items()) if c}
         for key, e in lim["configs"].items():
             assert e["max_waves_per_eu"] == (max(e["clean"]) if e["clean"] else None)
             for w in e["clean"]:
-                assert rep["configs"][config_name(key, w)]["verdict"] not in ("spills", "failed")
+                assert verdict[(key, w)] not in ("spills", "failed")
     else:
         assert lim is None
 
@@ -294,7 +297,7 @@ def test_committed_spec_excludes_every_failing_or_spilling_space_config():
 def _kentry(config: str, fid: str = "F0"):
     from codegen.plan.kernel_list import KernelEntry
 
-    p = parse_config_name(config)
+    p = dataclasses.asdict(KernelConfig.parse(config))
     kid = (f"{p['family']}-Sig-F__{fid}__P__0_2_{p['block_m']}_{p['block_n']}_False__CO__wave{p['waves_per_eu']}"
            f"_warp{p['num_warps']}_stg{p['num_stages']}--Arch_gfx908")
     return KernelEntry(id=kid, family=p["family"], arch="gfx908", dtype=p["dtype"], head_dim=p["head_dim"],

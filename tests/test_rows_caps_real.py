@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from codegen.models import FAMILIES
-from codegen.precompile.limits import CLEAN_VERDICTS
+from codegen.models.limits import CLEAN_VERDICTS
 from codegen.render import plan_overlay
 from codegen.resources import data_dir
 from codegen.spec import load_spec

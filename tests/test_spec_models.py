@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 from pathlib import Path
 
@@ -29,6 +31,26 @@ def test_config_names_encode_every_axis():
     assert cfg.name == "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0"
     bwd = KernelConfig("bwd_kernel_dq", "gfx908", "bf16", 32, 32, 16, 1, 4, 1)
     assert bwd.name == "bwd_kernel_dq.gfx908.bf16.d32.M32N16.wpe1.w4.s1"
+
+
+def test_config_name_has_one_parser_and_one_printer():
+    spec = load_spec(None).spec
+    cfgs = [c for group in expand_space(spec).values() for c in group]
+    assert len(cfgs) > 100
+    for c in cfgs:
+        assert KernelConfig.parse(c.name) == c and str(c) == c.name and c.tunable
+        assert c.with_waves(1).limit_key == c.limit_key and ".wpe" not in c.limit_key
+        assert c.with_waves(3).name == c.name.replace(f".wpe{c.waves_per_eu}.", ".wpe3.")
+    pre = KernelConfig.parse("bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1")
+    assert (pre.block_m, pre.block_n, pre.tunable) == (128, None, False)
+    assert pre.config_key == "M128.wpe2.w4.s1"
+    dbg = KernelConfig.parse("debug_simulate_encoded_softmax.gfx908.fp32.M64N32.wpe2.w4.s1")
+    assert dbg.head_dim is None and dbg.config_key == "M64N32.wpe2.w4.s1"
+    for bad in ("attn_fwd.gfx908.fp16.d64.M64N32.w4.s1", "attn_fwd.gfx908.fp16.d064.M64N32.wpe2.w4.s1",
+                "attn_fwd.gfx908.fp16.d64.N32.wpe2.w4.s1", "x", ""):
+        with pytest.raises(ValueError):
+            KernelConfig.parse(bad)
+        assert KernelConfig.try_parse(bad) is None
 
 
 def test_default_space_respects_fork_lessons_and_exclusions():

@@ -41,7 +41,8 @@ from typing import Callable
 
 from ..errors import UserError
 from ..models import FAMILIES
-from ..precompile.limits import cap_waves_per_eu, config_name, limit_key, variant_status
+from ..models.limits import cap_waves_per_eu, variant_status
+from ..models.space import KernelConfig
 from ..upstream import Adapter
 
 XZ_PRESET = 6
@@ -232,14 +233,14 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
     limits = rows_spec.get("waves_per_eu_limits")
     checkable = bool(limits) and family in FAMILIES and all((c_bm, c_bn, c_w, c_nw, c_ns))
 
-    def limit_key_of(row: list) -> str | None:
+    def config_of(row: list) -> KernelConfig | None:
         if not checkable or any(row[ix[c]] is None for c in (c_bm, c_bn, c_w, c_nw, c_ns)):
             return None
         plv = None
         if family == "attn_fwd":
             plv = _truthy(row[ix[c_plv]]) if c_plv and row[ix[c_plv]] is not None else False
-        return limit_key(family, _gpu_arch(row[ix["gpu"]]), rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
-                         row[ix[c_bm]], row[ix[c_bn]], row[ix[c_nw]], row[ix[c_ns]], plv)
+        return KernelConfig(family, _gpu_arch(row[ix["gpu"]]), rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
+                            row[ix[c_bm]], row[ix[c_bn]], int(row[ix[c_w]]), row[ix[c_nw]], row[ix[c_ns]], plv)
 
     out: list[list] = []
     for gpu in rows_spec["gpus"]:
@@ -258,9 +259,9 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
                 if cap is not None and row[ix[c_w]] > cap:
                     row[ix[c_w]] = cap
                     st.capped += 1
-            key = limit_key_of(row)
-            if key is not None:  # the compile report: largest spill-free waves_per_eu of the config
-                w, _ = cap_waves_per_eu(limits, key, int(row[ix[c_w]]))
+            cfg = config_of(row)
+            if cfg is not None:  # the compile report: largest spill-free waves_per_eu of the config
+                w, _ = cap_waves_per_eu(limits, cfg.limit_key, cfg.waves_per_eu)
                 if w != row[ix[c_w]]:
                     row[ix[c_w]] = w
                     st.compile_capped += 1
@@ -301,15 +302,14 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
         final = {tuple(row[i] for i in kcols): row for row in out}
         unclean, unmeasured = set(), set()
         for row in final.values():
-            key = limit_key_of(row)
-            if key is None:
+            cfg = config_of(row)
+            if cfg is None:
                 continue
-            w = int(row[ix[c_w]])
-            status = variant_status(limits["configs"].get(key), w)
+            status = variant_status(limits["configs"].get(cfg.limit_key), cfg.waves_per_eu)
             if status == "clean":
                 st.compile_clean += 1
             else:
-                (unclean if status == "unclean" else unmeasured).add(config_name(key, w))
+                (unclean if status == "unclean" else unmeasured).add(cfg.name)
         st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
     return [tuple(r) for r in out], st
 

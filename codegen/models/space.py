@@ -3,53 +3,113 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 from .target import FAMILIES, ExcludeRule, FamilySpace, TargetSpec
 
 
+_NAME_RE = re.compile(
+    r"^(?P<family>[a-z][a-z0-9_]*)\.(?P<arch>gfx[0-9a-z]+)\.(?P<dtype>[a-z0-9]+)"
+    r"(?:\.d(?P<head_dim>\d+))?(?:\.M(?P<block_m>\d+)(?:N(?P<block_n>\d+))?)?"
+    r"\.wpe(?P<waves_per_eu>\d+)\.w(?P<num_warps>\d+)\.s(?P<num_stages>\d+)"
+    r"(?:\.plv(?P<pre_load_v>[01]))?$"
+)
+
+
 @dataclass(frozen=True, order=True)
 class KernelConfig:
-    """One candidate config; `name` encodes every axis and is its identity everywhere."""
+    """One kernel config; its procedural name encodes every axis and is its identity everywhere
+    (logs, caches, compile reports, tuning rows, tests). `KernelConfig.parse` is the one parser
+    of that name and `name` the one printer: `KernelConfig.parse(n).name == n`.
+
+    The tunable families (FAMILIES) have every axis. Other kernels of upstream's compile list
+    (e.g. bwd_preprocess) have only some: `head_dim`, `block_m`/`block_n` may be None, and their
+    name omits them (`bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1`)."""
 
     family: str
     arch: str
     dtype: str
-    head_dim: int
-    block_m: int
-    block_n: int
+    head_dim: int | None
+    block_m: int | None
+    block_n: int | None
     waves_per_eu: int
     num_warps: int
     num_stages: int
     pre_load_v: bool | None = None
 
+    @classmethod
+    def parse(cls, name: str) -> "KernelConfig":
+        """The config a procedural name stands for; ValueError when `name` is not one."""
+        m = _NAME_RE.match(name)
+        if not m or (m.group("block_n") and not m.group("block_m")):
+            raise ValueError(f"not a kernel config name: {name!r}")
+        g = m.groupdict()
+        num = lambda k: None if g[k] is None else int(g[k])  # noqa: E731
+        cfg = cls(g["family"], g["arch"], g["dtype"], num("head_dim"), num("block_m"), num("block_n"),
+                  int(g["waves_per_eu"]), int(g["num_warps"]), int(g["num_stages"]),
+                  None if g["pre_load_v"] is None else g["pre_load_v"] == "1")
+        if cfg.name != name:  # e.g. leading zeros: one spelling per config
+            raise ValueError(f"not a kernel config name: {name!r} (spelled {cfg.name!r})")
+        return cfg
+
+    @classmethod
+    def try_parse(cls, name: str) -> "KernelConfig | None":
+        try:
+            return cls.parse(name)
+        except ValueError:
+            return None
+
+    @property
+    def tunable(self) -> bool:
+        """A family of the spec's tuning space (and of the tuning database), all axes known."""
+        return (self.family in FAMILIES and self.head_dim is not None and self.block_m is not None
+                and self.block_n is not None)
+
     @property
     def tile(self) -> str:
-        return f"M{self.block_m}N{self.block_n}"
+        if self.block_m is None:
+            return ""
+        return f"M{self.block_m}" + (f"N{self.block_n}" if self.block_n is not None else "")
+
+    def _parts(self, waves: bool) -> list[str]:
+        parts = [self.family, self.arch, self.dtype]
+        if self.head_dim is not None:
+            parts.append(f"d{self.head_dim}")
+        if self.tile:
+            parts.append(self.tile)
+        if waves:
+            parts.append(f"wpe{self.waves_per_eu}")
+        parts += [f"w{self.num_warps}", f"s{self.num_stages}"]
+        if self.pre_load_v is not None:
+            parts.append(f"plv{int(self.pre_load_v)}")
+        return parts
 
     @property
     def name(self) -> str:
-        parts = [
-            self.family,
-            self.arch,
-            self.dtype,
-            f"d{self.head_dim}",
-            self.tile,
-            f"wpe{self.waves_per_eu}",
-            f"w{self.num_warps}",
-            f"s{self.num_stages}",
-        ]
-        if self.pre_load_v is not None:
-            parts.append(f"plv{int(self.pre_load_v)}")
-        return ".".join(parts)
+        return ".".join(self._parts(waves=True))
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def limit_key(self) -> str:
+        """The name without waves_per_eu: the variants of one config that differ only in the
+        occupancy hint share it (compile-report limits, waves_per_eu caps)."""
+        return ".".join(self._parts(waves=False))
 
     @property
     def config_key(self) -> str:
-        """The config without dtype/head dim: the part a tuning row stores."""
-        key = f"{self.tile}.wpe{self.waves_per_eu}.w{self.num_warps}.s{self.num_stages}"
-        if self.pre_load_v is not None:
-            key += f".plv{int(self.pre_load_v)}"
-        return key
+        """The config without family/arch/dtype/head dim: the part a tuning row stores."""
+        return ".".join(self._parts(waves=True)[4 if self.head_dim is not None else 3:])
+
+    def with_waves(self, waves_per_eu: int) -> "KernelConfig":
+        """The same config with another waves_per_eu (the one axis stages vary)."""
+        return replace(self, waves_per_eu=waves_per_eu)
+
+    def vary(self, **axes) -> "KernelConfig":
+        """The same config with other values on the named axes."""
+        return replace(self, **axes)
 
 
 def rule_matches(rule: ExcludeRule, cfg: KernelConfig) -> bool:

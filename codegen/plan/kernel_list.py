@@ -39,6 +39,7 @@ from .tree import (
 COMPILE_LIST = "Bare.compile"
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
+_CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
 _DTYPES = {"*fp16:16": "fp16", "*bf16:16": "bf16", "*fp32:16": "fp32"}
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
@@ -67,13 +68,17 @@ class KernelEntry(BaseModel):
     perf: str                # upstream's perf tokens (tuned_kernel values) of the image name
     functional: str          # upstream's functional tokens of the image name
 
-    def source_path(self, tree: Path) -> Path:
-        return Path(tree) / self.source
-
     @property
     def config_key(self) -> str:
         """The config without family/arch/dtype/head dim (what a tuning row stores)."""
-        return self.config.split(".", 4)[-1] if self.head_dim is not None else self.config.split(".", 3)[-1]
+        return KernelConfig.parse(self.config).config_key
+
+    def with_waves(self, w: int) -> "KernelEntry":
+        """The same kernel compiled with another waves_per_eu (config and image name follow)."""
+        co = f"__CO__wave{w}_"
+        return self.model_copy(update={
+            "waves_per_eu": w, "config": KernelConfig.parse(self.config).with_waves(w).name,
+            "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
 
 
 def arch_of(gpus: list[str]) -> str:
@@ -183,30 +188,25 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
         id=name[: -len(".hsaco")], family=kname, arch=arch, dtype=dtype, head_dim=head_dim,
-        config=config_name(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),
+        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv).name,
         block_m=block_m, block_n=block_n, pre_load_v=plv,
         hsaco=_rel(hsaco, build), source=source, kernel_name=kname, signature=sig,
         num_warps=warps, num_stages=stages, waves_per_eu=wpe, perf=perf, functional=functional,
     )
 
 
-def config_name(family: str, arch: str, dtype: str, head_dim: int | None, block_m: int | None,
-                block_n: int | None, wpe: int, warps: int, stages: int, plv: bool | None) -> str:
-    """Our naming: KernelConfig.name for the tunable families; the same scheme, with the axes the
-    kernel has, for the others (e.g. bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1)."""
-    if family in FAMILIES and head_dim is not None and block_m and block_n:
-        if family != "attn_fwd":
-            plv = None
-        return KernelConfig(family, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv).name
-    parts = [family, arch, dtype]
-    if head_dim is not None:
-        parts.append(f"d{head_dim}")
-    if block_m:
-        parts.append(f"M{block_m}" + (f"N{block_n}" if block_n else ""))
-    parts += [f"wpe{wpe}", f"w{warps}", f"s{stages}"]
-    if plv is not None:
-        parts.append(f"plv{int(plv)}")
-    return ".".join(parts)
+def config_of(family: str, arch: str, dtype: str, head_dim: int | None, block_m: int | None,
+              block_n: int | None, wpe: int, warps: int, stages: int, plv: bool | None) -> KernelConfig:
+    """The KernelConfig of a compile-list kernel: every axis for the tunable families, the axes
+    the kernel has for the others (e.g. bwd_preprocess.gfx908.fp16.d64.M128.wpe2.w4.s1)."""
+    if not block_m:
+        block_m = block_n = None
+    elif not block_n:
+        block_n = None
+    cfg = KernelConfig(family, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv)
+    if cfg.tunable and family != "attn_fwd":
+        cfg = cfg.vary(pre_load_v=None)  # PRE_LOAD_V is an attn_fwd axis only
+    return cfg
 
 
 def _constants(source: str, kname: str, sig: str) -> dict:

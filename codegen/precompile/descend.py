@@ -18,16 +18,13 @@ come from the persistent cache, and so do the capped kernels of a later `apply` 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from ..models import FAMILIES
+from ..models import FAMILIES, KernelConfig
+from ..models.limits import cap_waves_per_eu, waves_per_eu_limits
 from ..models.target import Hardware
 from ..plan.kernel_list import KernelEntry
-from .limits import cap_waves_per_eu, limit_key, waves_per_eu_limits
 from .report import KernelResult, worst
-
-_CO_RE = re.compile(r"__CO__wave(\d+)_")
 
 
 def vgpr_budget(hw: Hardware, waves_per_eu: int) -> int:
@@ -37,15 +34,11 @@ def vgpr_budget(hw: Hardware, waves_per_eu: int) -> int:
 
 def with_waves(e: KernelEntry, w: int) -> KernelEntry:
     """The same kernel compiled with another waves_per_eu (image name and config follow)."""
-    cfg = re.sub(r"\.wpe\d+\.", f".wpe{w}.", e.config, count=1)
-    return e.model_copy(update={"waves_per_eu": w, "config": cfg,
-                                "id": _CO_RE.sub(f"__CO__wave{w}_", e.id, count=1),
-                                "hsaco": _CO_RE.sub(f"__CO__wave{w}_", e.hsaco, count=1)})
+    return e.with_waves(w)
 
 
 def _key(e: KernelEntry) -> str:
-    return limit_key(e.family, e.arch, e.dtype, e.head_dim, e.block_m, e.block_n, e.num_warps, e.num_stages,
-                     e.pre_load_v)
+    return KernelConfig.parse(e.config).limit_key
 
 
 @dataclass

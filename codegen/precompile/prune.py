@@ -5,7 +5,7 @@
   written).
 - `compile_report`: config name -> resources and verdict, committed as
   tuning/<arch>/compile_report.json, so render can make seeded rows reference only configs that
-  compile cleanly (`largest_clean_waves_per_eu`).
+  compile cleanly (`codegen.models.limits.largest_clean_waves_per_eu`).
 """
 
 from __future__ import annotations
@@ -208,17 +208,3 @@ def load_compile_report(folder: Path) -> dict | None:
         return json.loads(p.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise UserError(f"{p}: not valid JSON: {exc}") from None
-
-
-def largest_clean_waves_per_eu(report: dict, cfg: KernelConfig, candidates=range(1, 11)) -> int | None:
-    """The largest waves_per_eu (<= cfg.waves_per_eu) whose variant of `cfg` compiled cleanly
-    (no failure, no VGPR spill) in the report; None when the report knows no clean variant."""
-    configs = report.get("configs", {})
-    best = None
-    for w in candidates:
-        if w > cfg.waves_per_eu:
-            continue
-        entry = configs.get(replace(cfg, waves_per_eu=w).name)
-        if entry and entry.get("verdict") not in PRUNED:
-            best = w if best is None or w > best else best
-    return best

@@ -154,7 +154,7 @@ def load_measured(spec: TargetSpec) -> list[dict]:
 def load_limits(spec: TargetSpec) -> dict | None:
     """waves_per_eu limits per config from tuning/<arch>/compile_report.json (written by
     `mi100-codegen precompile --tuning-report`); None when there is no report for the arch."""
-    from ..precompile.limits import waves_per_eu_limits  # local import: keeps render import-light
+    from ..models.limits import waves_per_eu_limits  # local import: keeps render import-light
 
     path = data_dir("tuning") / spec.arch / "compile_report.json"
     if not path.is_file():

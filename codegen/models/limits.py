@@ -1,5 +1,5 @@
-"""waves_per_eu limits per config, from a committed compile report (light: render and apply
-import this).
+"""waves_per_eu limits per config, from a compile report (pure: render, apply and precompile
+share it; the one answer to "the largest waves_per_eu that compiled clean").
 
 A compile report (`tuning/<arch>/compile_report.json`, written by `precompile --tuning-report`)
 maps config names (`attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0`) to a verdict. Render
@@ -18,42 +18,9 @@ below 1, never changed, and judged by its own verdict or, when unmeasured, by th
 
 from __future__ import annotations
 
-import re
-
-from ..models import FAMILIES
+from .space import KernelConfig
 
 CLEAN_VERDICTS = ("ok", "low occupancy", "no matrix cores")  # compiled and no VGPR spill
-
-_NAME_RE = re.compile(
-    r"^(?P<family>[a-z_]+)\.(?P<arch>[a-z0-9]+)\.(?P<dtype>[a-z0-9]+)\.d(?P<head_dim>\d+)"
-    r"\.M(?P<block_m>\d+)N(?P<block_n>\d+)\.wpe(?P<waves_per_eu>\d+)\.w(?P<num_warps>\d+)"
-    r"\.s(?P<num_stages>\d+)(?:\.plv(?P<pre_load_v>[01]))?$"
-)
-
-
-def parse_config_name(name: str) -> dict | None:
-    """The axes of a tunable family's config name; None for other names."""
-    m = _NAME_RE.match(name)
-    if not m or m.group("family") not in FAMILIES:
-        return None
-    d = m.groupdict()
-    out = {k: (v if k in ("family", "arch", "dtype") else (None if v is None else int(v))) for k, v in d.items()}
-    return out
-
-
-def limit_key(family: str, arch: str, dtype: str, head_dim: int, block_m: int, block_n: int,
-              num_warps: int, num_stages: int, pre_load_v=None) -> str:
-    """The config without waves_per_eu (pre_load_v only for attn_fwd)."""
-    key = f"{family}.{arch}.{dtype}.d{head_dim}.M{block_m}N{block_n}.w{num_warps}.s{num_stages}"
-    if family == "attn_fwd" and pre_load_v is not None:
-        key += f".plv{int(bool(pre_load_v))}"
-    return key
-
-
-def config_name(key: str, waves_per_eu: int) -> str:
-    """limit key + waves_per_eu -> the config name the report and plan use."""
-    parts = key.split(".")
-    return ".".join(parts[:5] + [f"wpe{waves_per_eu}"] + parts[5:])
 
 
 def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=None) -> dict | None:
@@ -62,17 +29,15 @@ def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=N
         return None
     groups: dict[str, dict[str, set]] = {}
     for name, entry in report.get("configs", {}).items():
-        p = parse_config_name(name)
-        if p is None or p["arch"] != arch:
+        cfg = KernelConfig.try_parse(name)
+        if cfg is None or not cfg.tunable or cfg.arch != arch:
             continue
-        if (dtypes is not None and p["dtype"] not in dtypes) or (head_dims is not None and p["head_dim"] not in head_dims):
+        if (dtypes is not None and cfg.dtype not in dtypes) or (head_dims is not None and cfg.head_dim not in head_dims):
             continue
-        key = limit_key(p["family"], arch, p["dtype"], p["head_dim"], p["block_m"], p["block_n"],
-                        p["num_warps"], p["num_stages"], p["pre_load_v"])
         verdict = entry.get("verdict")
         kind = "clean" if verdict in CLEAN_VERDICTS else ("spills" if verdict == "spills" else "failed")
-        g = groups.setdefault(key, {"clean": set(), "spills": set(), "failed": set()})
-        g[kind].add(p["waves_per_eu"])
+        g = groups.setdefault(cfg.limit_key, {"clean": set(), "spills": set(), "failed": set()})
+        g[kind].add(cfg.waves_per_eu)
     configs = {}
     for key in sorted(groups):
         g = groups[key]
@@ -128,5 +93,15 @@ def variant_status(entry: dict | None, waves_per_eu: int) -> str:
     return "unmeasured"
 
 
-__all__ = ["CLEAN_VERDICTS", "cap_waves_per_eu", "config_name", "limit_key", "parse_config_name",
-           "variant_status", "waves_per_eu_limits"]
+def largest_clean_waves_per_eu(limits: dict | None, cfg: KernelConfig) -> int | None:
+    """The largest waves_per_eu (<= cfg.waves_per_eu, >= 1) whose variant of `cfg` was measured
+    clean; None when the limits table knows no such variant."""
+    entry = (limits or {}).get("configs", {}).get(cfg.limit_key)
+    if entry is None:
+        return None
+    clean = [w for w in entry["clean"] if 1 <= w <= cfg.waves_per_eu]
+    return max(clean) if clean else None
+
+
+__all__ = ["CLEAN_VERDICTS", "cap_waves_per_eu", "largest_clean_waves_per_eu", "variant_status",
+           "waves_per_eu_limits"]
