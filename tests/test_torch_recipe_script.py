@@ -38,12 +38,12 @@ esac
 @pytest.mark.slow
 def test_recipe_script_runs_and_resumes(tmp_path, aotriton_git_url):
     need_cc()
-    git_url = aotriton_git_url(tag)
     site = tmp_path / "site"
     build_torch(site)  # torch 2.9 links AOTriton 0.11b; the newest supported release of that line is built
     tag = build_release_for_line("0.11")
     assert tag == "0.11.2b"
     version = ".".join(map(str, parse_tag(tag)))
+    git_url = aotriton_git_url(tag)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "mi100-codegen"
