@@ -86,3 +86,18 @@ def test_rebuild_recipe_release_lines():
     assert "AOTriton 0.13b (PyTorch 2.14): mi100-codegen does not support the 0.13 release line yet" in r.output
     r = _cli("torch", "rebuild-recipe", "--release", "0.14b")
     assert r.exit_code == 2 and "no known PyTorch release links AOTriton 0.14b" in r.output
+
+
+def test_torch_213_linking_the_point_release(tmp_path):
+    """Some 2.13 builds pin 0.12.1b (PyTorch's aotriton.cmake at commit 8fdb4a4): the file name
+    torch needs is then libaotriton_v2.so.0.12.1; status still reads it from DT_NEEDED, and the
+    line (0.12) decides what to build."""
+    need_cc()
+    site = tmp_path / "site"
+    build_torch(site, version="2.13.0+rocm7.1", aot_version="0.12.1")
+    r = _cli("torch", "status", "--torch-dir", str(site / "torch"), "--json")
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout)
+    assert s["aotriton_needed"] == "libaotriton_v2.so.0.12.1"
+    assert (s["release_tag"], s["release_line"], s["expected_release_for_torch"], s["build_release"]) == \
+        ("0.12.1b", "0.12", "0.12b", "0.12.1b")
