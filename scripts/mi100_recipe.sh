@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole recipe for an MI100 (gfx908) owner: FlashAttention for PyTorch's SDPA.
 #
-#   1. detect   which AOTriton release the installed ROCm torch links (torch status)
-#   2. clone    that AOTriton release
+#   1. detect   which AOTriton release line the installed ROCm torch links (torch status)
+#   2. clone    the newest release of that line mi100-codegen supports (e.g. 0.12.1b for 0.12b)
 #   3. apply    the mi100-codegen overlay (gfx908 registration, tuning space, DB rows)
 #   4. build    AOTriton for gfx908 into an install prefix
 #   5. install  the build into torch (checks, backup; `mi100-codegen torch restore` undoes it)
@@ -40,15 +40,22 @@ log "1/6 detect: the AOTriton release this torch links"
 STATUS_JSON="$WORKDIR/torch-status.json"
 mi100-codegen torch status --json >"$STATUS_JSON"
 mi100-codegen torch status >&2
-TAG=$("$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s.get("release_tag") or "")' "$STATUS_JSON")
+# LINKED: the release libtorch_hip.so links; TAG: the newest release of that line we support
+# (point releases are ABI-compatible; `torch install` keeps the file name torch links).
+LINKED=$("$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s.get("release_tag") or "")' "$STATUS_JSON")
+TAG=$("$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s.get("build_release") or "")' "$STATUS_JSON")
 ROCM=$("$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(int(bool(s["rocm_build"])))' "$STATUS_JSON")
-if [ "$ROCM" != 1 ] || [ -z "$TAG" ]; then
+if [ "$ROCM" != 1 ] || [ -z "$LINKED" ]; then
   echo "this torch is not a ROCm build linking libaotriton_v2.so.X.Y.Z; install a ROCm wheel of PyTorch first" >&2
+  exit 2
+fi
+if [ -z "$TAG" ]; then
+  "$PY" -c 'import json,sys; s=json.load(open(sys.argv[1])); print(s.get("build_release_problem") or "")' "$STATUS_JSON" >&2
   exit 2
 fi
 TREE="$WORKDIR/aotriton-$TAG"
 PREFIX="$WORKDIR/prefix-$TAG"
-echo "torch links AOTriton $TAG: tree $TREE, install prefix $PREFIX" >&2
+echo "torch links AOTriton $LINKED; building $TAG: tree $TREE, install prefix $PREFIX" >&2
 
 # 2. clone ----------------------------------------------------------------------------------------
 if done_mark "clone-$TAG"; then log "2/6 clone: done"; else

@@ -1,6 +1,16 @@
-"""Shared fixtures. Real AOTriton trees come from AOTRITON_GIT (a git dir of ROCm/aotriton; each
-tag is extracted once per session) or AOTRITON_SRC (one extracted tree); tests that need them
-skip with the reason when neither is set."""
+"""Shared fixtures. Real AOTriton trees come from, in this order:
+
+1. AOTRITON_GIT: a git dir of ROCm/aotriton; each tag is extracted (`git archive`) once per session;
+2. AOTRITON_SRC: one extracted tree (tests for other releases skip with the reason);
+3. the shared release archive `shared/upstream/aotriton-releases.tar.xz` in the checkout's parent
+   folder (`../shared/...`; for a git worktree further up, the nearest ancestor that has one) or
+   AOTRITON_ARCHIVE: every release it holds is extracted in one `tar` call, once per session, on
+   first use.
+
+Tests that need a tree skip with the reason only when none of the three is available. The list of
+releases is not repeated here: `SUPPORTED_TAGS` is the upstream adapter table
+(`codegen.upstream.SUPPORTED_RELEASES`), `ARCHIVE_TAGS` the archive's `TAGS` file (which also holds
+releases we do not support yet, e.g. 0.13b, for the refusal tests)."""
 
 from __future__ import annotations
 
@@ -12,12 +22,41 @@ from pathlib import Path
 
 import pytest
 
+from codegen.upstream import SUPPORTED_RELEASES
+
 REPO = Path(__file__).resolve().parents[1]
-SUPPORTED_TAGS = ("0.10b", "0.11b", "0.11.1b", "0.11.2b", "0.12b")
+ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
+SUPPORTED_TAGS: tuple[str, ...] = SUPPORTED_RELEASES
 NO_TREE = (
     "needs a real AOTriton tree: set AOTRITON_GIT to a git dir of ROCm/aotriton "
-    "(or AOTRITON_SRC to an extracted release tree)"
+    "(or AOTRITON_SRC to an extracted release tree), or provide ../shared/upstream/aotriton-releases.tar.xz"
 )
+
+
+def release_archive() -> Path | None:
+    """The shared archive of release trees: AOTRITON_ARCHIVE, else shared/upstream/ in the nearest
+    ancestor of the checkout (../shared/upstream/ for a plain checkout)."""
+    env = os.environ.get("AOTRITON_ARCHIVE")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    for parent in REPO.parents:
+        if (parent / ARCHIVE_REL).is_file():
+            return parent / ARCHIVE_REL
+    return None
+
+
+def archive_tags(archive: Path | None = None) -> tuple[str, ...]:
+    """The tags the archive holds, from the `TAGS` file beside it (`tag commit date` per line)."""
+    archive = archive or release_archive()
+    if archive is None:
+        return ()
+    tags_file = archive.parent / "TAGS"
+    if not tags_file.is_file():
+        return ()
+    return tuple(line.split()[0] for line in tags_file.read_text().splitlines() if line.strip())
+
+
+ARCHIVE_TAGS: tuple[str, ...] = archive_tags()
 
 
 def _tree_version(tree: Path) -> str | None:
@@ -35,6 +74,18 @@ def _tree_version(tree: Path) -> str | None:
 @pytest.fixture(scope="session")
 def _pristine_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("aotriton-pristine")
+
+
+def _extract_archive(archive: Path, cache: Path) -> Path:
+    """All releases of the archive, extracted once (one tar call) into cache/archive/."""
+    dest = cache / "archive"
+    if not dest.exists():
+        tmp = cache / ".archive.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        subprocess.run(["tar", "-xJf", str(archive), "-C", str(tmp)], check=True)
+        tmp.rename(dest)
+    return dest
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +113,14 @@ def pristine_tree(_pristine_cache):
             if have != tag:
                 pytest.skip(f"AOTRITON_SRC is release {have}, this test needs {tag} (set AOTRITON_GIT for all)")
             return tree
+        archive = release_archive()
+        if archive is not None:
+            if tag not in archive_tags(archive):
+                pytest.skip(f"{archive} has no release {tag} (its TAGS: {', '.join(archive_tags(archive))})")
+            tree = _extract_archive(archive, _pristine_cache) / f"aotriton-{tag}"
+            if not tree.is_dir():
+                pytest.fail(f"{archive}: TAGS lists {tag} but the archive has no aotriton-{tag}/")
+            return tree
         pytest.skip(NO_TREE)
 
     return get
@@ -76,5 +135,30 @@ def fresh_tree(pristine_tree, tmp_path):
         dest = tmp_path / f"aotriton-{tag}"
         shutil.copytree(src, dest, symlinks=True)
         return dest
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def aotriton_git_url(pristine_tree, _pristine_cache):
+    """aotriton_git_url(tag) -> a URL `git clone --branch TAG` accepts: AOTRITON_GIT itself, else a
+    one-commit repository made from the pristine tree (archive or AOTRITON_SRC), tagged TAG."""
+
+    def get(tag: str) -> str:
+        git_dir = os.environ.get("AOTRITON_GIT")
+        if git_dir:
+            return f"file://{git_dir}"
+        repo = _pristine_cache / f"git-{tag}"
+        if not repo.exists():
+            tmp = _pristine_cache / f".git-{tag}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(pristine_tree(tag), tmp, symlinks=True)
+            env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                       GIT_COMMITTER_EMAIL="t@t")
+            for argv in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-q", "-m", tag],
+                         ["git", "tag", tag]):
+                subprocess.run(argv, cwd=tmp, env=env, check=True, capture_output=True)
+            tmp.rename(repo)
+        return f"file://{repo}"
 
     return get

@@ -20,12 +20,12 @@ from codegen.apply import LOCK_NAME, read_lock
 from codegen.apply.compose import compose_database
 from codegen.apply.testing import snapshot
 from codegen.cli import app
-from codegen.upstream import detect
+from codegen.upstream import SUPPORTED_RELEASES, detect
 
 from test_apply_journal import kill_loop
 
 pytestmark = pytest.mark.aotriton
-TAGS = ("0.10b", "0.11b", "0.11.1b", "0.11.2b", "0.12b")
+TAGS = SUPPORTED_RELEASES  # the adapter table: every supported release
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -154,7 +154,7 @@ def test_013b_refused_cleanly(fresh_tree):
     assert res.exit_code == 2
     lines = [l for l in res.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "0.13b uses the python/ + modules/ layout" in lines[0]
-    assert "0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b" in lines[0]
+    assert "supported releases: " + ", ".join(SUPPORTED_RELEASES) in lines[0]
     assert snapshot(tree) == before
 
 

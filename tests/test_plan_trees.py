@@ -13,12 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
+from codegen.upstream import SUPPORTED_RELEASES
 
 
 pytestmark = pytest.mark.aotriton
 
 REPO = Path(__file__).resolve().parents[1]
-SUPPORTED_TAGS = ("0.10b", "0.11b", "0.11.1b", "0.11.2b", "0.12b")
+SUPPORTED_TAGS = SUPPORTED_RELEASES  # the adapter table: every supported release
 
 MAIN_FAMILIES = {"attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_preprocess"}
 

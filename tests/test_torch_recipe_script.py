@@ -1,6 +1,6 @@
 """scripts/mi100_recipe.sh end to end on CPU: a fake ROCm torch (real ELF fixtures), a real
-AOTriton clone (from AOTRITON_GIT) with the real overlay applied; only `build` (hours, ROCm) and
-`validate` (a GPU) are stand-ins. Checks the order of the steps, the real torch install, and that
+AOTriton clone (from AOTRITON_GIT, or a local repository made from the release archive) with the
+real overlay applied; only `build` (hours, ROCm) and `validate` (a GPU) are stand-ins. Checks the order of the steps, the real torch install, and that
 a rerun resumes (every step skipped)."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from codegen.torch_integration.layout import build_release_for_line, parse_tag
 
 from test_torch_install import build_torch, need_cc, snapshot
 
@@ -24,7 +26,8 @@ case "$1" in
   build)
     prefix=""; prev=""
     for a in "$@"; do [ "$prev" = "--prefix" ] && prefix="$a"; prev="$a"; done
-    exec {py} -c "import sys; sys.path.insert(0, sys.argv[2]); import test_torch_install as t; from pathlib import Path; t.build_prefix(Path(sys.argv[1]))" "$prefix" "$TESTS_DIR" ;;
+    # the library version follows the release of the prefix-<tag> folder, as a real build's would
+    exec {py} -c "import sys; sys.path.insert(0, sys.argv[2]); import test_torch_install as t; from pathlib import Path; from codegen.torch_integration.layout import parse_tag; p = Path(sys.argv[1]); t.build_prefix(p, version='.'.join(map(str, parse_tag(p.name.split('-', 1)[1]))))" "$prefix" "$TESTS_DIR" ;;
   validate) echo "validate stand-in: ok" >&2; exit 0 ;;
   *) exec {py} -m codegen.cli "$@" ;;
 esac
@@ -33,13 +36,14 @@ esac
 
 @pytest.mark.aotriton
 @pytest.mark.slow
-def test_recipe_script_runs_and_resumes(tmp_path):
-    git_dir = os.environ.get("AOTRITON_GIT")
-    if not git_dir:
-        pytest.skip("needs AOTRITON_GIT (a git dir of ROCm/aotriton) to clone a release from")
+def test_recipe_script_runs_and_resumes(tmp_path, aotriton_git_url):
     need_cc()
     site = tmp_path / "site"
-    build_torch(site)  # torch 2.9 -> AOTriton 0.11b
+    build_torch(site)  # torch 2.9 links AOTriton 0.11b; the newest supported release of that line is built
+    tag = build_release_for_line("0.11")
+    assert tag == "0.11.2b"
+    version = ".".join(map(str, parse_tag(tag)))
+    git_url = aotriton_git_url(tag)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub = bin_dir / "mi100-codegen"
@@ -53,7 +57,7 @@ def test_recipe_script_runs_and_resumes(tmp_path):
         STUB_LOG=str(log),
         TESTS_DIR=str(REPO / "tests"),
         WORKDIR=str(tmp_path / "work"),
-        AOTRITON_GIT_URL=f"file://{git_dir}",
+        AOTRITON_GIT_URL=git_url,
         JOBS="2",
     )
     r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
@@ -62,11 +66,12 @@ def test_recipe_script_runs_and_resumes(tmp_path):
              for line in log.read_text().splitlines()]
     assert calls == ["torch status", "torch status", "apply", "build", "torch install", "validate", "validate"]
     work = tmp_path / "work"
-    assert (work / "aotriton-0.11b" / "v3python" / "gpu_targets.py").read_text().count("gfx908") >= 3
+    assert (work / f"aotriton-{tag}" / "v3python" / "gpu_targets.py").read_text().count("gfx908") >= 3
     lib = site / "torch" / "lib"
     assert (lib / "aotriton.images" / "amd-gfx908").is_dir()
+    # the point release goes in under the file name torch links
     assert (lib / "libaotriton_v2.so.0.11.0").read_bytes() == \
-        (work / "prefix-0.11b" / "lib" / "libaotriton_v2.so.0.11.0").read_bytes()
+        (work / f"prefix-{tag}" / "lib" / f"libaotriton_v2.so.{version}").read_bytes()
 
     # a rerun resumes: every step is skipped, torch untouched
     before = snapshot(site)
@@ -99,3 +104,23 @@ def test_recipe_script_refuses_a_non_rocm_torch(tmp_path):
     assert "not a ROCm build" in r.stderr
     assert not list((tmp_path / "work" / ".done").iterdir())
 
+
+
+def test_recipe_script_refuses_a_release_line_not_supported_yet(tmp_path):
+    """A ROCm torch linking AOTriton 0.13 (PyTorch main / 2.14): one message naming the supported
+    releases, exit 2, no step run."""
+    need_cc()
+    site = tmp_path / "site"
+    build_torch(site, version="2.14.0a0+gitabcdef", aot_version="0.13.0")
+    env = dict(os.environ, PYTHONPATH=f"{site}:{REPO}", WORKDIR=str(tmp_path / "work"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mi100-codegen").write_text(f"#!/bin/sh\nexec {sys.executable} -m codegen.cli \"$@\"\n")
+    (bin_dir / "mi100-codegen").chmod(0o755)
+    env["PATH"] = f"{bin_dir}:{env['PATH']}"
+    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "AOTriton 0.13b (PyTorch 2.14): mi100-codegen does not support the 0.13 release line yet" in r.stderr
+    assert "supported releases: 0.10b" in r.stderr
+    assert not list((tmp_path / "work" / ".done").iterdir())
+    assert not list((tmp_path / "work").glob("aotriton-*"))

@@ -18,17 +18,19 @@ EXPECTED = {
                 "v3python/database/op_database.sqlite3.tar.xz"),
     "0.12b": ("v3python-sharded-db", "sharded", "v3python/database/tuning_database.sqlite3.tar.xz",
               "v3python/database/op_database.sqlite3.tar.xz"),
+    "0.12.1b": ("v3python-sharded-db", "sharded", "v3python/database/tuning_database.sqlite3.tar.xz",
+                "v3python/database/op_database.sqlite3.tar.xz"),
 }
 
 
 def test_supported_releases_table():
-    assert SUPPORTED_RELEASES == ("0.10b", "0.11b", "0.11.1b", "0.11.2b", "0.12b")
+    assert SUPPORTED_RELEASES == ("0.10b", "0.11b", "0.11.1b", "0.11.2b", "0.12b", "0.12.1b")
     assert release_name((0, 11, 0)) == "0.11b" and release_name((0, 11, 2)) == "0.11.2b"
     assert ADAPTERS[(0, 12, 0)].shard_path("gfx908", "attn_fwd") == \
         "v3python/database/amd/gfx908/flash/attn_fwd.sqlite3.tar.xz"
 
 
-@pytest.mark.parametrize("version", [(0, 10, 0), (0, 11, 0), (0, 11, 1), (0, 12, 0)])
+@pytest.mark.parametrize("version", [(0, 10, 0), (0, 11, 0), (0, 11, 1), (0, 12, 0), (0, 12, 1)])
 def test_detect_fake_trees(tmp_path, version):
     a = detect(make_fake_tree(tmp_path / "t", version))
     assert a.version == version and a.layout == "v3python"
@@ -45,7 +47,7 @@ def test_unknown_and_newer_releases_refused(tmp_path):
     cm.write_text(cm.read_text().replace("MINOR_INT 9", "MINOR_INT 13"))
     (t / "python").mkdir()
     (t / "python" / "generate.py").write_text("")
-    with pytest.raises(UnsupportedTree, match=r"0\.13b uses the python/ \+ modules/ layout.*0\.12b$"):
+    with pytest.raises(UnsupportedTree, match=r"0\.13b uses the python/ \+ modules/ layout.*0\.12\.1b$"):
         detect(t)
 
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.spec import load_spec
+from codegen.upstream import SUPPORTED_RELEASES
 from codegen.validate.cases import KERNEL_SHAPES, SHAPES, block_dmodel, sdpa_cases, tolerance
 from codegen.validate.kernels import FAMILY_MODULES, param_values, plan_tasks, tree_source_dir
 from codegen.validate.report import render_markdown, summarize
@@ -90,7 +91,7 @@ def _kernel_params(tree, family):
 
 
 @pytest.mark.aotriton
-@pytest.mark.parametrize("tag", ["0.10b", "0.11b", "0.11.2b", "0.12b", "0.13b"])
+@pytest.mark.parametrize("tag", [*SUPPORTED_RELEASES, "0.13b"])  # 0.13b: kernels in modules/flash/kernel/
 def test_harness_supplies_every_kernel_parameter(pristine_tree, tag):
     tree = pristine_tree(tag)
     t = {n: _T() for n in ("q", "k", "v", "do", "o", "L", "delta", "dq", "dk", "dv", "db", "b",

@@ -111,11 +111,20 @@ def register(app: typer.Typer, guarded) -> None:
         jobs: Optional[int] = typer.Option(None, "--jobs", help="MAX_JOBS for the build."),
         run: bool = typer.Option(False, "--run", help="Run it (resumable) instead of printing it."),
         workdir: Path = typer.Option(Path("pytorch-build"), "--workdir", help="Where --run clones and builds."),
+        torch_dir: Optional[Path] = TorchDirOpt,
     ) -> None:
-        """Print (or --run) the PyTorch from-source build against our install prefix."""
-        from .recipe import plan_recipe, render_recipe, run_recipe
+        """Print (or --run) the PyTorch from-source build against our install prefix. Without
+        --prefix and --release: for the release line the installed ROCm torch links."""
+        from .layout import inspect_torch
+        from .recipe import plan_recipe, release_for_installed_torch, render_recipe, run_recipe
 
-        r = plan_recipe(prefix, release, _arch(arch, spec), jobs)
+        prefer = None
+        if prefix is None and release is None:
+            t = inspect_torch(torch_dir)
+            release, prefer = release_for_installed_torch(t), t.feature_release
+        elif torch_dir is not None:
+            prefer = inspect_torch(torch_dir).feature_release
+        r = plan_recipe(prefix, release, _arch(arch, spec), jobs, prefer_torch_line=prefer)
         if not run:
             sys.stdout.write(render_recipe(r))
             return

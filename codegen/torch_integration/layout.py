@@ -22,14 +22,28 @@ LIB_RE = re.compile(r"^libaotriton(?P<suffix>.*)_v2\.so\.(?P<major>\d+)\.(?P<min
 IMAGES_DIR = "aotriton.images"
 HIP_LIB = "libtorch_hip.so"
 
-# PyTorch feature release -> AOTriton release it links (see docs/torch.md for the sources).
-TORCH_TO_AOTRITON: dict[str, str] = {
-    "2.7": "0.9.2b",
-    "2.8": "0.10b",
-    "2.9": "0.11b",
-    "2.10": "0.11.1b",
-    "2.11": "0.11.2b",
-}
+# PyTorch feature release -> the AOTriton release its official wheels link, and the PyTorch branch
+# a from-source rebuild uses. The one table of torch lines (docs/torch.md and docs/releases.md
+# list its sources); everything else (status, rebuild-recipe, scripts/mi100_recipe.sh) reads it.
+@dataclass(frozen=True)
+class TorchLine:
+    torch: str  # feature release, '2.13'
+    aotriton: str  # AOTriton tag its wheels link, '0.12b'
+    branch: str  # PyTorch branch for `torch rebuild-recipe`
+    note: str = ""
+
+
+TORCH_LINES: tuple[TorchLine, ...] = (
+    TorchLine("2.7", "0.9.2b", "release/2.7"),
+    TorchLine("2.8", "0.10b", "release/2.8"),
+    TorchLine("2.9", "0.11b", "release/2.9"),
+    TorchLine("2.10", "0.11.1b", "release/2.10"),
+    TorchLine("2.11", "0.11.2b", "release/2.11", "AMD's own ROCm/pytorch builds of 2.11 link 0.13b"),
+    TorchLine("2.12", "0.11.2b", "release/2.12", "AMD's own ROCm/pytorch builds of 2.12 link 0.13b"),
+    TorchLine("2.13", "0.12b", "release/2.13", "0.12.1b is its ABI-compatible point release"),
+    TorchLine("2.14", "0.13b", "main", "PyTorch main (next: 2.14)"),
+)
+TORCH_TO_AOTRITON: dict[str, str] = {t.torch: t.aotriton for t in TORCH_LINES}
 
 
 def release_tag(major: int, minor: int, patch: int) -> str:
@@ -41,6 +55,30 @@ def release_line(major: int, minor: int) -> str:
     return f"{major}.{minor}"
 
 
+_TAG_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?b$")
+
+
+def parse_tag(tag: str) -> tuple[int, int, int] | None:
+    """'0.12b' -> (0, 12, 0), '0.12.1b' -> (0, 12, 1); None for anything else."""
+    m = _TAG_RE.match(tag)
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def tag_line(tag: str) -> str | None:
+    """'0.12.1b' -> '0.12' (the release line: point releases of it are ABI-compatible)."""
+    v = parse_tag(tag)
+    return release_line(v[0], v[1]) if v else None
+
+
+def library_name(tag: str) -> str:
+    """The file `libtorch_hip.so` needs for an AOTriton tag: '0.12b' -> 'libaotriton_v2.so.0.12.0'
+    (upstream sets VERSION major.minor.patch and no SOVERSION)."""
+    v = parse_tag(tag)
+    if v is None:
+        raise ValueError(f"not an AOTriton tag: {tag}")
+    return "libaotriton_v2.so.{}.{}.{}".format(*v)
+
+
 def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None:
     """The PyTorch feature release that links exactly this AOTriton version, if known."""
     tag = release_tag(aot_major, aot_minor, aot_patch)
@@ -48,6 +86,30 @@ def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None
         if want == tag:
             return torch_line
     return None
+
+
+def build_release_for_line(line: str) -> str | None:
+    """The newest release of an AOTriton release line ('0.12') that mi100-codegen supports
+    ('0.12.1b'); None when it supports none of that line (e.g. '0.13')."""
+    from ..upstream import SUPPORTED_RELEASES
+
+    best = None
+    for tag in SUPPORTED_RELEASES:
+        v = parse_tag(tag)
+        if v and release_line(v[0], v[1]) == line and (best is None or v > parse_tag(best)):
+            best = tag
+    return best
+
+
+def unsupported_line_message(tag: str) -> str:
+    """One sentence for a release line mi100-codegen cannot build yet."""
+    from ..upstream import SUPPORTED_RELEASES
+
+    line = tag_line(tag) or tag
+    torch = [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
+    who = f" (PyTorch {', '.join(torch)})" if torch else ""
+    return (f"AOTriton {tag}{who}: mi100-codegen does not support the {line} release line yet; "
+            f"supported releases: {', '.join(SUPPORTED_RELEASES)}")
 
 
 def sha256_file(path: Path) -> str:

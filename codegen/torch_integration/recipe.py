@@ -8,12 +8,14 @@ unsets it. `PYTORCH_ROCM_ARCH` selects the GPU targets of torch's own HIP code.
 
 The torch branch is chosen from the AOTriton release of the prefix (the table in layout.py):
 building a torch whose release line differs from the prefix's would link a mismatched library.
+Where two torch lines link the same AOTriton line (2.11 and 2.12: 0.11.2b), the installed torch's
+line is preferred when it is one of them. Without --prefix or --release the release comes from
+the installed ROCm torch: the newest release of the line it links that mi100-codegen supports.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
-from .layout import TORCH_TO_AOTRITON, inspect_prefix
+from .layout import (TORCH_LINES, TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, inspect_prefix,
+                     tag_line, unsupported_line_message)
 
 PYTORCH_GIT = "https://github.com/pytorch/pytorch.git"
 
@@ -51,25 +54,37 @@ class Recipe:
     steps: tuple[Step, ...]
 
 
-_TAG_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?b$")
-
-
-def torch_line_for_tag(tag: str) -> str | None:
-    """The PyTorch feature release for an AOTriton tag: exact, else the one of its release line."""
-    for line, t in TORCH_TO_AOTRITON.items():
-        if t == tag:
-            return line
-    m = _TAG_RE.match(tag)
-    if not m:
-        return None
-    for line, t in TORCH_TO_AOTRITON.items():
-        m2 = _TAG_RE.match(t)
-        if m2 and m2.group(1, 2) == m.group(1, 2):
-            return line
+def torch_line_for_tag(tag: str, prefer: str | None = None) -> str | None:
+    """The PyTorch feature release for an AOTriton tag: `prefer` (the installed torch's line) when
+    it links the same release line, else the one that links exactly this tag, else the first one
+    of its release line."""
+    line = tag_line(tag)
+    if prefer is not None and line is not None and tag_line(TORCH_TO_AOTRITON.get(prefer, "")) == line:
+        return prefer
+    for t, want in TORCH_TO_AOTRITON.items():
+        if want == tag:
+            return t
+    for t, want in TORCH_TO_AOTRITON.items():
+        if line is not None and tag_line(want) == line:
+            return t
     return None
 
 
-def plan_recipe(prefix: Path | None, release: str | None, arch: str, jobs: int | None = None) -> Recipe:
+def release_for_installed_torch(torch: TorchInstall) -> str:
+    """The AOTriton release to build for an installed ROCm torch: the newest supported release of
+    the line its libtorch_hip.so links."""
+    if not torch.is_rocm or torch.aot_needed is None:
+        raise UserError(f"torch {torch.version} at {torch.root} links no libaotriton_v2.so.X.Y.Z (not a ROCm "
+                        "build with AOTriton)",
+                        hint="give --prefix (the AOTriton install prefix) or --release (an AOTriton tag like 0.11b)")
+    tag = build_release_for_line(torch.aot_needed.line)
+    if tag is None:
+        raise UserError(unsupported_line_message(torch.aot_needed.tag))
+    return tag
+
+
+def plan_recipe(prefix: Path | None, release: str | None, arch: str, jobs: int | None = None,
+                prefer_torch_line: str | None = None) -> Recipe:
     if prefix is not None:
         pre = inspect_prefix(prefix)
         tag = pre.parsed.tag
@@ -81,11 +96,13 @@ def plan_recipe(prefix: Path | None, release: str | None, arch: str, jobs: int |
         prefix_s = "<PREFIX>"
     else:
         raise UserError("give --prefix (the AOTriton install prefix) or --release (an AOTriton tag like 0.11b)")
-    line = torch_line_for_tag(tag)
+    line = torch_line_for_tag(tag, prefer_torch_line)
     if line is None:
         known = ", ".join(f"torch {k} <- AOTriton {v}" for k, v in TORCH_TO_AOTRITON.items())
         raise UserError(f"no known PyTorch release links AOTriton {tag}", hint=f"known: {known}")
-    branch = f"release/{line}"
+    if build_release_for_line(tag_line(tag) or "") is None:
+        raise UserError(unsupported_line_message(tag))
+    branch = next(t.branch for t in TORCH_LINES if t.torch == line)
     src = f"pytorch-{line}"
     env = [
         ("USE_ROCM", "1"),

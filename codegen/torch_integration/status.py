@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .elf import ElfError, read_dynamic
 from .install import MANIFEST, default_backup_dir, read_manifest
-from .layout import TORCH_TO_AOTRITON, TorchInstall, image_archs, sha256_file
+from .layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
+                     unsupported_line_message)
 
 
 def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
@@ -20,6 +21,7 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
         "hip_library": str(torch.hip_lib) if torch.hip_lib else None,
         "aotriton_needed": None,
         "release_line": None,
+        "build_release": None,
         "expected_release_for_torch": TORCH_TO_AOTRITON.get(torch.feature_release),
         "aotriton_file": None,
         "images": image_archs(torch.lib_dir),
@@ -33,6 +35,10 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
         out["aotriton_needed"] = need.name
         out["release_line"] = need.line
         out["release_tag"] = need.tag
+        # what to build for this torch: the newest release of its line that we support
+        out["build_release"] = build_release_for_line(need.line)
+        if out["build_release"] is None:
+            out["build_release_problem"] = unsupported_line_message(need.tag)
         f = torch.lib_dir / need.name
         info: dict = {"path": str(f), "present": f.is_file()}
         if f.is_file():
@@ -82,6 +88,11 @@ def format_status(s: dict) -> str:
         exp = s["expected_release_for_torch"]
         lines.append(f"release line:     {s['release_line']}  (release {s['release_tag']}"
                      + (f"; table for this torch: {exp}" if exp else "") + ")")
+        if s.get("build_release"):
+            lines.append(f"build with:       AOTriton {s['build_release']}  (newest supported release of line "
+                         f"{s['release_line']})")
+        elif s.get("build_release_problem"):
+            lines.append(f"build with:       none: {s['build_release_problem']}")
         f = s["aotriton_file"]
         if f and f["present"]:
             lines.append(f"library file:     {f['path']}  sha256 {f['sha256'][:16]}…")

@@ -6,7 +6,7 @@ raises `UnsupportedTree` (a `UserError`: exit code 2, one message) *before anyth
 Stable API (other stages call it; keep it compatible):
 
     adapter = detect(tree)          # -> Adapter (frozen)
-    adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b' or '0.12b'
+    adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b', '0.12b' or '0.12.1b'
     adapter.version                 # (0, 11, 1)
     adapter.id                      # 'v3python-central-db' | 'v3python-sharded-db'
     adapter.layout                  # 'v3python' (the codegen.render layout family)
@@ -118,6 +118,7 @@ ADAPTERS: dict[tuple[int, int, int], Adapter] = {
     (0, 11, 1): _sharded((0, 11, 1)),
     (0, 11, 2): _sharded((0, 11, 2)),
     (0, 12, 0): _sharded((0, 12, 0)),
+    (0, 12, 1): _sharded((0, 12, 1)),  # point release of 0.12b: same layout (docs/releases.md)
 }
 SUPPORTED_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values())
 

@@ -1,0 +1,41 @@
+"""A sample compile per supported release, in the default run (marked aotriton, triton; not slow):
+the overlay applied to a fresh tree of each release, then `precompile --sample 2`, a real Triton
+cross-compile for gfx908 of two of the kernels the tree's own generator plans. The full default
+set stays behind `slow` (tests/test_precompile_cli.py and the docs' measured runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from codegen.cli import app
+from codegen.upstream import SUPPORTED_RELEASES
+
+pytestmark = [pytest.mark.aotriton, pytest.mark.triton]
+
+
+@pytest.mark.parametrize("tag", SUPPORTED_RELEASES)
+def test_sample_compile_per_release(fresh_tree, tmp_path, tag):
+    for mod in ("pandas", "triton"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"needs {mod} in this Python")
+    from codegen.apply import apply_overlay
+    from codegen.spec import load_spec
+
+    tree = fresh_tree(tag)
+    apply_overlay(tree, load_spec(None))
+    report = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["precompile", str(tree), "--sample", "2", "--jobs", "2", "--no-cache",
+                                      "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    rep = json.loads(report.read_text())
+    run = rep["run"]
+    assert (run["release"], run["arch"], run["gpu"]) == (tag, "gfx908", "gfx908_mod0")
+    assert run["sampled"] == 2 and run["planned"] > 1000 and run["compiled_now"] == 2
+    assert rep["totals"]["failed"] == 0
+    for k in rep["kernels"]:
+        assert k["status"] == "ok" and ".gfx908." in k["config"], k
+        assert k["resources"]["vgprs"] > 0 and 1 <= k["occupancy"] <= 10

@@ -1,0 +1,59 @@
+"""Releases newer than the adapter table, on real trees: 0.13b (the python/ + modules/ layout) and
+a copy of it that claims 0.14.0 in its CMake version lines, as upstream's development branch does.
+Every stage that takes a tree refuses them with one message naming the supported releases, exit 2,
+and writes nothing (not in the tree, not the build prefix)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from codegen.apply.testing import snapshot
+from codegen.cli import app
+from codegen.upstream import SUPPORTED_RELEASES, read_version
+
+pytestmark = pytest.mark.aotriton
+
+# (stage argv before the tree, argv after it); each must refuse before doing any work.
+STAGES = (
+    ("apply",),
+    ("plan",),
+    ("precompile", "--sample", "2", "--no-cache"),
+    ("build", "--noimage", "--prefix", "{prefix}"),
+)
+
+
+def _claiming(src: Path, dest: Path, minor: int) -> Path:
+    """A copy of `src` whose CMake version lines say 0.<minor>.0."""
+    shutil.copytree(src, dest, symlinks=True)
+    cm = dest / "CMakeLists.txt"
+    text, n = re.subn(r"(set\(AOTRITON_VERSION_MINOR_INT )\d+\)", rf"\g<1>{minor})", cm.read_text())
+    assert n == 1
+    cm.write_text(text)
+    assert read_version(dest) == (0, minor, 0)
+    return dest
+
+
+@pytest.mark.parametrize("claim", ["0.13b", "0.14.0"])
+def test_newer_release_refused_by_every_stage(pristine_tree, tmp_path, claim):
+    src = pristine_tree("0.13b")
+    tree = src if claim == "0.13b" else _claiming(src, tmp_path / "aotriton-dev", 14)
+    shown = "0.13b" if claim == "0.13b" else "0.14b"
+    before = snapshot(tree)
+    prefix = tmp_path / "prefix"
+    for stage in STAGES:
+        argv = [stage[0], str(tree), *(a.replace("{prefix}", str(prefix)) for a in stage[1:])]
+        res = CliRunner().invoke(app, argv)
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert res.exit_code == 2, (argv, res.output)
+        assert len(lines) == 1, (argv, res.stderr)
+        assert f"AOTriton {shown} " in lines[0], lines[0]
+        assert lines[0].endswith("supported releases: " + ", ".join(SUPPORTED_RELEASES)), lines[0]
+        assert "Traceback" not in res.output
+        assert res.stdout == "", (argv, res.stdout)
+        assert snapshot(tree) == before, argv
+        assert not prefix.exists(), argv
