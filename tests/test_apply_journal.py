@@ -15,7 +15,7 @@ import pytest
 
 from codegen.apply import apply_overlay, recover_tree, revert_tree
 from codegen.apply import journal
-from codegen.apply.testing import make_fake_tree, snapshot
+from fake_tree import make_fake_tree, snapshot
 from codegen.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]

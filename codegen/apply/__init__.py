@@ -6,21 +6,24 @@ someone else's checkout).
     revert_tree(tree)                                             # byte-exact restore
 
 See docs/apply.md. Submodules: `edits` (anchored edits), `dbrows` (tuning-database rows),
-`journal` (atomic transaction + recovery), `engine` (apply/revert), `cli` (Typer commands).
+`journal` (atomic transaction + recovery), `lock` (the lock file and its one reader), `engine`
+(apply = plan + commit, revert), `cli` (Typer commands).
 """
 
 from .engine import (
     BACKUP_DIR,
-    LOCK_NAME,
     ApplyConflict,
+    ApplyPlan,
     EditVerdict,
     FileVerdict,
     Result,
     apply_overlay,
-    read_lock,
+    commit_apply,
+    plan_apply,
     recover_tree,
     revert_tree,
 )
+from .lock import LOCK_NAME, ApplyLock, read_lock
 
-__all__ = ["BACKUP_DIR", "LOCK_NAME", "ApplyConflict", "EditVerdict", "FileVerdict", "Result", "apply_overlay",
-           "read_lock", "recover_tree", "revert_tree"]
+__all__ = ["BACKUP_DIR", "LOCK_NAME", "ApplyConflict", "ApplyLock", "ApplyPlan", "EditVerdict", "FileVerdict",
+           "Result", "apply_overlay", "commit_apply", "plan_apply", "read_lock", "recover_tree", "revert_tree"]
