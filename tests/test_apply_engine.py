@@ -10,7 +10,9 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply import LOCK_NAME, ApplyConflict, apply_overlay, read_lock, revert_tree
+from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.apply.engine import ApplyConflict, apply_overlay
+from codegen.apply.revert import revert_tree
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
 from fake_tree import make_fake_tree, snapshot

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply import LOCK_NAME, ApplyConflict, apply_overlay, plan_apply, read_lock, revert_tree
+from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.apply.engine import ApplyConflict, apply_overlay, plan_apply
+from codegen.apply.revert import revert_tree
 from codegen.apply import dbrows, journal
 from codegen.cli import app
 from codegen.errors import UserError
@@ -326,3 +328,23 @@ def test_real_tree_link_kept_and_gfx942_refused(fresh_tree, tmp_path):
     res = _cli("apply", str(tree), "--spec", str(p))
     assert res.exit_code == 2 and "AOTriton 0.12b already supports gfx942" in res.stderr
     assert snapshot(tree) == before
+
+
+def test_second_apply_reuses_and_revert_loads_no_engine(tmp_path, spec):
+    tree = make_fake_tree(tmp_path / "t", (0, 11, 2))
+    apply_overlay(tree, spec)
+    applied = snapshot(tree)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    again = ("import sys; from codegen.apply.engine import apply_overlay; from codegen.spec import load_spec; "
+             "r = apply_overlay(sys.argv[1], load_spec(None)); "
+             "assert not r.changed and {f.verdict for f in r.files} == {'identical'}, r.files; "
+             "assert 'libcst' not in sys.modules, 'a second apply re-parsed a file'")
+    proc = subprocess.run([sys.executable, "-c", again, str(tree)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert snapshot(tree) == applied
+    back = ("import sys; from codegen.apply.revert import revert_tree; revert_tree(sys.argv[1]); "
+            "bad = [m for m in ('libcst', 'sqlite3', 'jinja2', 'codegen.render', 'codegen.apply.engine') "
+            "if m in sys.modules]; assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", back, str(tree)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert not (tree / LOCK_NAME).exists()

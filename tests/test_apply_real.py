@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply import LOCK_NAME, read_lock
+from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.upstream.database import compose_database
 from fake_tree import snapshot
 from codegen.cli import app

@@ -31,7 +31,7 @@ def test_planned_configs_are_clean_or_listed(fresh_tree):
         pytest.skip(f"no compile report committed for {loaded.spec.arch}")
     import json
 
-    from codegen.apply import apply_overlay
+    from codegen.apply.engine import apply_overlay
     from codegen.plan.kernel_list import generate_kernel_list
 
     report = json.loads(report_path.read_text())

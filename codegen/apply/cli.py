@@ -126,7 +126,7 @@ def register(app: typer.Typer, guarded) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
     ) -> None:
         """Restore the tree byte-for-byte to its state before the first apply."""
-        from .engine import ApplyConflict, revert_tree  # CLI start-up: loads only when run
+        from .revert import ApplyConflict, revert_tree  # CLI start-up: loads only when run
 
         console = _console()
         try:

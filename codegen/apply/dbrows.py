@@ -268,29 +268,46 @@ def _check_complete(rows: list[list], cols: list[str], c: _Cols, plan: RowsPlan,
                              f"seqlen grid ({len(pairs)} of {len(qs) * len(ks)} bins)")
 
 
-def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkable: bool, st: TableStats) -> list:
+def _memo(memo: dict, key: tuple, fn: Callable):
+    """fn() once per key: the rules depend only on a row's tile/config, shared by many rows."""
+    if key not in memo:
+        memo[key] = fn()
+    return memo[key]
+
+
+def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkable: bool, st: TableStats,
+          memo: dict) -> list:
     """A donor row renamed to `gpu`; tile replaced, then waves_per_eu capped (the spec's caps,
     then the compile report's largest spill-free waves_per_eu)."""
     row = list(donor)
     row[c.ix[db.GPU]] = gpu
     tile = c.tile(family, row)
-    to = plan.replacement_for(tile) if tile and tile.block_m is not None else None
+    to = _memo(memo, ("to", tile), lambda: plan.replacement_for(tile)) if tile and tile.block_m is not None \
+        else None
     if to is not None:
         row[c.ix[c.bm]], row[c.ix[c.bn]] = to
         st.replaced += 1
         tile = c.tile(family, row)
     if tile is not None and c.w and row[c.ix[c.w]] is not None:
-        cap = plan.cap_for(tile)
+        cap = _memo(memo, ("cap", tile), lambda: plan.cap_for(tile))
         if cap is not None and row[c.ix[c.w]] > cap:
             row[c.ix[c.w]] = cap
             st.capped += 1
-    cfg = _config_of(c, family, plan.arch, row) if checkable else None
-    if cfg is not None:
-        w, _ = cap_waves_per_eu(plan.waves_per_eu_limits, cfg.limit_key, cfg.waves_per_eu)
-        if w != row[c.ix[c.w]]:
+    if checkable:
+        key = ("w", tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv)))
+        w = _memo(memo, key, lambda: _compile_cap(c, family, plan, row))
+        if w is not None and w != row[c.ix[c.w]]:
             row[c.ix[c.w]] = w
             st.compile_capped += 1
     return row
+
+
+def _compile_cap(c: _Cols, family: str, plan: RowsPlan, row: list) -> int | None:
+    """The largest spill-free waves_per_eu the compile report has for the row's config."""
+    cfg = _config_of(c, family, plan.arch, row)
+    if cfg is None:
+        return None
+    return cap_waves_per_eu(plan.waves_per_eu_limits, cfg.limit_key, cfg.waves_per_eu)[0]
 
 
 def _winner_hits(row: list, c: _Cols, w: Winner) -> bool:
@@ -322,16 +339,21 @@ def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPl
     st.compile_checked = True
     kcols = [c.ix[k] for k in key if k in c.ix]
     final = {tuple(row[i] for i in kcols): row for row in rows}
+    verdicts: dict[tuple, tuple[str, str] | None] = {}
     unclean, unmeasured = set(), set()
     for row in final.values():
-        cfg = _config_of(c, family, plan.arch, row)
-        if cfg is None:
+        ckey = tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv))
+        if ckey not in verdicts:
+            cfg = _config_of(c, family, plan.arch, row)
+            verdicts[ckey] = None if cfg is None else (
+                cfg.name, variant_status(plan.waves_per_eu_limits["configs"].get(cfg.limit_key), cfg.waves_per_eu))
+        if verdicts[ckey] is None:
             continue
-        status = variant_status(plan.waves_per_eu_limits["configs"].get(cfg.limit_key), cfg.waves_per_eu)
+        name, status = verdicts[ckey]
         if status == "clean":
             st.compile_clean += 1
         else:
-            (unclean if status == "unclean" else unmeasured).add(cfg.name)
+            (unclean if status == "unclean" else unmeasured).add(name)
     st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
 
 
@@ -349,7 +371,8 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
     if required:
         _check_complete(donor, cols, c, plan, label, table)
     checkable = bool(plan.waves_per_eu_limits) and family in FAMILIES and c.has_config
-    out = [_seed(r, gpu, c, family, plan, checkable, st) for gpu in plan.gpus for r in donor]
+    memo: dict = {}
+    out = [_seed(r, gpu, c, family, plan, checkable, st, memo) for gpu in plan.gpus for r in donor]
     _apply_measured(out, c, plan.measured_for(family), st)
     if checkable:
         _audit(out, _unique_key(conn, table, src), c, family, plan, st)

@@ -10,9 +10,7 @@ Every function here is pure: text in, text out. A problem with an anchor raises 
 an optional edit whose symbol is absent raises `EditSkipped`. An anchor line that carries a
 comment is a local edit: refused (the comment would be cloned onto our line).
 
-`arch_mentions` finds the lines of a file that already mention the target arch (a partial
-earlier patch, a hand edit); `strip_mentions` takes them out again so the engine can tell
-"exactly what we would write" from a conflict.
+Lines that already mention the target arch are found by `codegen.apply.mentions`.
 """
 
 from __future__ import annotations
@@ -44,7 +42,13 @@ def _position(edit: EditRecord) -> str:
 # ------------------------------------------------------------------------------------- python --
 
 
+_LAST: dict[str, cst.Module] = {}  # the module a python op just produced, by its code
+
+
 def _parse(text: str, path: str) -> cst.Module:
+    """Parse once per file: the next edit of the same file gets the module the last one made."""
+    if text in _LAST:
+        return _LAST[text]
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -308,7 +312,11 @@ def _text_op(text: str, edit: EditRecord) -> str:
 
 def _python_op(fn: Callable[[cst.Module, EditRecord], cst.Module]) -> Callable[[str, EditRecord], str]:
     def run(text: str, edit: EditRecord) -> str:
-        return fn(_parse(text, edit.path), edit).code
+        module = fn(_parse(text, edit.path), edit)
+        code = module.code
+        _LAST.clear()
+        _LAST[code] = module
+        return code
 
     return run
 
@@ -334,38 +342,4 @@ def apply_edit(text: str, edit: EditRecord) -> str:
     return new
 
 
-# ----------------------------------------------------------------------- earlier mentions --
-
-
-def _arch_re(arch: str) -> re.Pattern:
-    """The arch's spellings in upstream's tables: gfx908 / GFX908 (also inside gfx908_mod0,
-    GPU_AMD_ARCH_GFX908_MOD0) and its enum value 0x908."""
-    word = r"(?<![0-9A-Za-z])({}|{})(?![0-9A-Za-z])"
-    return re.compile(word.format(re.escape(arch), re.escape("0x" + arch[3:])), re.IGNORECASE)
-
-
-def arch_mentions(text: str, arch: str) -> list[tuple[int, str]]:
-    """(1-based line number, line) of every line that mentions `arch`."""
-    rx = _arch_re(arch)
-    return [(n + 1, line.rstrip("\r\n")) for n, line in enumerate(text.splitlines()) if rx.search(line)]
-
-
-def strip_mentions(text: str, arch: str, edits: list[EditRecord]) -> str:
-    """`text` without what our edits would have put there: a substituted line gets its old text
-    back, an element inserted into a one-line literal is taken out, any other line mentioning
-    the arch is dropped. Applying the edits to the result gives `text` back exactly when the
-    file holds exactly our edits (the caller checks that)."""
-    rx = _arch_re(arch)
-    undo = [(e.payload["new"], e.payload["old"]) for e in edits if e.op == "text.substitute"]
-    undo += [(f"{e.payload}, ", "") for e in edits if e.op == "python.seq_insert"]
-    out = []
-    for line in text.splitlines(keepends=True):
-        for new, old in undo:
-            if rx.search(line) and new in line:
-                line = line.replace(new, old, 1)
-        if not rx.search(line):
-            out.append(line)
-    return "".join(out)
-
-
-__all__ = ["OPS", "EditConflict", "EditSkipped", "apply_edit", "arch_mentions", "strip_mentions"]
+__all__ = ["OPS", "EditConflict", "EditSkipped", "apply_edit"]

@@ -20,9 +20,11 @@ stale rows or entries and a second apply with the same spec is byte-for-byte a n
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -31,95 +33,30 @@ from ..errors import UserError
 from ..overlay_inputs import render_overlay
 from ..render import Overlay
 from ..spec import LoadedSpec
-from ..upstream import Adapter, UnsupportedTree, detect
+from ..upstream import Adapter, detect
 from ..upstream.registration import refuse_unsuitable_tree
 from . import dbrows
-from .edits import EditConflict, EditSkipped, apply_edit, arch_mentions, strip_mentions
-from .journal import STATE_DIR, Transaction, TreeBusy, pending, recover, tree_lock
+from .mentions import arch_mentions, strip_mentions
+from .journal import Transaction, pending, recover
 from .lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
+from .state import (
+    BACKUP_DIR,
+    ApplyConflict,
+    EditVerdict,
+    FileVerdict,
+    Result,
+    check_state,
+    commit_txn,
+    conflict_message,
+    link_of,
+    Locked,
+    mode_of,
+    read_rel,
+    sha,
+)
 
-BACKUP_DIR = f"{STATE_DIR}/backup"
-VERDICTS = ("create", "edit", "identical", "conflict", "skip")
 Progress = Callable[[str], None]
-
-
-class ApplyConflict(UserError):
-    """The tree cannot be changed safely; `result` holds the per-file verdicts."""
-
-    def __init__(self, message: str, result: "Result", hint: str | None = None):
-        super().__init__(message, hint)
-        self.result = result
-
-
-@dataclass
-class FileVerdict:
-    path: str
-    verdict: str  # create | edit | identical | conflict | skip
-    kind: str  # module | edit | db | restore
-    edits: list[str] = field(default_factory=list)
-    detail: str = ""
-
-
-@dataclass
-class EditVerdict:
-    id: str
-    path: str
-    verdict: str  # edit | identical | conflict | skip
-    detail: str = ""
-
-
-@dataclass
-class Result:
-    command: str
-    tree: str
-    release: str | None = None
-    adapter: str | None = None
-    spec_sha256: str | None = None
-    manifest_sha256: str | None = None
-    pretend: bool = False
-    recovered: str | None = None
-    changed: bool = False
-    files: list[FileVerdict] = field(default_factory=list)
-    edits: list[EditVerdict] = field(default_factory=list)
-    rows: dict[str, dict[str, dict]] = field(default_factory=dict)
-
-    @property
-    def conflicts(self) -> list[FileVerdict]:
-        return [f for f in self.files if f.verdict == "conflict"]
-
-    def to_json(self) -> dict:
-        d = asdict(self)
-        d["ok"] = not self.conflicts
-        return d
-
-
-# ----------------------------------------------------------------------------------- helpers --
-
-
-def _sha(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
-
-
-def _read(tree: Path, rel: str) -> bytes | None:
-    p = tree / rel
-    return p.read_bytes() if p.is_file() else None
-
-
-def _mode(tree: Path, rel: str, default: int = 0o644) -> int:
-    try:
-        return os.stat(tree / rel).st_mode & 0o7777
-    except OSError:
-        return default
-
-
-def _link(tree: Path, rel: str) -> str | None:
-    """'<rel> -> <target>' when rel, or a directory on its way inside the tree, is a symbolic link."""
-    parts = Path(rel).parts
-    for n in range(1, len(parts) + 1):
-        p = tree.joinpath(*parts[:n])
-        if p.is_symlink():
-            return f"{Path(*parts[:n]).as_posix()} -> {os.readlink(p)}"
-    return None
+EDITS_CODE_VERSION = 1  # bump when the edit ops change what they write: invalidates reused edits
 
 
 def _git_commit(tree: Path) -> str | None:
@@ -141,57 +78,6 @@ def _parents_missing(tree: Path, rel: str) -> list[str]:
         out.append(parent.as_posix())
         parent = parent.parent
     return sorted(out, key=lambda p: p.count("/"))
-
-
-class _Locked:
-    def __init__(self, tree: Path):
-        self.tree = tree
-        self.cm = tree_lock(tree)
-
-    def __enter__(self):
-        try:
-            return self.cm.__enter__()
-        except TreeBusy:
-            raise UserError(f"{self.tree}: another mi100-codegen command is working on this tree") from None
-
-    def __exit__(self, *exc):
-        return self.cm.__exit__(*exc)
-
-
-def _check_state(tree: Path, lock: ApplyLock | None, result: Result) -> None:
-    """Applied files must still hold what apply wrote (as regular files), and their backups the
-    pristine bytes."""
-    if lock is None:
-        if (tree / BACKUP_DIR).exists():
-            raise UserError(f"{tree}: {BACKUP_DIR}/ exists but {LOCK_NAME} does not",
-                            hint=f"restore {LOCK_NAME}, or remove {STATE_DIR}/ if the tree is pristine")
-        return
-    for rel, ent in sorted(lock.files.items()):
-        cur = _sha(_read(tree, rel))
-        link = _link(tree, rel)
-        if cur != ent.after or link:
-            what = (f"was replaced by a symbolic link ({link})" if link else
-                    "was deleted" if cur is None else "was changed")
-            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
-                                            f"{what} since mi100-codegen applied it"))
-            continue
-        if ent.before is not None and _sha(_read(tree, f"{BACKUP_DIR}/{rel}")) != ent.before:
-            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
-                                            f"backup {BACKUP_DIR}/{rel} is missing or corrupt"))
-
-
-def _conflict_message(result: Result, command: str = "apply") -> str:
-    lines = [f"{f.path}: {f.detail}" for f in result.conflicts]
-    return f"refusing to {command}, nothing was changed:\n" + "\n".join(lines)
-
-
-def _commit(txn: Transaction, tree: Path) -> None:
-    """Commit a transaction; an OS error (e.g. a full disk) leaves the tree as it was."""
-    try:
-        txn.commit()
-    except OSError as exc:
-        raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
-            from None
 
 
 # -------------------------------------------------------------------------------- apply: plan --
@@ -230,8 +116,8 @@ def _pristine_reader(tree: Path, lock: ApplyLock | None) -> Callable[[str], byte
     def pristine(rel: str) -> bytes | None:
         ent = old.get(rel)
         if ent is None:
-            return _read(tree, rel)
-        return None if ent.before is None else _read(tree, f"{BACKUP_DIR}/{rel}")
+            return read_rel(tree, rel)
+        return None if ent.before is None else read_rel(tree, f"{BACKUP_DIR}/{rel}")
 
     return pristine
 
@@ -242,7 +128,7 @@ def _module_targets(p: ApplyPlan) -> None:
         if not f.path.startswith("tree/"):
             continue
         rel = f.path[len("tree/"):]
-        if p.pristine(rel) is not None or _link(p.tree, rel):
+        if p.pristine(rel) is not None or link_of(p.tree, rel):
             p.result.files.append(FileVerdict(rel, "conflict", "module", [],
                                               "already exists in the upstream tree; refusing to overwrite it"))
             continue
@@ -251,49 +137,74 @@ def _module_targets(p: ApplyPlan) -> None:
 
 def _edit_one(text: str, rel: str, edits: list, result: Result) -> tuple[str, list[str], list[str]]:
     """Apply `edits` to `text`: (new text, applied ids, problems); verdicts go to `result`."""
+    from . import edits as ops  # heavy (libcst, ~0.5 s): only when some file's edits must be computed
+
     applied, problems = [], []
     for e in sorted(edits, key=lambda e: e.id):
         try:
-            text = apply_edit(text, e)
+            text = ops.apply_edit(text, e)
             applied.append(e.id)
             result.edits.append(EditVerdict(e.id, rel, "edit"))
-        except EditSkipped as s:
+        except ops.EditSkipped as s:
             result.edits.append(EditVerdict(e.id, rel, "skip", str(s)))
-        except EditConflict as c:
+        except ops.EditConflict as c:
             problems.append(f"{e.id}: {c}")
             result.edits.append(EditVerdict(e.id, rel, "conflict", str(c)))
     return text, applied, problems
+
+
+def _edit_key(base: bytes, edits: list, arch: str) -> str:
+    """Everything a file's edited bytes depend on: equal keys, equal bytes."""
+    blob = json.dumps({"base": sha(base), "arch": arch, "edits": [e.to_json() for e in sorted(edits, key=lambda e: e.id)],
+                       "code": EDITS_CODE_VERSION}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _reuse_edits(p: ApplyPlan, rel: str, edits: list, key: str) -> bool:
+    """A file a previous apply edited from the same pristine bytes with the same edits, and that
+    still holds what it wrote: its bytes are known without computing them again."""
+    old = (p.old.files if p.old else {}).get(rel)
+    if old is None or old.inputs != key or sha(read_rel(p.tree, rel)) != old.after:
+        return False
+    for e in sorted(edits, key=lambda e: e.id):
+        done = e.id in old.edits
+        p.result.edits.append(EditVerdict(e.id, rel, "edit" if done else "skip",
+                                          "" if done else f"{e.symbol} is absent (optional edit)"))
+    p.targets[rel] = _Target(rel, "edit", read_rel(p.tree, rel), list(old.edits), inputs=key)
+    return True
 
 
 def _edit_file(p: ApplyPlan, rel: str, edits: list) -> None:
     """One file's anchored edits, from its pristine text. A file that already mentions the arch
     is a conflict naming each line, unless it holds exactly what the edits would write."""
     arch = p.overlay.spec.arch
-    base, link = p.pristine(rel), _link(p.tree, rel)
+    base, link = p.pristine(rel), link_of(p.tree, rel)
     conflict = lambda ids, why: p.result.files.append(FileVerdict(rel, "conflict", "edit", ids, why))  # noqa: E731
     if link:
         return conflict([e.id for e in edits], f"is a symbolic link ({link}); apply edits regular files only "
-                                               "(replace the link by a copy of its target, or refuse to patch it)")
+                                               "(replace the link by a copy of its target to apply)")
     if base is None:
         return conflict([e.id for e in edits], "file is missing")
+    key = _edit_key(base, edits, arch)
+    if _reuse_edits(p, rel, edits, key):
+        return None
     try:
         text = base.decode("utf-8")
     except UnicodeDecodeError:
         return conflict([], "not UTF-8 text")
     mentions = arch_mentions(text, arch)
-    new, applied, problems = _edit_one(strip_mentions(text, arch, edits) if mentions else text, rel, edits,
-                                       Result("plan", ""))
-    if mentions and not problems and new == text:  # the tree holds exactly our edits already
-        p.result.edits += [EditVerdict(i, rel, "identical", "already in the upstream tree") for i in applied]
-        return None
     if mentions:
+        new, applied, problems = _edit_one(strip_mentions(text, arch, edits), rel, edits, Result("plan", ""))
+        if not problems and new == text:  # the tree holds exactly our edits already
+            p.result.edits += [EditVerdict(i, rel, "identical", "already in the upstream tree") for i in applied]
+            return None
         return conflict(applied, "; ".join(f"line {n} already mentions {arch}: {line.strip()!r}"
                                            for n, line in mentions))
     new, applied, problems = _edit_one(text, rel, edits, p.result)
     if problems:
         return conflict(applied, "; ".join(problems))
     if applied:
-        p.targets[rel] = _Target(rel, "edit", new.encode("utf-8"), applied)
+        p.targets[rel] = _Target(rel, "edit", new.encode("utf-8"), applied, inputs=key)
     return None
 
 
@@ -314,25 +225,32 @@ def _db_targets(p: ApplyPlan, adapter: Adapter, progress: Progress) -> None:
         return sorted(x.name for x in d.iterdir()) if d.is_dir() else []
 
     old_files = p.old.files if p.old else {}
+    jobs = []
     for t in dbrows.db_targets(adapter, p.overlay.rows, lambda r: p.pristine(r) is not None, listdir):
         rel = t["path"]
-        link = _link(tree, rel) or (_link(tree, t["donor"]) if "donor" in t else None)
+        link = link_of(tree, rel) or (link_of(tree, t["donor"]) if "donor" in t else None)
         if link:
             p.result.files.append(FileVerdict(rel, "conflict", "db", [], f"is a symbolic link ({link}); "
                                               "apply writes regular files only"))
             continue
-        bases = {rel: _sha(p.pristine(rel))}
+        bases = {rel: sha(p.pristine(rel))}
         if "donor" in t:
-            bases[t["donor"]] = _sha(p.pristine(t["donor"]))
+            bases[t["donor"]] = sha(p.pristine(t["donor"]))
         key = dbrows.input_key(t, bases, p.overlay.rows)
         old = old_files.get(rel)
-        if old and old.inputs == key and _sha(_read(tree, rel)) == old.after:
-            p.targets[rel] = _Target(rel, "db", _read(tree, rel), inputs=key, rows=old.rows)
-            continue
-        progress(f"rows: {rel}")
-        out = dbrows.build_db(t, p.pristine, p.overlay.rows)
-        p.targets[rel] = _Target(rel, "db", out.content, inputs=key,
-                                 rows={k: v.as_dict() for k, v in sorted(out.tables.items())})
+        if old and old.inputs == key and sha(read_rel(tree, rel)) == old.after:
+            p.targets[rel] = _Target(rel, "db", read_rel(tree, rel), inputs=key, rows=old.rows)
+        else:
+            jobs.append((t, key))
+    if p.result.conflicts or not jobs:
+        return
+    progress(f"rows: {len(jobs)} database file(s)")
+    # Each file is independent: sqlite and xz release the GIL, so they build side by side.
+    with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        outs = list(pool.map(lambda job: dbrows.build_db(job[0], p.pristine, p.overlay.rows), jobs))
+    for (t, key), out in zip(jobs, outs):
+        p.targets[t["path"]] = _Target(t["path"], "db", out.content, inputs=key,
+                                       rows={k: v.as_dict() for k, v in sorted(out.tables.items())})
 
 
 def _restore_targets(p: ApplyPlan) -> None:
@@ -345,14 +263,14 @@ def _restore_targets(p: ApplyPlan) -> None:
 def _raise_conflicts(p: ApplyPlan, hint: str) -> None:
     if p.result.conflicts:
         p.result.files.sort(key=lambda f: f.path)
-        raise ApplyConflict(_conflict_message(p.result), p.result, hint=hint)
+        raise ApplyConflict(conflict_message(p.result), p.result, hint=hint)
 
 
 def _verdicts(p: ApplyPlan) -> None:
     """Per-file verdicts, and the lock entries of the files that differ from pristine."""
     old_files = p.old.files if p.old else {}
     for rel, t in sorted(p.targets.items()):
-        cur = _read(p.tree, rel)
+        cur = read_rel(p.tree, rel)
         verdict = "identical" if cur == t.data else ("create" if cur is None else "edit")
         detail = t.detail or ("removed" if t.data is None and cur is not None else "")
         p.result.files.append(FileVerdict(rel, verdict, t.kind, t.edits, detail))
@@ -361,12 +279,14 @@ def _verdicts(p: ApplyPlan) -> None:
         base = p.pristine(rel)
         if t.data == base:
             continue
-        ent = {"kind": t.kind, "before": _sha(base), "after": _sha(t.data), "edits": t.edits}
+        ent = {"kind": t.kind, "before": sha(base), "after": sha(t.data), "edits": t.edits}
         if base is not None:
             ent["mode"] = old_files[rel].mode if rel in old_files and old_files[rel].mode is not None \
-                else _mode(p.tree, rel)
+                else mode_of(p.tree, rel)
         if t.inputs:
-            ent["inputs"], ent["rows"] = t.inputs, t.rows
+            ent["inputs"] = t.inputs
+        if t.rows is not None:
+            ent["rows"] = t.rows
         p.new_files[rel] = LockEntry(**ent)
     same = {f.path for f in p.result.files if f.verdict == "identical"}
     for e in p.result.edits:
@@ -400,7 +320,7 @@ def plan_apply(tree: Path, adapter: Adapter, loaded: LoadedSpec, progress: Progr
     if lock is not None and lock.release != adapter.release:
         raise UserError(f"{tree}: {LOCK_NAME} was written for AOTriton {lock.release}, "
                         f"but the tree is {adapter.release}", hint="revert first")
-    _check_state(tree, lock, result)
+    check_state(tree, lock, result)
     p = ApplyPlan(tree, ov, lock, result, _pristine_reader(tree, lock))
     _raise_conflicts(p, "revert or undo the local change, then apply again")
     _module_targets(p)
@@ -413,7 +333,7 @@ def plan_apply(tree: Path, adapter: Adapter, loaded: LoadedSpec, progress: Progr
     _new_lock(p, adapter)
     lock_bytes = p.new_lock.to_bytes() if p.new_lock else None
     result.changed = any(f.verdict in ("create", "edit") for f in result.files) or \
-        lock_bytes != _read(tree, LOCK_NAME)
+        lock_bytes != read_rel(tree, LOCK_NAME)
     return p
 
 
@@ -431,7 +351,7 @@ def _transaction(p: ApplyPlan) -> Transaction:
             txn.mkdir(Path(f"{BACKUP_DIR}/{rel}").parent.as_posix())
             txn.write(f"{BACKUP_DIR}/{rel}", p.pristine(rel), ent.mode)
     for rel, t in sorted(p.targets.items()):
-        cur = _read(tree, rel)
+        cur = read_rel(tree, rel)
         if cur == t.data:
             continue
         if t.data is None:
@@ -439,7 +359,7 @@ def _transaction(p: ApplyPlan) -> Transaction:
             continue
         ent = p.new_files.get(rel) or old_files.get(rel)
         mode = ent.mode if ent is not None and ent.mode is not None else \
-            (_mode(tree, rel) if cur is not None else 0o644)
+            (mode_of(tree, rel) if cur is not None else 0o644)
         txn.write(rel, t.data, mode)
     for rel, ent in sorted(old_files.items()):  # backups no longer needed
         if ent.before is not None and rel not in p.new_files:
@@ -447,7 +367,7 @@ def _transaction(p: ApplyPlan) -> Transaction:
     for d in sorted(p.old_dirs - p.new_dirs, key=lambda d: d.count("/"), reverse=True):
         txn.rmdir(d)
     lock_bytes = p.new_lock.to_bytes() if p.new_lock else None
-    if lock_bytes != _read(tree, LOCK_NAME):
+    if lock_bytes != read_rel(tree, LOCK_NAME):
         if lock_bytes is None:
             txn.delete(LOCK_NAME)
         else:
@@ -460,7 +380,7 @@ def commit_apply(p: ApplyPlan, progress: Progress) -> Result:
     txn = _transaction(p)
     p.result.changed = bool(txn.ops)
     progress("writing")
-    _commit(txn, p.tree)
+    commit_txn(txn, p.tree)
     return p.result
 
 
@@ -474,7 +394,7 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
     tree = Path(tree).resolve()
     progress = progress or (lambda msg: None)
     adapter = detect(tree)  # refuses unknown trees before anything is written
-    with _Locked(tree):
+    with Locked(tree):
         recovered = None
         if pretend:
             if pending(tree):
@@ -487,92 +407,4 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
         return plan.result if pretend else commit_apply(plan, progress)
 
 
-# ------------------------------------------------------------------------------------ revert --
-
-
-def _local_changes(tree: Path, rel: str, pristine: bytes, arch_words: tuple[str, ...]) -> str:
-    """What a user changed in an applied file: the lines neither upstream nor apply wrote."""
-    cur = _read(tree, rel)
-    if cur is None:
-        return "the file was deleted"
-    try:
-        now, before = cur.decode("utf-8").splitlines(), set(pristine.decode("utf-8").splitlines())
-    except UnicodeDecodeError:
-        return "binary content changed"
-    ours = lambda line: any(w in line.lower() for w in arch_words)  # noqa: E731
-    added = [line.strip() for line in now if line not in before and not ours(line)]
-    gone = [line.strip() for line in before - set(now) if not ours(line)]
-    parts = [f"+ {line!r}" for line in added[:5]] + [f"- {line!r}" for line in sorted(gone)[:5]]
-    more = len(added) + len(gone) - len(parts)
-    return ", ".join(parts + ([f"({more} more)"] if more > 0 else [])) or "changed (whitespace or order)"
-
-
-def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], result: Result) -> Transaction:
-    txn = Transaction(tree)
-    for rel, ent in sorted(lock.files.items()):
-        if ent.before is None:
-            if (tree / rel).exists() or (tree / rel).is_symlink():
-                txn.delete(rel)
-            result.files.append(FileVerdict(rel, "edit", ent.kind, [], "removed" + discarded.get(rel, "")))
-            continue
-        data = _read(tree, f"{BACKUP_DIR}/{rel}")
-        assert data is not None
-        same = _read(tree, rel) == data and not (tree / rel).is_symlink()
-        if not same:
-            txn.write(rel, data, ent.mode if ent.mode is not None else 0o644)
-        result.files.append(FileVerdict(rel, "identical" if same else "edit", ent.kind, [],
-                                        "restored" + discarded.get(rel, "")))
-        txn.delete(f"{BACKUP_DIR}/{rel}")
-    for d in sorted(lock.created_dirs, key=lambda d: d.count("/"), reverse=True):
-        txn.rmdir(d)
-    txn.delete(LOCK_NAME)
-    return txn
-
-
-def revert_tree(tree: Path | str, force: bool = False) -> Result:
-    """Restore the tree byte-for-byte to its state before the first apply (created files, the
-    lock and the backups removed). Refuses (ApplyConflict) when an applied file was changed
-    since, unless `force`: then each such file's verdict says what local change was discarded."""
-    tree = Path(tree).resolve()
-    if not tree.is_dir():
-        raise UnsupportedTree(f"{tree}: not a directory")
-    result = Result("revert", str(tree))
-    with _Locked(tree):
-        result.recovered = recover(tree)
-        lock = read_lock(tree)
-        if lock is None:
-            if (tree / BACKUP_DIR).exists():
-                raise UserError(f"{tree}: {BACKUP_DIR}/ exists but {LOCK_NAME} does not: cannot revert safely")
-            return result
-        result.release, result.adapter = lock.release, lock.adapter
-        result.spec_sha256, result.manifest_sha256 = lock.spec_sha256, lock.manifest_sha256
-        _check_state(tree, lock, result)
-        missing_backup = [f for f in result.conflicts if "backup" in f.detail]
-        if missing_backup or (result.conflicts and not force):
-            raise ApplyConflict(_conflict_message(result, "revert"), result,
-                                hint=None if missing_backup else "--force restores them anyway, discarding "
-                                "the local changes")
-        words = _arch_words(lock)
-        discarded = {f.path: "; discarded local changes: " + _local_changes(
-            tree, f.path, _read(tree, f"{BACKUP_DIR}/{f.path}") or b"", words) for f in result.conflicts}
-        result.files = []
-        txn = _revert_transaction(tree, lock, discarded, result)
-        result.changed = True
-        _commit(txn, tree)
-        return result
-
-
-def _arch_words(lock: ApplyLock) -> tuple[str, ...]:
-    """Lowercase words that mark a line as apply's own (the generated hook, the arch's entries)."""
-    return ("mi100-codegen", "mi100_codegen", lock.arch, "0x" + lock.arch[3:])
-
-
-def recover_tree(tree: Path | str) -> str | None:
-    """Only the recovery step of apply/revert: finish or undo an interrupted transaction."""
-    tree = Path(tree).resolve()
-    with _Locked(tree):
-        return recover(tree)
-
-
-__all__ = ["BACKUP_DIR", "LOCK_NAME", "ApplyConflict", "ApplyPlan", "EditVerdict", "FileVerdict", "Result",
-           "apply_overlay", "commit_apply", "plan_apply", "read_lock", "recover_tree", "revert_tree"]
+__all__ = ["ApplyPlan", "apply_overlay", "commit_apply", "plan_apply"]
