@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from ..models import TargetSpec
+from .knobs import HEAD_DIMS_ENV
 
 # The provenance label edits.json has always carried (the catalogue used to be a template of
 # that name); kept so the committed overlay stays byte-identical.
@@ -115,7 +116,7 @@ def edit_records(spec: TargetSpec, paths: EditPaths, hook_lines: list[str]) -> l
                    "for cfg in self.gen_autotune_configs(f):", {"lines": list(hook_lines)},
                    "the target's tuning space comes from the generated module; other archs unchanged"),
         EditRecord("op_attn_fwd.head_dims", paths.op_attn_fwd, "python.set_getenv_default",
-                   "AOTRITON_FLASH_BLOCK_DMODEL", "'AOTRITON_FLASH_BLOCK_DMODEL'",
+                   HEAD_DIMS_ENV, f"'{HEAD_DIMS_ENV}'",
                    "'" + ", ".join(str(h) for h in spec.head_dims) + "'",
                    "a plain cmake && ninja install builds the spec's head dims; the env var still overrides"),
     ]
