@@ -91,12 +91,12 @@ def render(
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
     from .overlay_dir import diff_overlay, write_overlay
-    from .render import plan_overlay
+    from .overlay_inputs import render_overlay
     from .spec import load_spec
 
     loaded = load_spec(spec)
     print_warnings(loaded.warnings)
-    ov = plan_overlay(loaded)
+    ov = render_overlay(loaded)
     if check:
         diff = diff_overlay(ov, out)
         if diff:

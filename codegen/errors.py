@@ -39,9 +39,3 @@ class UpstreamError(CodegenError):
     """An AOTriton tree we refuse, or that its own tools reject."""
 
     exit_code = EXIT_UPSTREAM
-
-
-class DriftError(CodegenError):
-    """`--check` found differences."""
-
-    exit_code = EXIT_DRIFT

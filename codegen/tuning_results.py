@@ -2,7 +2,8 @@
 
 `winners.csv` holds one row per tuning-grid entry: the config `mi100-codegen tune` measured
 fastest (numerics checked) for that entry. Render turns them into tuning-database rows that
-replace the rows seeded from the donor GPU. `measurements.csv` beside it holds every candidate
+replace the rows seeded from the donor GPU (`codegen.models.rows.Winner`; the database
+columns a winner becomes are `codegen.upstream.tuning_db.winner_row`). `measurements.csv` beside it holds every candidate
 measured for every entry (time, status, errors against the fp64 reference): the evidence.
 
 Both files are sorted, LF, with provenance on every row: `device` (the GPU's name), `proxy`
@@ -47,9 +48,6 @@ MEASUREMENTS_FILE = "measurements.csv"
 KEY_COLUMNS = ("gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias",
                "seqlen_q", "seqlen_k")
 
-TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
-# Upstream (0.11b) stores causal rows as CAUSAL_TYPE 3 (windowed, top-left), others as 0.
-CAUSAL_TYPE_CAUSAL = 3
 
 
 def _typed(rec: dict) -> dict:
@@ -132,45 +130,3 @@ def load_winner_rows(folder: Path, spec: TargetSpec) -> list[dict]:
             continue  # measured on a stand-in GPU: opt in with rows.use_proxy_measurements
         rows.append({k: rec[k] for k in WINNER_COLUMNS if k in rec})
     return sorted(rows, key=lambda r: tuple(str(r.get(k, "")) for k in WINNER_COLUMNS))
-
-
-def db_row(row: dict) -> tuple[str, dict]:
-    """A winner row -> (upstream table name, {column: value}) in upstream's 0.11b schema
-    (`FLASH$<family>`; `inputs$…`, `tuned_kernel$…`, `compiler_options$…`). The row's key is
-    gpu + every `inputs$` column: replacing a seeded row means deleting the rows whose key
-    matches (compare with `IS`, NULLs occur) and inserting this one."""
-    fam = row["family"]
-    causal = int(row["causal"])
-    seq = ("inputs$Max_seqlen_q", "inputs$Max_seqlen_k") if fam == "attn_fwd" else (
-        "inputs$max_seqlen_q", "inputs$max_seqlen_k")
-    cols: dict = {
-        "gpu": row["gpu"],
-        "inputs$Q_dtype": TORCH_DTYPES[row["dtype"]],
-        seq[0]: int(row["seqlen_q"]),
-        seq[1]: int(row["seqlen_k"]),
-        "inputs$CAUSAL_TYPE": CAUSAL_TYPE_CAUSAL if causal else 0,
-        "inputs$BLOCK_DMODEL": int(row["head_dim"]),
-        "inputs$ENABLE_DROPOUT": int(row["dropout"]),
-        "inputs$PADDED_HEAD": 0,
-        "inputs$BIAS_TYPE": int(row["bias"]),
-    }
-    if fam == "attn_fwd":
-        cols.update({"inputs$USE_ALIBI": 0, "inputs$INT8": 0, "inputs$INT8_KV": 0,
-                     "inputs$USE_P_SCALE": 0})
-    elif fam == "bwd_kernel_fuse":
-        # 0.11b's database stores these as NULL in every FLASH$bwd_kernel_fuse row (and SQLite's
-        # UNIQUE treats NULLs as distinct: the table even holds two rows per input there), so an
-        # ON CONFLICT upsert never fires: replace with a NULL-aware delete (`IS`), then insert.
-        cols.update({"inputs$USE_ALIBI": None, "inputs$INT8": None, "inputs$INT8_KV": None,
-                     "inputs$USE_P_SCALE": None})
-    if fam == "attn_fwd":
-        cols.update({"tuned_kernel$PERSISTENT_TYPE": 2 if causal else 0,
-                     "tuned_kernel$GRID_CU_MULTIP": 2})
-    cols.update({"tuned_kernel$BLOCK_M": int(row["block_m"]),
-                 "tuned_kernel$BLOCK_N": int(row["block_n"])})
-    if fam == "attn_fwd":
-        cols["tuned_kernel$PRE_LOAD_V"] = int(row.get("pre_load_v") or 0)
-    cols.update({"compiler_options$waves_per_eu": int(row["waves_per_eu"]),
-                 "compiler_options$num_warps": int(row["num_warps"]),
-                 "compiler_options$num_stages": int(row["num_stages"])})
-    return f"FLASH${fam}", cols

@@ -10,7 +10,8 @@ import lzma
 import pytest
 
 from codegen.apply.dbrows import DonorError, build_db, db_targets, read_tarxz, upsert, write_tarxz
-from codegen.apply.testing import make_fake_tree
+from fake_tree import make_fake_tree
+from codegen.models.rows import RowsPlan
 from codegen.upstream import detect
 
 ROWS = {
@@ -36,6 +37,7 @@ def _query(content: bytes, sql: str, tmp_path):
 def _build(tree, rows, kernel="attn_fwd"):
     a = detect(tree)
     ls = lambda rel: sorted(x.name for x in (tree / rel).iterdir()) if (tree / rel).is_dir() else []  # noqa: E731
+    rows = RowsPlan.from_json(rows, "gfx908")
     targets = {t["path"]: t for t in db_targets(a, rows, None, ls)}
     t = targets[a.shard_path("gfx908", kernel)]
     return build_db(t, lambda rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None, rows)

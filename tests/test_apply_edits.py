@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dataclasses import replace
+
 from codegen.apply.edits import EditConflict, EditSkipped, apply_edit
+from codegen.upstream.edits import EditRecord
 
 TABLES = (
     "AOTRITON_SUPPORTED_GPUS = (\n    'gfx90a_mod0',\n    'gfx942_mod0',\n)\n"
@@ -14,9 +17,9 @@ TABLES = (
 
 
 def E(**kw):
-    base = {"id": "t", "path": "x.py", "optional": False}
+    base = {"id": "t", "path": "x.py", "optional": False, "symbol": "", "neighbour": "", "payload": "", "why": ""}
     base.update(kw)
-    return base
+    return EditRecord(**base)
 
 
 def test_seq_insert_before_clones_indentation():
@@ -60,7 +63,7 @@ def test_optional_absent_symbol_skips_and_required_conflicts():
     with pytest.raises(EditConflict, match="no module-level assignment"):
         apply_edit(TABLES, e)
     with pytest.raises(EditSkipped):
-        apply_edit(TABLES, {**e, "optional": True})
+        apply_edit(TABLES, replace(e, optional=True))
 
 
 def test_ambiguous_symbol_conflicts():

@@ -10,13 +10,15 @@ import sqlite3
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply import LOCK_NAME, ApplyConflict, apply_overlay, read_lock, revert_tree
+from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.apply.engine import ApplyConflict, apply_overlay
+from codegen.apply.revert import revert_tree
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
-from codegen.apply.testing import make_fake_tree, snapshot
+from fake_tree import make_fake_tree, snapshot
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu
-from codegen.render import plan_overlay
+from codegen.overlay_inputs import render_overlay
 from codegen.cli import app
 from codegen.resources import default_spec_path
 from codegen.spec import load_spec
@@ -67,8 +69,8 @@ def test_apply_twice_then_revert(tmp_path, spec, version):
     skipped = {e.id for e in r.edits if e.verdict == "skip"}
     assert skipped == ({"gpu_targets.production_line"} if version >= (0, 12, 0) else set())
     lock = read_lock(tree)
-    assert lock["release"] == r.release and lock["spec_sha256"] == spec.sha256
-    assert lock["manifest_sha256"] == r.manifest_sha256 and lock["adapter"] == r.adapter
+    assert lock.release == r.release and lock.spec_sha256 == spec.sha256
+    assert lock.manifest_sha256 == r.manifest_sha256 and lock.adapter == r.adapter
 
     applied, mtimes = snapshot(tree), _mtimes(tree)
     r2 = apply_overlay(tree, spec)
@@ -88,7 +90,7 @@ def test_rows_are_complete_capped_and_renamed(tmp_path, spec):
     donor = _rows(tree, "v3python/database/amd/gfx90a/flash/attn_fwd.sqlite3.tar.xz", "FLASH$attn_fwd",
                   "gfx90a_mod0")
     assert len(rows) == len(donor) == 144  # hd 32/64 x 3 dtypes x 12 functionals... x 2x2 bins
-    limits = plan_overlay(spec).rows["waves_per_eu_limits"]  # tuning/gfx908/compile_report.json
+    limits = render_overlay(spec).rows.waves_per_eu_limits  # tuning/gfx908/compile_report.json
     dtypes = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
     for r in rows:  # BLOCK_M, BLOCK_N, PRE_LOAD_V, waves, warps, stages follow the 9 key columns
         bm, bn, waves = r[9], r[10], r[12]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from codegen.apply import apply_overlay, recover_tree, revert_tree
+from codegen.apply.engine import apply_overlay
+from codegen.apply.revert import recover_tree, revert_tree
 from codegen.apply import journal
-from codegen.apply.testing import make_fake_tree, snapshot
+from fake_tree import make_fake_tree, snapshot
 from codegen.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply import LOCK_NAME, read_lock
-from codegen.apply.compose import compose_database
-from codegen.apply.testing import snapshot
+from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.upstream.database import compose_database
+from fake_tree import snapshot
 from codegen.cli import app
 from codegen.upstream import SUPPORTED_RELEASES, detect
 
@@ -95,7 +95,7 @@ def test_release_apply_idempotent_generate_revert(pristine_tree, fresh_tree, tmp
             if not table.startswith("FLASH$op_"):
                 assert st["rows_written"] > 0, (path, table)
     lock = read_lock(tree)
-    assert lock["release"] == tag and lock["adapter"] == detect(tree).id
+    assert lock.release == tag and lock.adapter == detect(tree).id
 
     applied = snapshot(tree)
     res = _cli("apply", str(tree), "--json")

@@ -12,6 +12,14 @@ SHA_A = "a" * 64
 SHA_B = "b" * 64
 
 
+def _lock(spec_sha256=SHA_A, manifest_sha256="c" * 64, commit=None, files=None) -> str:
+    """A lock as apply writes it (codegen.apply.lock.ApplyLock)."""
+    return json.dumps({"lock_version": 1, "toolkit": "mi100-codegen", "toolkit_version": "0", "spec_name": "mi100",
+                       "arch": "gfx908", "spec_sha256": spec_sha256, "manifest_sha256": manifest_sha256,
+                       "release": "0.11b", "adapter": "v3python-central-db", "commit": commit,
+                       "files": files or {}, "created_dirs": []})
+
+
 def _tree(tmp_path, sha=SHA_A, gpus=("gfx90a_mod0", "gfx908_mod0")):
     t = tmp_path / "tree"
     (t / "v3python").mkdir(parents=True)
@@ -48,8 +56,7 @@ def test_other_spec_refused(tmp_path):
 
 def test_lock_stale_manifest_refused(tmp_path):
     t = _tree(tmp_path)
-    (t / ".mi100-codegen.lock.json").write_text(json.dumps({"spec_sha256": SHA_A, "manifest_sha256": "c" * 64,
-                                                            "upstream": {"commit": "d" * 40}}))
+    (t / ".mi100-codegen.lock.json").write_text(_lock(commit="d" * 40))
     with pytest.raises(OverlayError, match="stale overlay"):
         check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=SHA_A, manifest_sha256="e" * 64)
     st = check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=SHA_A, manifest_sha256="c" * 64)
@@ -58,7 +65,7 @@ def test_lock_stale_manifest_refused(tmp_path):
 
 def test_lock_disagrees_with_module(tmp_path):
     t = _tree(tmp_path)
-    (t / ".mi100-codegen.lock.json").write_text(json.dumps({"spec_sha256": SHA_B}))
+    (t / ".mi100-codegen.lock.json").write_text(_lock(spec_sha256=SHA_B))
     with pytest.raises(OverlayError, match="stale overlay"):
         check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=None, manifest_sha256=None)
 
@@ -68,6 +75,10 @@ def test_unreadable_lock(tmp_path):
     (t / ".mi100-codegen.lock.json").write_text("{not json")
     with pytest.raises(OverlayError, match="unreadable lock"):
         check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=None, manifest_sha256=None)
+    for shape in ("[1, 2, 3]", '{"spec_sha256": "%s"}' % SHA_A):  # valid JSON, not a lock apply writes
+        (t / ".mi100-codegen.lock.json").write_text(shape)
+        with pytest.raises(OverlayError, match="unreadable lock file, not what mi100-codegen writes"):
+            check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=None, manifest_sha256=None)
 
 
 def test_file_changed_since_apply(tmp_path):
@@ -75,8 +86,9 @@ def test_file_changed_since_apply(tmp_path):
 
     t = _tree(tmp_path)
     mod = t / MODULE_PATH
-    lock = {"spec_sha256": SHA_A, "files": {MODULE_PATH: {"after": hashlib.sha256(mod.read_bytes()).hexdigest()}}}
-    (t / ".mi100-codegen.lock.json").write_text(json.dumps(lock))
+    after = hashlib.sha256(mod.read_bytes()).hexdigest()
+    (t / ".mi100-codegen.lock.json").write_text(
+        _lock(files={MODULE_PATH: {"kind": "module", "before": None, "after": after, "edits": []}}))
     check_overlay(t, gpus=["gfx908_mod0"], spec_sha256=SHA_A, manifest_sha256=None)
     mod.write_text(mod.read_text() + "# local change\n")
     with pytest.raises(OverlayError, match="mi100_codegen_space.py changed since"):

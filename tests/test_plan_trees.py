@@ -32,7 +32,7 @@ def _need_generator_requirements():
 
 def _apply(tree: Path, spec: Path | None = None) -> None:
     try:
-        from codegen.apply import apply_overlay
+        from codegen.apply.engine import apply_overlay
     except ImportError as exc:  # the apply stage is developed separately
         pytest.skip(f"codegen.apply is not importable yet ({exc}); verify plan with a patched tree by hand")
     from codegen.spec import load_spec

@@ -19,7 +19,7 @@ def _applied(fresh_tree, tag: str):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"needs {mod} in this Python")
     try:
-        from codegen.apply import apply_overlay
+        from codegen.apply.engine import apply_overlay
     except ImportError as exc:
         pytest.skip(f"codegen.apply is not importable yet ({exc})")
     from codegen.spec import load_spec

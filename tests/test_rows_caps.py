@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 
 from codegen.apply.dbrows import build_db, db_targets, read_tarxz
-from codegen.apply.testing import make_fake_tree
+from fake_tree import make_fake_tree
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
-from codegen.render import load_limits, plan_overlay, render_rows
+from codegen.models.rows import OverlayInputs, RowsPlan
+from codegen.overlay_inputs import load_limits, render_overlay
+from codegen.render import plan_overlay
 from codegen.spec import load_spec
 from codegen.upstream import detect
 
@@ -117,6 +119,7 @@ def _fake_report() -> dict:
 def _build(tree: Path, rows: dict, kernel: str):
     a = detect(tree)
     ls = lambda rel: sorted(x.name for x in (tree / rel).iterdir()) if (tree / rel).is_dir() else []  # noqa: E731
+    rows = RowsPlan.from_json(rows, "gfx908")
     targets = {t["path"]: t for t in db_targets(a, rows, None, ls)}
     t = targets[a.shard_path("gfx908", kernel)] if a.tuning_db_layout == "sharded" else targets[a.tuning_db]
     return build_db(t, lambda rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None, rows)
@@ -198,6 +201,7 @@ def test_tables_without_config_columns_are_left_alone(tmp_path):
     rows = dict(ROWS, waves_per_eu_limits=waves_per_eu_limits(_fake_report(), "gfx908", None, None))
     a = detect(tree)
     ls = lambda rel: []  # noqa: E731
+    rows = RowsPlan.from_json(rows, "gfx908")
     op = next(t for t in db_targets(a, rows, None, ls) if t["path"] == a.op_db)
     out = build_db(op, lambda rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None, rows)
     assert all("compile_unclean" not in st.as_dict() for st in out.tables.values())
@@ -207,9 +211,9 @@ def test_tables_without_config_columns_are_left_alone(tmp_path):
 
 def test_render_rows_carry_the_committed_report():
     loaded = load_spec(None)
-    ov = plan_overlay(loaded)
+    ov = render_overlay(loaded)
     lim = load_limits(loaded.spec)
-    assert ov.rows["waves_per_eu_limits"] == lim
+    assert ov.rows.waves_per_eu_limits == lim
     committed = json.loads((REPO / "aotriton_overlay" / "rows" / f"{loaded.spec.arch}.json").read_text())
     assert committed["waves_per_eu_limits"] == lim
     report = REPO / "tuning" / loaded.spec.arch / "compile_report.json"
@@ -228,8 +232,9 @@ def test_render_rows_carry_the_committed_report():
 
 
 def test_render_rows_default_has_no_limits():
-    spec = load_spec(None).spec
-    assert render_rows(spec, [])["waves_per_eu_limits"] is None
+    loaded = load_spec(None)
+    assert plan_overlay(loaded, "v3python", OverlayInputs()).rows.to_json()["waves_per_eu_limits"] is None
+    assert RowsPlan.build(loaded.spec, [], None).waves_per_eu_limits is None
 
 
 # ------------------------------------------------- merging reports and pruning the spec --

@@ -14,7 +14,7 @@ import pytest
 
 from codegen.models import FAMILIES
 from codegen.models.limits import CLEAN_VERDICTS
-from codegen.render import plan_overlay
+from codegen.overlay_inputs import render_overlay
 from codegen.resources import data_dir
 from codegen.spec import load_spec
 
@@ -31,11 +31,11 @@ def test_planned_configs_are_clean_or_listed(fresh_tree):
         pytest.skip(f"no compile report committed for {loaded.spec.arch}")
     import json
 
-    from codegen.apply import apply_overlay
+    from codegen.apply.engine import apply_overlay
     from codegen.plan.kernel_list import generate_kernel_list
 
     report = json.loads(report_path.read_text())
-    assert plan_overlay(loaded).rows["waves_per_eu_limits"]["configs"]
+    assert render_overlay(loaded).rows.waves_per_eu_limits["configs"]
 
     tree = fresh_tree("0.11b")
     result = apply_overlay(tree, loaded)

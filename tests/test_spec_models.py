@@ -121,5 +121,39 @@ def test_spec_schema_command_prints_it():
 
 
 def test_every_example_spec_is_valid():
-    for p in sorted((REPO / "rules").rglob("*.yaml")):
-        load_spec(p)
+    specs = sorted((REPO / "rules").rglob("*.yaml"))
+    names = {p.relative_to(REPO / "rules").as_posix() for p in specs}
+    assert {"mi100.yaml", "examples/smoke.yaml"} <= names, names  # never passes on an empty glob
+    for p in specs:
+        loaded = load_spec(p)
+        assert loaded.spec.arch and loaded.sha256, p
+
+
+def test_one_rule_matcher_for_exclusions_caps_and_replacements():
+    from codegen.models.match import rule_matches
+    from codegen.models.rows import RowTile
+    from codegen.models.target import ExcludeRule, TileReplacement, WavesCap
+
+    cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 128, 64, 2, 4, 1, False)
+    tile = RowTile("attn_fwd", "fp16", 64, 128, 64)
+    assert rule_matches(ExcludeRule(reason="r", block_m=128, dtype="fp16"), cfg)
+    assert not rule_matches(ExcludeRule(reason="r", block_m=128, dtype="bf16"), cfg)
+    assert rule_matches(ExcludeRule(reason="r", min_tile_area=128 * 64), cfg)
+    assert not rule_matches(ExcludeRule(reason="r", min_tile_area=128 * 64 + 1), cfg)
+    assert rule_matches(WavesCap(block_m=128, block_n=64, max_waves_per_eu=1, reason="r"), tile)
+    assert not rule_matches(WavesCap(family="bwd_kernel_dq", block_m=128, block_n=64, max_waves_per_eu=1,
+                                     reason="r"), tile)
+    rep = TileReplacement(family="attn_fwd", block_m=128, block_n=64, head_dim=64, to=(64, 64), reason="r")
+    assert rule_matches(rep, tile) and rule_matches(rep, cfg)
+    assert not rule_matches(rep, RowTile("attn_fwd", "fp16", 32, 128, 64))
+
+
+def test_one_dtype_table_has_every_spelling():
+    from codegen.models.dtypes import DTYPE_INFO, by_signature, by_torch
+    from codegen.models.target import DTYPE_BYTES, DTYPES
+
+    assert tuple(DTYPE_INFO) == DTYPES
+    for short, d in DTYPE_INFO.items():
+        assert d.bytes == DTYPE_BYTES[short]
+        assert by_torch(d.torch) is d and by_torch(d.torch_attr) is d and by_signature(d.triton_signature) is d
+    assert DTYPE_INFO["bf16"].db_value == "torch.bfloat16" and DTYPE_INFO["fp32"].triton_signature == "*fp32:16"

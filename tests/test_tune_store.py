@@ -11,17 +11,23 @@ import pytest
 
 from codegen.errors import UserError
 from codegen.models import KernelConfig
-from codegen.render import plan_overlay
+from codegen.overlay_inputs import render_overlay
 from codegen.resources import data_dir
 from codegen.spec import load_spec
 from codegen.tune.grid import GridEntry
 from codegen.tune.store import Provenance, ResultStore, config_columns, entry_columns, pick_winner
+from codegen.models.rows import Winner
 from codegen.tuning_results import (
     WINNER_COLUMNS,
-    db_row,
     load_winner_rows,
     read_csv,
 )
+from codegen.upstream.tuning_db import winner_row
+
+
+def db_row(row: dict) -> tuple[str, dict]:
+    """A CSV winner row as upstream's table and columns (the one mapping: upstream.tuning_db)."""
+    return winner_row(Winner(**row))
 
 PROV = Provenance("Test GPU", "nvidia-proxy", "3.6.0", "2.11.0", "2026-11-21")
 
@@ -97,13 +103,13 @@ def test_committed_proxy_results_become_render_rows(tmp_path):
         pytest.skip("no committed tuning results")
     # proxy (NVIDIA) winners never replace the target's rows unless the spec opts in
     assert load_winner_rows(folder, default) == []
-    assert plan_overlay(load_spec(None)).rows["measured"] == []
+    assert render_overlay(load_spec(None)).rows.to_json()["measured"] == []
     loaded = _proxy_spec(tmp_path)
     spec = loaded.spec
     rows = load_winner_rows(folder, spec)
     assert len(rows) == len(winners) and all(set(r) <= set(WINNER_COLUMNS) for r in rows)
     assert all(r["proxy"] for r in rows), "NVIDIA results must be labelled as proxies"
-    assert plan_overlay(loaded).rows["measured"] == rows
+    assert render_overlay(loaded).rows.to_json()["measured"] == rows
     # every committed winner is the fastest passing measurement of its entry, from the spec space
     meas = read_csv(folder / "measurements.csv")
     space = {c.name for cfgs in __import__("codegen.models", fromlist=["x"]).expand_space(spec).values() for c in cfgs}

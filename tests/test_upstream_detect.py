@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.apply.testing import make_fake_tree
+from fake_tree import make_fake_tree
 from codegen.errors import UserError
 from codegen.upstream import ADAPTERS, SUPPORTED_RELEASES, UnsupportedTree, detect, release_name
 

@@ -11,6 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..errors import UserError
+
+
 def _console() -> Console:
     """Verdicts go to stderr; when it is not a terminal keep lines long rather than folded."""
     c = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -42,9 +45,9 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
         elif f.edits and not detail:
             detail = ", ".join(f.edits)
         table.add_row(f"[{STYLES.get(f.verdict, '')}]{f.verdict}[/]", f.path, detail)
-    if show_edits:
+    if show_edits:  # skipped edits; a conflicting edit is already in its file's row
         for e in result.edits:
-            if e.verdict in ("skip", "conflict"):
+            if e.verdict == "skip":
                 table.add_row(f"[{STYLES[e.verdict]}]{e.verdict}[/]", f"{e.path} ({e.id})", e.detail)
     console.print(table)
     _print_compile_check(console, result)
@@ -75,19 +78,30 @@ def _print_compile_check(console: Console, result) -> None:
                       f"precompile --tuning-report`), e.g. {', '.join(sorted(unmeasured)[:3])}")
 
 
+def _printed(console: Console, exc, as_json: bool, command: str) -> UserError:
+    """Print a refusal's verdicts (the conflicts once, in the table); the error says only that."""
+    _print_result(console, exc.result, show_edits=command == "apply")
+    if as_json:
+        sys.stdout.write(json.dumps(exc.result.to_json(), indent=2, sort_keys=True) + "\n")
+    n = len(exc.result.conflicts)
+    return UserError(f"refusing to {command}, nothing was changed: {n} conflict{'s' * (n != 1)} (listed above)",
+                     hint=exc.hint)
+
+
 def register(app: typer.Typer, guarded) -> None:
     @app.command()
     @guarded
     def apply(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton source tree (a release checkout)."),
         spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: embedded rules/mi100.yaml)."),
-        pretend: bool = typer.Option(False, "--pretend", help="Compute and report the verdicts, write nothing."),
+        pretend: bool = typer.Option(False, "--pretend", help="Plan only: compute and report the verdicts, "
+                                     "write nothing (the same computation as a real apply)."),
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
     ) -> None:
         """Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows.
 
         Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
-        from ..spec import load_spec
+        from ..spec import load_spec  # CLI start-up: the engine (libcst, sqlite) loads only when run
         from .engine import ApplyConflict, apply_overlay
 
         console = _console()
@@ -99,10 +113,7 @@ def register(app: typer.Typer, guarded) -> None:
                 result = apply_overlay(aotriton_dir, loaded, pretend=pretend,
                                        progress=lambda msg: status.update(msg))
         except ApplyConflict as exc:
-            _print_result(console, exc.result)
-            if as_json:
-                sys.stdout.write(json.dumps(exc.result.to_json(), indent=2, sort_keys=True) + "\n")
-            raise
+            raise _printed(console, exc, as_json, "apply") from None
         _print_result(console, result)
         if as_json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
@@ -115,16 +126,13 @@ def register(app: typer.Typer, guarded) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
     ) -> None:
         """Restore the tree byte-for-byte to its state before the first apply."""
-        from .engine import ApplyConflict, revert_tree
+        from .revert import ApplyConflict, revert_tree  # CLI start-up: loads only when run
 
         console = _console()
         try:
             result = revert_tree(aotriton_dir, force=force)
         except ApplyConflict as exc:
-            _print_result(console, exc.result, show_edits=False)
-            if as_json:
-                sys.stdout.write(json.dumps(exc.result.to_json(), indent=2, sort_keys=True) + "\n")
-            raise
+            raise _printed(console, exc, as_json, "revert") from None
         if not result.files and not result.release:
             console.print(f"revert: {aotriton_dir} has no mi100-codegen lock: nothing to revert")
         else:

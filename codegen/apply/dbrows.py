@@ -18,7 +18,9 @@ would let duplicates in): an existing row with the same key is replaced, every o
 kept. Duplicate donor keys collapse to the donor's last row, which is also the row upstream's
 LUT builder keeps. The result is repacked deterministically: VACUUM INTO a fresh file, one tar
 member with normalised metadata (mtime 0, uid/gid 0, no owner names, mode 0644, GNU format),
-xz preset 6 with CRC64 like upstream's `tar cJf`.
+xz preset 0 with CRC64, one xz stream per 8 MiB of tar (compressed in parallel, concatenated:
+a valid .xz that upstream's CMake, `xz` and Python read as one file). Preset 6, upstream's own
+`tar cJf`, took 37 of the 42 s of a first apply on 0.11b; the archive's one reader decompresses it.
 
 Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into
 `v3python/rules/tuning_database.sqlite3.tar.xz` (+ `op_database` for 0.11b); 'sharded'
@@ -32,21 +34,26 @@ import hashlib
 import io
 import json
 import lzma
+import os
 import sqlite3
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
 from ..models import FAMILIES
+from ..models.dtypes import DTYPE_INFO, by_torch
 from ..models.limits import cap_waves_per_eu, variant_status
+from ..models.rows import RowsPlan, RowTile, Winner
 from ..models.space import KernelConfig
 from ..upstream import Adapter
+from ..upstream import tuning_db as db
 
-XZ_PRESET = 6
-TORCH_DTYPES = {"fp16": "torch.float16", "bf16": "torch.bfloat16", "fp32": "torch.float32"}
+XZ_PRESET = 0  # the fastest: the one reader, upstream's CMake, only decompresses it
+XZ_CHUNK = 8 << 20  # bytes per xz stream (fixed: part of the output's identity)
 ROWS_CODE_VERSION = 4  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
@@ -95,7 +102,8 @@ class DbOutput:
 
 def read_tarxz(data: bytes, what: str) -> tuple[str, bytes]:
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as t:
+        raw = lzma.decompress(data, format=lzma.FORMAT_XZ)  # every stream of a multi-stream file
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as t:
             members = [m for m in t.getmembers() if m.isfile()]
             if len(members) != 1:
                 raise DonorError(f"{what}: expected one sqlite file in the tarball, found {len(members)}")
@@ -117,7 +125,23 @@ def write_tarxz(member: str, payload: bytes) -> bytes:
         ti.uname = ti.gname = ""
         ti.type = tarfile.REGTYPE
         t.addfile(ti, io.BytesIO(payload))
-    return lzma.compress(buf.getvalue(), format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET)
+    return _xz(buf.getvalue())
+
+
+def _xz_stream(chunk: bytes) -> bytes:
+    return lzma.compress(chunk, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET)
+
+
+def _xz(data: bytes) -> bytes:
+    """xz of `data`: one stream per XZ_CHUNK bytes, concatenated (a valid .xz file: xz, tar,
+    CMake's `tar xf`/ARCHIVE_EXTRACT and Python read every stream). The split depends only on
+    the data, so the bytes are the same on every machine; the streams compress in parallel
+    (liblzma releases the GIL)."""
+    chunks = [data[i:i + XZ_CHUNK] for i in range(0, len(data), XZ_CHUNK)] or [b""]
+    if len(chunks) == 1:
+        return _xz_stream(chunks[0])
+    with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
+        return b"".join(pool.map(_xz_stream, chunks))
 
 
 # ------------------------------------------------------------------------------------ sqlite --
@@ -143,174 +167,215 @@ def _unique_key(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
     raise DonorError(f"table {table}: no UNIQUE key (not an AOTriton tuning table?)")
 
 
-def _col(cols: list[str], name: str) -> str | None:
-    """Case-insensitive column lookup (attn_fwd spells Max_seqlen_q, the others max_seqlen_q)."""
-    for c in cols:
-        if c.lower() == name.lower():
-            return c
-    return None
-
-
-def _gpu_arch(gpu: str) -> str:
+def _donor_arch(gpu: str) -> str:
+    """The donor's arch, where its shards live (the spec names the donor by GPU only)."""
     return gpu.split("_mod")[0]
 
 
 # ----------------------------------------------------------------------------- derivation --
 
 
-def _cap_for(rows_spec: dict, family: str, dtype: str, hd: int, bm: int, bn: int) -> int | None:
-    caps = [c["max_waves_per_eu"] for c in rows_spec.get("waves_per_eu_caps", [])
-            if (c.get("family") in (None, family)) and c["block_m"] == bm and c["block_n"] == bn
-            and (c.get("dtype") in (None, dtype)) and (c.get("head_dim") in (None, hd))]
-    cap = min(caps) if caps else None
-    default = rows_spec.get("default_max_waves_per_eu")
-    if default is not None:
-        cap = default if cap is None else min(cap, default)
-    return cap
+@dataclass(frozen=True)
+class _Cols:
+    """The columns of one table that the derivation reads or writes (None: the table lacks it)."""
 
+    ix: dict[str, int]
+    dt: str
+    hd: str
+    sq: str
+    sk: str
+    bm: str | None
+    bn: str | None
+    w: str | None
+    nw: str | None
+    ns: str | None
+    plv: str | None
+    flags: dict[str, str | None]
 
-def _replacement_for(rows_spec: dict, family: str, dtype: str, hd: int, bm: int, bn: int):
-    for t in rows_spec.get("tile_replacements", []):
-        if (t["family"] == family and t["block_m"] == bm and t["block_n"] == bn
-                and t.get("dtype") in (None, dtype) and t.get("head_dim") in (None, hd)):
-            return tuple(t["to"])
-    return None
+    @classmethod
+    def of(cls, cols: list[str], label: str, table: str) -> "_Cols":
+        find = lambda name: db.column(cols, name)  # noqa: E731
+        dt, hd, sq, sk = find(db.DTYPE), find(db.HEAD_DIM), find(db.SEQLEN_Q), find(db.SEQLEN_K)
+        if not all((dt, hd, sq, sk)) or db.GPU not in cols:
+            raise DonorError(f"{label}: table {table} lacks gpu/dtype/head-dim/seqlen columns")
+        cfg = {k: find(v) for k, v in db.CONFIG_COLUMNS.items()}
+        return cls({c: i for i, c in enumerate(cols)}, dt, hd, sq, sk, cfg["block_m"], cfg["block_n"],
+                   cfg["waves_per_eu"], cfg["num_warps"], cfg["num_stages"], cfg["pre_load_v"],
+                   {k: find(v) for k, v in db.FLAG_COLUMNS.items()})
+
+    def get(self, row: list, col: str | None):
+        return None if col is None else row[self.ix[col]]
+
+    def dtype(self, row: list) -> str:
+        info = by_torch(str(row[self.ix[self.dt]]))
+        return info.short if info else ""
+
+    def tile(self, family: str, row: list) -> RowTile | None:
+        if self.bm is None or self.bn is None:
+            return None
+        return RowTile(family, self.dtype(row), row[self.ix[self.hd]], row[self.ix[self.bm]], row[self.ix[self.bn]])
+
+    @property
+    def has_config(self) -> bool:
+        return all((self.bm, self.bn, self.w, self.nw, self.ns))
 
 
 def _truthy(v) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes")
 
 
-def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str], rows_spec: dict,
-                label: str, required: bool) -> tuple[list[tuple], TableStats]:
-    """Rows (values in `cols` order) for every target GPU, from the donor's rows in src.table."""
-    st = TableStats()
-    donor = rows_spec["donor_gpu"]
-    family = table.split("$", 1)[1] if "$" in table else table
-    src_cols = _columns(conn, table, src)
-    missing = [c for c in cols if c not in src_cols]
-    if missing:
-        raise DonorError(f"{label}: donor table {table} lacks columns {missing}")
-    c_dt, c_hd = _col(cols, "inputs$Q_dtype"), _col(cols, "inputs$BLOCK_DMODEL")
-    c_sq, c_sk = _col(cols, "inputs$max_seqlen_q"), _col(cols, "inputs$max_seqlen_k")
-    if not all((c_dt, c_hd, c_sq, c_sk)) or "gpu" not in cols:
-        raise DonorError(f"{label}: table {table} lacks gpu/dtype/head-dim/seqlen columns")
-    dts = [TORCH_DTYPES[d] for d in rows_spec["dtypes"]]
-    hds = list(rows_spec["head_dims"])
-    sql = (f"SELECT {', '.join(q(c) for c in cols)} FROM {src}.{q(table)} WHERE gpu = ? "
-           f"AND {q(c_dt)} IN ({', '.join('?' * len(dts))}) AND {q(c_hd)} IN ({', '.join('?' * len(hds))}) "
+def _config_of(c: _Cols, family: str, arch: str, row: list) -> KernelConfig | None:
+    """The kernel config a target row selects (None: not a tuning family, or a NULL config column)."""
+    if family not in FAMILIES or not c.has_config or any(c.get(row, k) is None for k in (c.bm, c.bn, c.w, c.nw, c.ns)):
+        return None
+    plv = None
+    if family == "attn_fwd":
+        plv = _truthy(c.get(row, c.plv)) if c.get(row, c.plv) is not None else False
+    return KernelConfig(family, arch, c.dtype(row), row[c.ix[c.hd]], c.get(row, c.bm),
+                        c.get(row, c.bn), int(c.get(row, c.w)), c.get(row, c.nw), c.get(row, c.ns), plv)
+
+
+def _donor_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str], c: _Cols,
+                plan: RowsPlan) -> list[list]:
+    dts = [DTYPE_INFO[d].db_value for d in plan.dtypes]
+    hds = list(plan.head_dims)
+    sql = (f"SELECT {', '.join(q(x) for x in cols)} FROM {src}.{q(table)} WHERE gpu = ? "
+           f"AND {q(c.dt)} IN ({', '.join('?' * len(dts))}) AND {q(c.hd)} IN ({', '.join('?' * len(hds))}) "
            f"ORDER BY rowid")
-    donor_rows = [list(r) for r in conn.execute(sql, (donor, *dts, *hds))]
-    st.donor_rows = len(donor_rows)
-    ix = {c: i for i, c in enumerate(cols)}
+    return [list(r) for r in conn.execute(sql, (plan.donor_gpu, *dts, *hds))]
 
-    # Completeness: every (dtype, head dim) present, each functional a full seqlen grid.
-    if required:
-        have = {(r[ix[c_dt]], r[ix[c_hd]]) for r in donor_rows}
-        holes = [f"{d} hd{h}" for d in dts for h in hds if (d, h) not in have]
-        if holes:
-            raise DonorError(
-                f"{label}: donor {donor} has no {table} rows for {', '.join(holes)}: the target would get "
-                f"an incomplete LUT (MissingLutEntry)",
-                hint="pick another rows.donor_gpu, or drop those head dims/dtypes from the spec",
-            )
-        fcols = [c for c in cols if c.startswith("inputs$") and c not in (c_sq, c_sk)]
-        grids: dict[tuple, set] = {}
-        for r in donor_rows:
-            grids.setdefault(tuple(r[ix[c]] for c in fcols), set()).add((r[ix[c_sq]], r[ix[c_sk]]))
-        for fkey, pairs in grids.items():
-            qs, ks = {p[0] for p in pairs}, {p[1] for p in pairs}
-            if len(pairs) != len(qs) * len(ks):
-                raise DonorError(f"{label}: donor {donor} {table} functional {fkey} has an incomplete "
-                                 f"seqlen grid ({len(pairs)} of {len(qs) * len(ks)} bins)")
 
-    c_bm, c_bn = _col(cols, "tuned_kernel$BLOCK_M"), _col(cols, "tuned_kernel$BLOCK_N")
-    c_w = _col(cols, "compiler_options$waves_per_eu")
-    c_nw, c_ns = _col(cols, "compiler_options$num_warps"), _col(cols, "compiler_options$num_stages")
-    c_plv = _col(cols, "tuned_kernel$PRE_LOAD_V")
-    rev_dt = {v: k for k, v in TORCH_DTYPES.items()}
-    measured = [m for m in rows_spec.get("measured", []) if m.get("family") == family]
-    limits = rows_spec.get("waves_per_eu_limits")
-    checkable = bool(limits) and family in FAMILIES and all((c_bm, c_bn, c_w, c_nw, c_ns))
+def _check_complete(rows: list[list], cols: list[str], c: _Cols, plan: RowsPlan, label: str, table: str) -> None:
+    """Every (dtype, head dim) present, each functional a full seqlen grid: else the target would
+    get an incomplete LUT (upstream aborts with MissingLutEntry)."""
+    dts = [DTYPE_INFO[d].db_value for d in plan.dtypes]
+    have = {(r[c.ix[c.dt]], r[c.ix[c.hd]]) for r in rows}
+    holes = [f"{d} hd{h}" for d in dts for h in plan.head_dims if (d, h) not in have]
+    if holes:
+        raise DonorError(
+            f"{label}: donor {plan.donor_gpu} has no {table} rows for {', '.join(holes)}: the target would get "
+            f"an incomplete LUT (MissingLutEntry)",
+            hint="pick another rows.donor_gpu, or drop those head dims/dtypes from the spec",
+        )
+    fcols = [x for x in cols if x.startswith(db.INPUT_PREFIX) and x not in (c.sq, c.sk)]
+    grids: dict[tuple, set] = {}
+    for r in rows:
+        grids.setdefault(tuple(r[c.ix[x]] for x in fcols), set()).add((r[c.ix[c.sq]], r[c.ix[c.sk]]))
+    for fkey, pairs in grids.items():
+        qs, ks = {p[0] for p in pairs}, {p[1] for p in pairs}
+        if len(pairs) != len(qs) * len(ks):
+            raise DonorError(f"{label}: donor {plan.donor_gpu} {table} functional {fkey} has an incomplete "
+                             f"seqlen grid ({len(pairs)} of {len(qs) * len(ks)} bins)")
 
-    def config_of(row: list) -> KernelConfig | None:
-        if not checkable or any(row[ix[c]] is None for c in (c_bm, c_bn, c_w, c_nw, c_ns)):
-            return None
-        plv = None
-        if family == "attn_fwd":
-            plv = _truthy(row[ix[c_plv]]) if c_plv and row[ix[c_plv]] is not None else False
-        return KernelConfig(family, _gpu_arch(row[ix["gpu"]]), rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
-                            row[ix[c_bm]], row[ix[c_bn]], int(row[ix[c_w]]), row[ix[c_nw]], row[ix[c_ns]], plv)
 
-    out: list[list] = []
-    for gpu in rows_spec["gpus"]:
-        for r in donor_rows:
-            row = list(r)
-            row[ix["gpu"]] = gpu
-            if c_bm and c_bn and row[ix[c_bm]] is not None:
-                to = _replacement_for(rows_spec, family, rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
-                                      row[ix[c_bm]], row[ix[c_bn]])
-                if to is not None:
-                    row[ix[c_bm]], row[ix[c_bn]] = to
-                    st.replaced += 1
-            if c_bm and c_bn and c_w and row[ix[c_w]] is not None:
-                cap = _cap_for(rows_spec, family, rev_dt.get(row[ix[c_dt]], ""), row[ix[c_hd]],
-                               row[ix[c_bm]], row[ix[c_bn]])
-                if cap is not None and row[ix[c_w]] > cap:
-                    row[ix[c_w]] = cap
-                    st.capped += 1
-            cfg = config_of(row)
-            if cfg is not None:  # the compile report: largest spill-free waves_per_eu of the config
-                w, _ = cap_waves_per_eu(limits, cfg.limit_key, cfg.waves_per_eu)
-                if w != row[ix[c_w]]:
-                    row[ix[c_w]] = w
-                    st.compile_capped += 1
-            out.append(row)
+def _memo(memo: dict, key: tuple, fn: Callable):
+    """fn() once per key: the rules depend only on a row's tile/config, shared by many rows."""
+    if key not in memo:
+        memo[key] = fn()
+    return memo[key]
 
-    # Measured winners override the seeded config of their grid entry.
-    flags = {"causal": _col(cols, "inputs$CAUSAL_TYPE"), "dropout": _col(cols, "inputs$ENABLE_DROPOUT"),
-             "bias": _col(cols, "inputs$BIAS_TYPE")}
-    sets = {"block_m": c_bm, "block_n": c_bn, "waves_per_eu": c_w,
-            "num_warps": _col(cols, "compiler_options$num_warps"),
-            "num_stages": _col(cols, "compiler_options$num_stages"),
-            "pre_load_v": _col(cols, "tuned_kernel$PRE_LOAD_V")}
-    for m in measured:
-        hit = False
-        for row in out:
-            if (row[ix["gpu"]] != m["gpu"] or row[ix[c_dt]] != TORCH_DTYPES.get(m["dtype"])
-                    or row[ix[c_hd]] != int(m["head_dim"]) or row[ix[c_sq]] != int(m["seqlen_q"])
-                    or row[ix[c_sk]] != int(m["seqlen_k"])):
-                continue
-            if any(col and str(m.get(k, "")) != "" and (bool(row[ix[col]]) != bool(int(m[k])))
-                   for k, col in flags.items()):
-                continue
-            for k, col in sets.items():
-                if col and str(m.get(k, "")) != "":
-                    row[ix[col]] = int(_truthy(m[k])) if k == "pre_load_v" else int(m[k])
-            hit = True
-        if hit:
+
+def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkable: bool, st: TableStats,
+          memo: dict) -> list:
+    """A donor row renamed to `gpu`; tile replaced, then waves_per_eu capped (the spec's caps,
+    then the compile report's largest spill-free waves_per_eu)."""
+    row = list(donor)
+    row[c.ix[db.GPU]] = gpu
+    tile = c.tile(family, row)
+    to = _memo(memo, ("to", tile), lambda: plan.replacement_for(tile)) if tile and tile.block_m is not None \
+        else None
+    if to is not None:
+        row[c.ix[c.bm]], row[c.ix[c.bn]] = to
+        st.replaced += 1
+        tile = c.tile(family, row)
+    if tile is not None and c.w and row[c.ix[c.w]] is not None:
+        cap = _memo(memo, ("cap", tile), lambda: plan.cap_for(tile))
+        if cap is not None and row[c.ix[c.w]] > cap:
+            row[c.ix[c.w]] = cap
+            st.capped += 1
+    if checkable:
+        key = ("w", tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv)))
+        w = _memo(memo, key, lambda: _compile_cap(c, family, plan, row))
+        if w is not None and w != row[c.ix[c.w]]:
+            row[c.ix[c.w]] = w
+            st.compile_capped += 1
+    return row
+
+
+def _compile_cap(c: _Cols, family: str, plan: RowsPlan, row: list) -> int | None:
+    """The largest spill-free waves_per_eu the compile report has for the row's config."""
+    cfg = _config_of(c, family, plan.arch, row)
+    if cfg is None:
+        return None
+    return cap_waves_per_eu(plan.waves_per_eu_limits, cfg.limit_key, cfg.waves_per_eu)[0]
+
+
+def _winner_hits(row: list, c: _Cols, w: Winner) -> bool:
+    if (row[c.ix[db.GPU]] != w.gpu or row[c.ix[c.dt]] != DTYPE_INFO[w.dtype].db_value
+            or row[c.ix[c.hd]] != w.head_dim or row[c.ix[c.sq]] != w.seqlen_q or row[c.ix[c.sk]] != w.seqlen_k):
+        return False
+    return not any(col and getattr(w, k) is not None and bool(row[c.ix[col]]) != bool(getattr(w, k))
+                   for k, col in c.flags.items())
+
+
+def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: TableStats) -> None:
+    """Measured winners override the seeded config of their grid entry."""
+    for w in winners:
+        sets = {c.ix[col]: v for col, v in ((db.column(list(c.ix), k), v) for k, v in db.winner_config(w).items())
+                if col is not None}
+        hits = [row for row in rows if _winner_hits(row, c, w)]
+        for row in hits:
+            for i, v in sets.items():
+                row[i] = v
+        if hits:
             st.measured += 1
         else:  # e.g. a seqlen bin the release's grid does not have (fuse stops at 1024 in 0.10b/0.11b)
             st.measured_unmatched += 1
 
-    # Audit every final row (measured ones included) against the compile report; a duplicate
-    # key (the table's UNIQUE key) counts once, as its last row: the one the upsert and
-    # upstream's LUT keep.
+
+def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPlan, st: TableStats) -> None:
+    """Every final row against the compile report; a duplicate key (the table's UNIQUE key)
+    counts once, as its last row: the one the upsert and upstream's LUT keep."""
+    st.compile_checked = True
+    kcols = [c.ix[k] for k in key if k in c.ix]
+    final = {tuple(row[i] for i in kcols): row for row in rows}
+    verdicts: dict[tuple, tuple[str, str] | None] = {}
+    unclean, unmeasured = set(), set()
+    for row in final.values():
+        ckey = tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv))
+        if ckey not in verdicts:
+            cfg = _config_of(c, family, plan.arch, row)
+            verdicts[ckey] = None if cfg is None else (
+                cfg.name, variant_status(plan.waves_per_eu_limits["configs"].get(cfg.limit_key), cfg.waves_per_eu))
+        if verdicts[ckey] is None:
+            continue
+        name, status = verdicts[ckey]
+        if status == "clean":
+            st.compile_clean += 1
+        else:
+            (unclean if status == "unclean" else unmeasured).add(name)
+    st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
+
+
+def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str], plan: RowsPlan,
+                label: str, required: bool) -> tuple[list[tuple], TableStats]:
+    """Rows (values in `cols` order) for every target GPU, from the donor's rows in src.table."""
+    st = TableStats()
+    family = db.family_of(table)
+    missing = [x for x in cols if x not in _columns(conn, table, src)]
+    if missing:
+        raise DonorError(f"{label}: donor table {table} lacks columns {missing}")
+    c = _Cols.of(cols, label, table)
+    donor = _donor_rows(conn, src, table, cols, c, plan)
+    st.donor_rows = len(donor)
+    if required:
+        _check_complete(donor, cols, c, plan, label, table)
+    checkable = bool(plan.waves_per_eu_limits) and family in FAMILIES and c.has_config
+    memo: dict = {}
+    out = [_seed(r, gpu, c, family, plan, checkable, st, memo) for gpu in plan.gpus for r in donor]
+    _apply_measured(out, c, plan.measured_for(family), st)
     if checkable:
-        st.compile_checked = True
-        kcols = [ix[c] for c in _unique_key(conn, table, src) if c in ix]
-        final = {tuple(row[i] for i in kcols): row for row in out}
-        unclean, unmeasured = set(), set()
-        for row in final.values():
-            cfg = config_of(row)
-            if cfg is None:
-                continue
-            status = variant_status(limits["configs"].get(cfg.limit_key), cfg.waves_per_eu)
-            if status == "clean":
-                st.compile_clean += 1
-            else:
-                (unclean if status == "unclean" else unmeasured).add(cfg.name)
-        st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
+        _audit(out, _unique_key(conn, table, src), c, family, plan, st)
     return [tuple(r) for r in out], st
 
 
@@ -323,9 +388,8 @@ def upsert(conn: sqlite3.Connection, table: str, cols: list[str], key: list[str]
         merged[tuple(r[ix[k]] for k in key)] = r
     dele = f"DELETE FROM main.{q(table)} WHERE " + " AND ".join(f"{q(k)} IS ?" for k in key)
     ins = f"INSERT INTO main.{q(table)} ({', '.join(q(c) for c in cols)}) VALUES ({', '.join('?' * len(cols))})"
-    for k, r in merged.items():
-        conn.execute(dele, k)
-        conn.execute(ins, r)
+    conn.executemany(dele, list(merged))  # the keys are unique: delete all, then insert in order
+    conn.executemany(ins, list(merged.values()))
     return len(merged)
 
 
@@ -338,7 +402,7 @@ def _vacuum_bytes(conn: sqlite3.Connection, tmp: Path, name: str) -> bytes:
     return out.read_bytes()
 
 
-def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, rows_spec: dict, tmp: Path,
+def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, plan: RowsPlan, tmp: Path,
              required: bool, member_override: str | None = None) -> DbOutput:
     """Upsert target rows into the DB of tarball `base` (or into a fresh DB built from the donor's
     schema when `base` is None). `donor_payload`: {'src': sqlite bytes} to read donor rows from a
@@ -372,9 +436,9 @@ def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, row
                 continue
             cols = [c for c in _columns(conn, table, "main") if c != "id"]
             key = _unique_key(conn, table, "main")
-            rows, st = derive_rows(conn, src, table, cols, rows_spec, label, required)
+            rows, st = derive_rows(conn, src, table, cols, plan, label, required)
             if required and not rows:
-                raise DonorError(f"{label}: donor {rows_spec['donor_gpu']} has no rows in {table}")
+                raise DonorError(f"{label}: donor {plan.donor_gpu} has no rows in {table}")
             st.written = upsert(conn, table, cols, key, rows)
             out.tables[table] = st
         conn.execute("COMMIT")
@@ -391,7 +455,7 @@ def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, row
             pass
 
 
-def db_targets(adapter: Adapter, rows_spec: dict, exists: Callable[[str], bool],
+def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
                listdir: Callable[[str], list[str]]) -> list[dict]:
     """What DB files apply writes for this release: [{path, kind: 'upsert'|'shard', donor?, required}]."""
     if adapter.tuning_db_layout == "central":
@@ -399,46 +463,41 @@ def db_targets(adapter: Adapter, rows_spec: dict, exists: Callable[[str], bool],
         if adapter.op_db:
             out.append({"path": adapter.op_db, "kind": "upsert", "required": False})
         return out
-    donor_arch = _gpu_arch(rows_spec["donor_gpu"])
-    target_archs = sorted({_gpu_arch(g) for g in rows_spec["gpus"]})
-    donor_root = f"{adapter.shard_root}/{donor_arch}"
+    donor_root = f"{adapter.shard_root}/{_donor_arch(plan.donor_gpu)}"
     shards = sorted(f"{fam}/{name}" for fam in listdir(donor_root) for name in listdir(f"{donor_root}/{fam}")
                     if name.endswith(".sqlite3.tar.xz"))
     if not shards:
-        raise DonorError(f"{donor_root}: no tuning-database shards for the donor GPU {rows_spec['donor_gpu']}",
+        raise DonorError(f"{donor_root}: no tuning-database shards for the donor GPU {plan.donor_gpu}",
                          hint="pick a rows.donor_gpu that this release has tuned rows for")
-    out = []
-    for arch in target_archs:
-        for rel in shards:
-            out.append({"path": f"{adapter.shard_root}/{arch}/{rel}", "kind": "shard",
-                        "donor": f"{donor_root}/{rel}", "required": True})
+    out = [{"path": f"{adapter.shard_root}/{plan.arch}/{rel}", "kind": "shard", "donor": f"{donor_root}/{rel}",
+            "required": True} for rel in shards]
     if adapter.op_db:
         out.append({"path": adapter.op_db, "kind": "upsert", "required": False})
     return out
 
 
-def input_key(target: dict, base_sha: dict[str, str | None], rows_spec: dict) -> str:
+def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> str:
     """Everything a DB output depends on; equal keys -> equal bytes (same sqlite/xz libraries)."""
-    blob = json.dumps({"target": target, "bases": base_sha, "rows": rows_spec, "code": ROWS_CODE_VERSION,
-                       "sqlite": sqlite3.sqlite_version, "xz": XZ_PRESET}, sort_keys=True)
+    blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
+                       "sqlite": sqlite3.sqlite_version, "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def build_db(target: dict, read: Reader, rows_spec: dict) -> DbOutput:
+def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
     with tempfile.TemporaryDirectory(prefix="mi100-codegen-db-") as td:
         tmp = Path(td)
         if target["kind"] == "upsert":
             base = read(target["path"])
             if base is None:
                 raise DonorError(f"{target['path']}: missing from the tree")
-            return _rewrite(base, target["path"], None, rows_spec, tmp, target["required"])
+            return _rewrite(base, target["path"], None, plan, tmp, target["required"])
         donor = read(target["donor"])
         if donor is None:
             raise DonorError(f"{target['donor']}: missing from the tree")
         _, donor_sql = read_tarxz(donor, target["donor"])
         base = read(target["path"])
         member = Path(target["path"]).name[: -len(".tar.xz")]
-        return _rewrite(base, target["path"], {"src": donor_sql}, rows_spec, tmp, target["required"],
+        return _rewrite(base, target["path"], {"src": donor_sql}, plan, tmp, target["required"],
                         member_override=member)
 
 

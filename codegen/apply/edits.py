@@ -1,5 +1,5 @@
-"""Anchored edits of upstream files, computed at apply time from the edit catalogue
-(`Overlay.edits`, rendered from templates/edits/*.yaml.j2).
+"""Anchored edits of upstream files, computed at apply time from the edit records
+(`Overlay.edits`: `codegen.upstream.edits.EditRecord`, built from the spec).
 
 Python literal tables are edited with libcst (format-preserving): the new element is inserted
 right before (default) or after the neighbour element, and takes the neighbour's whitespace so
@@ -7,15 +7,21 @@ the file's own alignment is kept. C++/CMake files are edited with strict text an
 neighbour must occur on exactly one line of the file.
 
 Every function here is pure: text in, text out. A problem with an anchor raises `EditConflict`;
-an optional edit whose symbol is absent raises `EditSkipped`.
+an optional edit whose symbol is absent raises `EditSkipped`. An anchor line that carries a
+comment is a local edit: refused (the comment would be cloned onto our line).
+
+Lines that already mention the target arch are found by `codegen.apply.mentions`.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import PurePosixPath
 from typing import Callable
 
 import libcst as cst
+
+from ..upstream.edits import EditRecord
 
 
 class EditConflict(Exception):
@@ -26,17 +32,23 @@ class EditSkipped(Exception):
     """An optional edit whose symbol the file does not have."""
 
 
-def _position(edit: dict) -> str:
-    pos = edit.get("position", "before")
+def _position(edit: EditRecord) -> str:
+    pos = edit.position or "before"
     if pos not in ("before", "after"):
-        raise EditConflict(f"edit {edit['id']}: position must be 'before' or 'after', not {pos!r}")
+        raise EditConflict(f"edit {edit.id}: position must be 'before' or 'after', not {pos!r}")
     return pos
 
 
 # ------------------------------------------------------------------------------------- python --
 
 
+_LAST: dict[str, cst.Module] = {}  # the module a python op just produced, by its code
+
+
 def _parse(text: str, path: str) -> cst.Module:
+    """Parse once per file: the next edit of the same file gets the module the last one made."""
+    if text in _LAST:
+        return _LAST[text]
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as exc:
@@ -67,15 +79,15 @@ def _assignments(module: cst.Module, symbol: str) -> list[tuple[int, int, cst.Ba
     return hits
 
 
-def _one_assignment(module: cst.Module, edit: dict):
-    symbol = edit["symbol"]
+def _one_assignment(module: cst.Module, edit: EditRecord):
+    symbol = edit.symbol
     hits = _assignments(module, symbol)
     if not hits:
-        if edit.get("optional"):
+        if edit.optional:
             raise EditSkipped(f"{symbol} is absent (optional edit)")
-        raise EditConflict(f"{edit['path']}: no module-level assignment to {symbol}")
+        raise EditConflict(f"{edit.path}: no module-level assignment to {symbol}")
     if len(hits) > 1:
-        raise EditConflict(f"{edit['path']}: {symbol} is assigned {len(hits)} times (ambiguous anchor)")
+        raise EditConflict(f"{edit.path}: {symbol} is assigned {len(hits)} times (ambiguous anchor)")
     return hits[0]
 
 
@@ -93,7 +105,7 @@ def _code(module: cst.Module, node: cst.CSTNode) -> str:
     return module.code_for_node(node)
 
 
-def _check_neighbour_line(module: cst.Module, literal, nb, edit: dict) -> None:
+def _check_neighbour_line(module: cst.Module, literal, nb, edit: EditRecord) -> None:
     """In a multi-line literal the neighbour must sit alone on its line(s), without a comment:
     anything else there is a local edit at the anchor (and would be cloned into the new line)."""
     code = module.code
@@ -110,28 +122,28 @@ def _check_neighbour_line(module: cst.Module, literal, nb, edit: dict) -> None:
     expected = {elem + ",", elem}
     if not any(l in expected for l in lines):
         raise EditConflict(
-            f"{edit['path']}: the line of {edit['neighbour']} in {edit['symbol']} was changed locally "
+            f"{edit.path}: the line of {edit.neighbour} in {edit.symbol} was changed locally "
             f"(expected it alone on its line: {elem + ','!r})"
         )
 
 
-def _insert_element(module: cst.Module, edit: dict, kind: str) -> cst.Module:
-    """Insert into the tuple/list/set (seq) or dict literal assigned to edit['symbol']."""
+def _insert_element(module: cst.Module, edit: EditRecord, kind: str) -> cst.Module:
+    """Insert into the tuple/list/set (seq) or dict literal assigned to edit.symbol."""
     i, j, assign = _one_assignment(module, edit)
     value = assign.value
-    path, symbol = edit["path"], edit["symbol"]
+    path, symbol = edit.path, edit.symbol
     if kind == "seq":
         if not isinstance(value, (cst.Tuple, cst.List, cst.Set)):
             raise EditConflict(f"{path}: {symbol} is not a tuple/list/set literal")
-        key_src = edit["payload"]
-        new_value_node = _expr(key_src, f"edit {edit['id']} payload")
+        key_src = edit.payload
+        new_value_node = _expr(key_src, f"edit {edit.id} payload")
         present = [e for e in value.elements if _code(module, e.value).strip() == key_src.strip()]
     else:
         if not isinstance(value, cst.Dict):
             raise EditConflict(f"{path}: {symbol} is not a dict literal")
-        key_src = edit["payload"]["key"]
-        new_key = _expr(key_src, f"edit {edit['id']} payload key")
-        new_val = _expr(str(edit["payload"]["value"]), f"edit {edit['id']} payload value")
+        key_src = edit.payload["key"]
+        new_key = _expr(key_src, f"edit {edit.id} payload key")
+        new_val = _expr(str(edit.payload["value"]), f"edit {edit.id} payload value")
         present = [e for e in value.elements
                    if isinstance(e, cst.DictElement) and _code(module, e.key).strip() == key_src.strip()]
     if present:
@@ -142,10 +154,10 @@ def _insert_element(module: cst.Module, edit: dict, kind: str) -> cst.Module:
         return _code(module, node).strip() if node is not None else ""
 
     elems = list(value.elements)
-    matches = [k for k, e in enumerate(elems) if ident(e) == edit["neighbour"].strip()]
+    matches = [k for k, e in enumerate(elems) if ident(e) == edit.neighbour.strip()]
     if len(matches) != 1:
         what = "not found" if not matches else f"found {len(matches)} times"
-        raise EditConflict(f"{path}: neighbour {edit['neighbour']} of {symbol} {what}")
+        raise EditConflict(f"{path}: neighbour {edit.neighbour} of {symbol} {what}")
     k = matches[0]
     nb = elems[k]
     _check_neighbour_line(module, value, nb, edit)
@@ -183,29 +195,29 @@ def _insert_element(module: cst.Module, edit: dict, kind: str) -> cst.Module:
 GETENV_FUNCS = ("os.getenv", "getenv", "os.environ.get")
 
 
-def _set_getenv_default(module: cst.Module, edit: dict) -> cst.Module:
+def _set_getenv_default(module: cst.Module, edit: EditRecord) -> cst.Module:
     """Change the default of `SYMBOL = os.getenv(NEIGHBOUR, default=...)` (the one assignment
     of SYMBOL that reads that variable; later re-assignments like a split() are ignored)."""
-    path, symbol = edit["path"], edit["symbol"]
+    path, symbol = edit.path, edit.symbol
     hits = _assignments(module, symbol)
     if not hits:
-        if edit.get("optional"):
+        if edit.optional:
             raise EditSkipped(f"{symbol} is absent (optional edit)")
         raise EditConflict(f"{path}: no module-level assignment to {symbol}")
 
     def reads_env(node) -> bool:
         v = node.value
         return (isinstance(v, cst.Call) and _code(module, v.func).strip() in GETENV_FUNCS and bool(v.args)
-                and _code(module, v.args[0].value).strip() == edit["neighbour"].strip())
+                and _code(module, v.args[0].value).strip() == edit.neighbour.strip())
 
     hits = [h for h in hits if reads_env(h[2])]
     if len(hits) != 1:
         what = "no" if not hits else f"{len(hits)}"
-        raise EditConflict(f"{path}: {what} assignments of {symbol} from os.getenv({edit['neighbour']})")
+        raise EditConflict(f"{path}: {what} assignments of {symbol} from os.getenv({edit.neighbour})")
     i, j, assign = hits[0]
     call = assign.value
     args = list(call.args)
-    new_default = _expr(edit["payload"], f"edit {edit['id']} payload")
+    new_default = _expr(edit.payload, f"edit {edit.id} payload")
     slot = [n for n, a in enumerate(args) if a.keyword is not None and a.keyword.value == "default"]
     if not slot and len(args) >= 2 and args[1].keyword is None:
         slot = [1]
@@ -232,48 +244,62 @@ def _eol(line: str) -> str:
     return line[len(line.rstrip("\r\n")):] or "\n"
 
 
-def _unique_line(lines: list[str], edit: dict) -> int:
-    path, nbr = edit["path"], edit["neighbour"]
-    sym = _symbol_re(edit["symbol"])
+def _unique_line(lines: list[str], edit: EditRecord) -> int:
+    path, nbr = edit.path, edit.neighbour
+    sym = _symbol_re(edit.symbol)
     if not any(sym.search(l) for l in lines):
-        if edit.get("optional"):
-            raise EditSkipped(f"{edit['symbol']} is absent (optional edit)")
-        raise EditConflict(f"{path}: symbol {edit['symbol']!r} not found")
+        if edit.optional:
+            raise EditSkipped(f"{edit.symbol} is absent (optional edit)")
+        raise EditConflict(f"{path}: symbol {edit.symbol!r} not found")
     hits = [n for n, l in enumerate(lines) if nbr in l]
     if len(hits) != 1:
         what = "not found" if not hits else f"matches {len(hits)} lines"
         raise EditConflict(f"{path}: anchor {nbr!r} {what}")
     n = hits[0]
     if not any(sym.search(l) for l in lines[: n + 1]):
-        raise EditConflict(f"{path}: anchor {nbr!r} is not inside {edit['symbol']!r}")
+        raise EditConflict(f"{path}: anchor {nbr!r} is not inside {edit.symbol!r}")
+    if _has_comment(lines[n], path):
+        raise EditConflict(f"{path}:{n + 1}: the anchor line carries a comment (a local edit?): "
+                           f"{lines[n].strip()!r}")
     return n
 
 
-def _substitute(line: str, pairs: list, edit: dict) -> str:
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+
+
+def _has_comment(line: str, path: str) -> bool:
+    """A comment on the line, outside string literals (`//`, `/*` in C/C++; `#` elsewhere)."""
+    code = _STRING_RE.sub('""', line)
+    if PurePosixPath(path).suffix in (".h", ".hh", ".hpp", ".c", ".cc", ".cpp", ".cxx"):
+        return "//" in code or "/*" in code
+    return "#" in code
+
+
+def _substitute(line: str, pairs: list, edit: EditRecord) -> str:
     for old, new in pairs:
         if line.count(old) != 1:
             raise EditConflict(
-                f"{edit['path']}: anchor line {line.strip()!r} has {line.count(old)} occurrences of {old!r}"
+                f"{edit.path}: anchor line {line.strip()!r} has {line.count(old)} occurrences of {old!r}"
             )
         line = line.replace(old, new)
     return line
 
 
-def _text_op(text: str, edit: dict) -> str:
+def _text_op(text: str, edit: EditRecord) -> str:
     lines = _lines(text)
     n = _unique_line(lines, edit)
     line = lines[n]
-    op, payload = edit["op"], edit["payload"]
+    op, payload = edit.op, edit.payload
     if op == "text.clone_line":
         new = _substitute(line, payload["substitute"], edit)
         if new == line or new in lines:
-            raise EditConflict(f"{edit['path']}: the line {new.strip()!r} is already there")
+            raise EditConflict(f"{edit.path}: the line {new.strip()!r} is already there")
         at = n if _position(edit) == "before" else n + 1
         lines[at:at] = [new]
     elif op == "text.substitute":
         new = _substitute(line, [(payload["old"], payload["new"])], edit)
         if payload["new"] in line:
-            raise EditConflict(f"{edit['path']}: {line.strip()!r} already contains {payload['new']!r}")
+            raise EditConflict(f"{edit.path}: {line.strip()!r} already contains {payload['new']!r}")
         lines[n] = new
     elif op == "text.replace_line":
         indent = line[: len(line) - len(line.lstrip(" \t"))]
@@ -284,14 +310,18 @@ def _text_op(text: str, edit: dict) -> str:
     return "".join(lines)
 
 
-def _python_op(fn: Callable[[cst.Module, dict], cst.Module]) -> Callable[[str, dict], str]:
-    def run(text: str, edit: dict) -> str:
-        return fn(_parse(text, edit["path"]), edit).code
+def _python_op(fn: Callable[[cst.Module, EditRecord], cst.Module]) -> Callable[[str, EditRecord], str]:
+    def run(text: str, edit: EditRecord) -> str:
+        module = fn(_parse(text, edit.path), edit)
+        code = module.code
+        _LAST.clear()
+        _LAST[code] = module
+        return code
 
     return run
 
 
-OPS: dict[str, Callable[[str, dict], str]] = {
+OPS: dict[str, Callable[[str, EditRecord], str]] = {
     "python.seq_insert": _python_op(lambda m, e: _insert_element(m, e, "seq")),
     "python.dict_insert": _python_op(lambda m, e: _insert_element(m, e, "dict")),
     "python.set_getenv_default": _python_op(_set_getenv_default),
@@ -301,14 +331,14 @@ OPS: dict[str, Callable[[str, dict], str]] = {
 }
 
 
-def apply_edit(text: str, edit: dict) -> str:
+def apply_edit(text: str, edit: EditRecord) -> str:
     """Return `text` with `edit` applied. Raises EditConflict / EditSkipped."""
-    op = OPS.get(edit.get("op", ""))
+    op = OPS.get(edit.op)
     if op is None:
-        raise EditConflict(f"edit {edit.get('id')}: unknown op {edit.get('op')!r}")
+        raise EditConflict(f"edit {edit.id}: unknown op {edit.op!r}")
     new = op(text, edit)
     if new == text:
-        raise EditConflict(f"{edit['path']}: edit {edit['id']} changes nothing")
+        raise EditConflict(f"{edit.path}: edit {edit.id} changes nothing")
     return new
 
 

@@ -18,7 +18,9 @@ Recovery (`recover`, run first by every apply and revert): txn/ without a journa
 came before the commit point: discard txn/ (the tree was never touched). journal.json -> roll
 forward (finish step 3-4). rollback.json -> finish the undo. A failure inside step 3 (e.g. a
 permission error) renames the journal to rollback.json and undoes the operations done so far,
-so a failed apply leaves the tree as it was.
+so a failed apply leaves the tree as it was. Ctrl-C before the commit point discards the stage
+(the tree was never touched); after it, the swap is finished first: either way the tree is
+pristine or fully applied when the command stops.
 
 `MI100_CODEGEN_TXN_DELAY` (seconds, test-only) sleeps between operations so that kill tests can
 land inside step 3.
@@ -26,6 +28,7 @@ land inside step 3.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -123,6 +126,10 @@ class Transaction:
             raise
         try:
             _run(self.tree, entries)
+        except KeyboardInterrupt:  # committed: finish the swap (each op is idempotent), then stop
+            _run(self.tree, entries)
+            _finish(self.tree)
+            raise
         except Exception:
             os.replace(txn / "journal.json", txn / "rollback.json")
             _undo(self.tree, entries)
@@ -248,8 +255,6 @@ def tree_lock(tree: Path):
     """Exclusive advisory lock on the tree directory itself (flock on its fd): nothing is written
     into the tree for it, so a reverted tree stays byte-identical. Released by the kernel when
     the process dies."""
-    import fcntl
-
     fd = os.open(tree, os.O_RDONLY)
     try:
         try:

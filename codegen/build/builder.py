@@ -12,7 +12,8 @@ from ..errors import UserError
 from ..resources import data_dir, default_spec_path
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
-from .overlay import check_overlay, module_spec_sha, read_lock
+from ..apply.lock import read_lock
+from .overlay import check_overlay, module_spec_sha
 from .prereq import check_prerequisites
 from .run import run_cmake, run_ninja
 from .verify import verify_install
@@ -61,15 +62,7 @@ class BuildReport:
 def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
     if explicit is not None:
         return [explicit]
-    out: list[Path] = []
-    _, lock = read_lock(tree)
-    if lock:
-        from .overlay import _find
-
-        hint = _find(lock, ("spec_path", "spec"))
-        if isinstance(hint, str) and Path(hint).is_file():
-            out.append(Path(hint))
-    out.append(default_spec_path())
+    out: list[Path] = [default_spec_path()]
     examples = data_dir("rules") / "examples"
     if examples.is_dir():
         out += sorted(examples.glob("*.yaml"))
@@ -77,16 +70,14 @@ def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
 
 
 def resolve_spec(tree: Path, explicit: Path | None):
-    """The spec to build: --spec, else the one (lock hint, embedded default, bundled examples)
+    """The spec to build: --spec, else the one (embedded default, bundled examples)
     whose sha256 is the one the tree's overlay was applied from."""
     from ..spec import load_spec
 
     if explicit is not None:
         return load_spec(explicit)
-    from .overlay import _find
-
-    _, lock = read_lock(tree)
-    applied = _find(lock, ("spec_sha256",)) if lock else None
+    lock = read_lock(tree)
+    applied = lock.spec_sha256 if lock else None
     applied = applied or module_spec_sha(tree)
     first = None
     for cand in _spec_candidates(tree, None):
@@ -97,7 +88,7 @@ def resolve_spec(tree: Path, explicit: Path | None):
         first = first or loaded
         if not applied or loaded.sha256 == applied:
             return loaded
-    name = _find(lock, ("spec_name",)) if lock else None
+    name = lock.spec_name if lock else None
     raise UserError(
         f"{tree}: the overlay was applied from spec {name + ' ' if name else ''}(sha256 {str(applied)[:12]}…), "
         f"which is neither the embedded default nor a bundled example as they are now",
@@ -152,12 +143,11 @@ def build_tree(tree: Path, *, prefix: Path, build_dir: Path | None, jobs: int, n
             hint="check out the submodule (git submodule update --init third_party/triton), use --noimage, "
                  "or build a 0.11b+ tree")
     manifest = None
-    _, lock = read_lock(tree)
-    if lock:
-        from ..render import plan_overlay
+    if read_lock(tree):
+        from ..overlay_inputs import render_overlay
 
-        manifest = plan_overlay(loaded, adapter.layout).manifest_sha256
-    state = check_overlay(tree, gpus=list(spec.gpus), spec_sha256=loaded.sha256, manifest_sha256=manifest,
+        manifest = render_overlay(loaded, adapter.layout).manifest_sha256
+    state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256, manifest_sha256=manifest,
                           spec_display=loaded.display)
 
     tc = check_prerequisites(tree, python, need_triton=not noimage, python_binding=python_binding)

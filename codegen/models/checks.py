@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .archs import LLVM_AMDGPU_TARGETS
 from .space import expand_family
 from .target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec
 
@@ -34,6 +35,9 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     err = lambda path, msg: out.append(Diagnostic(tuple(path), msg))  # noqa: E731
     warn = lambda path, msg: out.append(Diagnostic(tuple(path), msg, "warning"))  # noqa: E731
 
+    for path, arch in ((("arch",), spec.arch), (("registration", "like"), spec.registration.like)):
+        if arch not in LLVM_AMDGPU_TARGETS:
+            err(path, f"'{arch}' is not an AMDGPU target LLVM knows (e.g. gfx908, gfx90a, gfx942, gfx1100)")
     for i, gpu in enumerate(spec.gpus):
         m = GPU_RE.match(gpu)
         if m and m.group(1) != spec.arch:
@@ -84,56 +88,62 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
         err(("registration", "like"), "registration must clone another arch's entries")
 
     for family in FAMILIES:
-        space = spec.family_space(family)
-        base = ("tuning", family)
-        seen: set[tuple[int, int]] = set()
-        for i, (m, n) in enumerate(space.block_sizes):
-            for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
-                if v & (v - 1):
-                    err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
-            if m < n:
+        _check_family(spec, family, err)
+    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
+
+
+def _check_family(spec: TargetSpec, family: str, err) -> None:
+    """The tuning space of one kernel family: tiles, axes, exclusions."""
+    space = spec.family_space(family)
+    hw = spec.hardware
+    base = ("tuning", family)
+    seen: set[tuple[int, int]] = set()
+    for i, (m, n) in enumerate(space.block_sizes):
+        for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
+            if v & (v - 1):
+                err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
+        if m < n:
+            err(
+                base + ("block_sizes", i),
+                f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
+            )
+        if (m, n) in seen:
+            err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
+        seen.add((m, n))
+        for dt in spec.dtypes:
+            hd = max(spec.head_dims)
+            need = _lds_lower_bound(m, n, hd, dt)
+            if need > hw.lds_bytes_per_cu:
                 err(
                     base + ("block_sizes", i),
-                    f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
+                    f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
+                    f"least {need} bytes > {hw.lds_bytes_per_cu}",
                 )
-            if (m, n) in seen:
-                err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
-            seen.add((m, n))
-            for dt in spec.dtypes:
-                hd = max(spec.head_dims)
-                need = _lds_lower_bound(m, n, hd, dt)
-                if need > hw.lds_bytes_per_cu:
-                    err(
-                        base + ("block_sizes", i),
-                        f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
-                        f"least {need} bytes > {hw.lds_bytes_per_cu}",
-                    )
-        for axis in ("waves_per_eu", "num_warps", "num_stages"):
-            vals = getattr(space, axis)
-            if len(set(vals)) != len(vals):
-                err(base + (axis,), f"duplicate value in {axis}")
-        for i, w in enumerate(space.waves_per_eu):
-            if w > hw.max_waves_per_simd:
-                err(
-                    base + ("waves_per_eu", i),
-                    f"waves_per_eu={w} exceeds the {hw.max_waves_per_simd} wave slots per SIMD",
-                )
-        if family == "attn_fwd":
-            if space.pre_load_v is None:
-                err(base, "attn_fwd needs pre_load_v (list of booleans)")
-            elif len(set(space.pre_load_v)) != len(space.pre_load_v):
-                err(base + ("pre_load_v",), "duplicate value in pre_load_v")
-        elif space.pre_load_v is not None:
-            err(base + ("pre_load_v",), f"pre_load_v applies to attn_fwd only, not {family}")
-        for j, rule in enumerate(space.exclude):
-            if all(
-                getattr(rule, k) is None
-                for k in ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
-                          "pre_load_v", "dtype", "head_dim", "min_tile_area")
-            ):
-                err(base + ("exclude", j), "an exclusion must name at least one field to match")
-        for dt in spec.dtypes:
-            for hd in spec.head_dims:
-                if not expand_family(spec, family, dt, hd):
-                    err(base, f"exclusions leave no config for {dt}, head dim {hd}")
-    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
+    for axis in ("waves_per_eu", "num_warps", "num_stages"):
+        vals = getattr(space, axis)
+        if len(set(vals)) != len(vals):
+            err(base + (axis,), f"duplicate value in {axis}")
+    for i, w in enumerate(space.waves_per_eu):
+        if w > hw.max_waves_per_simd:
+            err(
+                base + ("waves_per_eu", i),
+                f"waves_per_eu={w} exceeds the {hw.max_waves_per_simd} wave slots per SIMD",
+            )
+    if family == "attn_fwd":
+        if space.pre_load_v is None:
+            err(base, "attn_fwd needs pre_load_v (list of booleans)")
+        elif len(set(space.pre_load_v)) != len(space.pre_load_v):
+            err(base + ("pre_load_v",), "duplicate value in pre_load_v")
+    elif space.pre_load_v is not None:
+        err(base + ("pre_load_v",), f"pre_load_v applies to attn_fwd only, not {family}")
+    for j, rule in enumerate(space.exclude):
+        if all(
+            getattr(rule, k) is None
+            for k in ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+                      "pre_load_v", "dtype", "head_dim", "min_tile_area")
+        ):
+            err(base + ("exclude", j), "an exclusion must name at least one field to match")
+    for dt in spec.dtypes:
+        for hd in spec.head_dims:
+            if not expand_family(spec, family, dt, hd):
+                err(base, f"exclusions leave no config for {dt}, head dim {hd}")

@@ -6,7 +6,8 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 
-from .target import FAMILIES, ExcludeRule, FamilySpace, TargetSpec
+from .match import rule_matches
+from .target import FAMILIES, FamilySpace, TargetSpec
 
 
 _NAME_RE = re.compile(
@@ -110,24 +111,6 @@ class KernelConfig:
     def vary(self, **axes) -> "KernelConfig":
         """The same config with other values on the named axes."""
         return replace(self, **axes)
-
-
-def rule_matches(rule: ExcludeRule, cfg: KernelConfig) -> bool:
-    checks = (
-        (rule.block_m, cfg.block_m),
-        (rule.block_n, cfg.block_n),
-        (rule.waves_per_eu, cfg.waves_per_eu),
-        (rule.num_warps, cfg.num_warps),
-        (rule.num_stages, cfg.num_stages),
-        (rule.pre_load_v, cfg.pre_load_v),
-        (rule.dtype, cfg.dtype),
-        (rule.head_dim, cfg.head_dim),
-    )
-    if any(want is not None and want != got for want, got in checks):
-        return False
-    if rule.min_tile_area is not None and cfg.block_m * cfg.block_n < rule.min_tile_area:
-        return False
-    return True
 
 
 def expand_family(

@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .dtypes import DTYPE_INFO
+
 DType = Literal["fp16", "bf16", "fp32"]
 Family = Literal["attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"]
 FAMILIES: tuple[str, ...] = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
-DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp32")
-DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+DTYPES: tuple[str, ...] = tuple(DTYPE_INFO)
+DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 
 ARCH_RE = re.compile(r"^gfx[0-9]{2,4}[a-z]?$")
 GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod[0-9]+$")

@@ -26,12 +26,12 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import UpstreamError, UserError
 from ..models import FAMILIES, KernelConfig
 from ..upstream import parse_constexpr as _constexpr
+from ..upstream.database import compose_database
+from ..upstream.database import last_line as _last_line
+from ..upstream.database import python_hint as _python_hint
 from ..models.target import GPU_RE
 from .tree import (
-    _last_line,
-    _python_hint,
     check_registered,
-    compose_database,
     generator_env,
     release_of,
 )
@@ -116,7 +116,7 @@ def generate_kernel_list(
         build = Path(tempfile.mkdtemp(prefix="mi100-codegen-plan-"))
         cleanup = True
     try:
-        compose_database(info, build, python, genv)
+        compose_database(info.adapter, info.root, build, python, genv)
         cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
                "--target_gpus", *gpus, "--build_dir", str(build)]
         if tuning:

@@ -1,5 +1,10 @@
 """Spec -> overlay plan (pure): the files of `aotriton_overlay/`, each with its bytes, id and
-source template. Jinja lives here and only here. Writing is `codegen.render.write`."""
+source, computed from inputs the caller loaded (the spec; measured winners and the compile
+report's limits table, `OverlayInputs`). Nothing here reads the disk except Jinja's templates,
+and nothing imports a stage. Jinja renders only emitted code: the tuning-space module and the
+kdesc hook lines. Writing the overlay is `codegen.overlay_dir`; loading the inputs from
+`tuning/<arch>/` is `codegen.overlay_inputs`.
+"""
 
 from __future__ import annotations
 
@@ -8,27 +13,15 @@ import json
 from dataclasses import dataclass, field
 
 import jinja2
-from ruamel.yaml import YAML
 
 from .. import __version__
 from ..models import FAMILIES, TargetSpec, expand_family
+from ..models.dtypes import DTYPE_INFO
+from ..models.rows import OverlayInputs, RowsPlan
 from ..resources import data_dir
 from ..spec import LoadedSpec
-
-MODULE_NAME = "mi100_codegen_space"
-DTYPE_SIGNATURES = {"fp16": "*fp16:16", "bf16": "*bf16:16", "fp32": "*fp32:16"}
-
-# Per layout family: where the generated module goes, how it imports upstream's Config class,
-# and which edit catalogue applies. Release-specific knowledge beyond this is in codegen.upstream.
-LAYOUTS = {
-    "v3python": {
-        "module_path": f"v3python/{MODULE_NAME}.py",
-        "config_import": "v3python.autotune",
-        "edits_template": "edits/v3python.yaml.j2",
-        "module_template": "v3python/tuning_space.py.j2",
-    },
-}
-DEFAULT_LAYOUT = "v3python"
+from ..upstream.edits import CATALOGUE, EditRecord, edit_records
+from ..upstream.layouts import DEFAULT_LAYOUT, LAYOUTS, MODULE_NAME, Layout, layout_of
 
 
 @dataclass(frozen=True)
@@ -48,10 +41,10 @@ class Overlay:
     spec: TargetSpec
     spec_sha256: str
     layout: str
+    rows: RowsPlan
     files: dict[str, RenderedFile] = field(default_factory=dict)
-    edits: list[dict] = field(default_factory=list)
+    edits: list[EditRecord] = field(default_factory=list)
     module_dest: str = ""
-    rows: dict = field(default_factory=dict)
 
     def add(self, f: RenderedFile) -> None:
         assert f.path not in self.files, f.path
@@ -60,10 +53,6 @@ class Overlay:
     @property
     def manifest_sha256(self) -> str:
         return self.files["MANIFEST.json"].sha256
-
-
-def _pyrepr(v: object) -> str:
-    return repr(v)
 
 
 def _pytuple(v: list) -> str:
@@ -80,9 +69,8 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
         autoescape=False,
     )
-    env.filters["pyrepr"] = _pyrepr
+    env.filters["pyrepr"] = repr
     env.filters["pytuple"] = _pytuple
-    env.filters["tojson"] = lambda v: json.dumps(v, sort_keys=True)
     return env
 
 
@@ -100,21 +88,9 @@ def _json_bytes(obj: object) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
 
 
-def render_edits(env: jinja2.Environment, spec: TargetSpec, layout: str) -> list[dict]:
-    lay = LAYOUTS[layout]
-    hook = env.get_template("hooks/kdesc_hook.j2").render(module_name=MODULE_NAME)
-    text = env.get_template(lay["edits_template"]).render(
-        spec=spec, hook_lines=hook.rstrip("\n").split("\n")
-    )
-    edits = YAML(typ="safe").load(text) or []
-    ids = [e["id"] for e in edits]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
-    if dup:  # a template bug, not a user error
-        raise AssertionError(f"duplicate edit ids in {lay['edits_template']}: {dup}")
-    for e in edits:
-        e.setdefault("optional", False)
-        e["template"] = f"templates/{lay['edits_template']}"
-    return sorted(edits, key=lambda e: e["id"])
+def hook_lines(env: jinja2.Environment) -> list[str]:
+    """The lines that replace upstream's autotune loop in kdesc.py (emitted code)."""
+    return env.get_template("hooks/kdesc_hook.j2").render(module_name=MODULE_NAME).rstrip("\n").split("\n")
 
 
 def space_table(spec: TargetSpec) -> list[tuple[str, list]]:
@@ -128,111 +104,56 @@ def space_table(spec: TargetSpec) -> list[tuple[str, list]]:
     return out
 
 
-def render_rows(spec: TargetSpec, measured: list[dict], limits: dict | None = None) -> dict:
-    """How the target's tuning-database rows are made: donor + caps (the spec's, then the compile
-    report's `waves_per_eu_limits`), overridden by measurements."""
-    return {
-        "gpus": list(spec.gpus),
-        "donor_gpu": spec.rows.donor_gpu,
-        "head_dims": list(spec.head_dims),
-        "dtypes": sorted(spec.dtypes),
-        "waves_per_eu_caps": [c.model_dump(mode="json") for c in spec.rows.waves_per_eu_caps],
-        "default_max_waves_per_eu": spec.rows.default_max_waves_per_eu,
-        "tile_replacements": [t.model_dump(mode="json") for t in spec.rows.tile_replacements],
-        "waves_per_eu_limits": limits,
-        "measured": measured,
-    }
-
-
-def load_measured(spec: TargetSpec) -> list[dict]:
-    """Measured winners committed under tuning/<arch>/ (written by `mi100-codegen tune`)."""
-    from ..tuning_results import load_winner_rows  # local import: keeps render import-light
-
-    return load_winner_rows(data_dir("tuning") / spec.arch, spec)
-
-
-def load_limits(spec: TargetSpec) -> dict | None:
-    """waves_per_eu limits per config from tuning/<arch>/compile_report.json (written by
-    `mi100-codegen precompile --tuning-report`); None when there is no report for the arch."""
-    from ..models.limits import waves_per_eu_limits  # local import: keeps render import-light
-
-    path = data_dir("tuning") / spec.arch / "compile_report.json"
-    if not path.is_file():
-        return None
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        from ..errors import UserError
-
-        raise UserError(f"tuning/{spec.arch}/compile_report.json: not valid JSON: {exc}") from None
-    return waves_per_eu_limits(report, spec.arch, set(spec.dtypes), set(spec.head_dims))
-
-
-def plan_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
-    spec, sha = loaded.spec, loaded.sha256
-    env = environment()
-    lay = LAYOUTS[layout]
-    ov = Overlay(spec=spec, spec_sha256=sha, layout=layout, module_dest=lay["module_path"])
-
-    module_tpl = lay["module_template"]
-    module = env.get_template(module_tpl).render(
-        header=_header(module_tpl, sha),
-        spec=spec,
-        config_import=lay["config_import"],
-        archs=[spec.arch],
-        dtype_sigs=sorted((DTYPE_SIGNATURES[d], d) for d in spec.dtypes),
-        space=space_table(spec),
+def _module(env: jinja2.Environment, spec: TargetSpec, sha: str, lay: Layout, space: list) -> RenderedFile:
+    tpl = lay.module_template
+    text = env.get_template(tpl).render(
+        header=_header(tpl, sha), spec=spec, config_import=lay.config_import, archs=[spec.arch],
+        dtype_sigs=sorted((DTYPE_INFO[d].triton_signature, d) for d in spec.dtypes), space=space,
     )
-    ov.add(RenderedFile("module.tuning_space", f"tree/{lay['module_path']}", module_tpl, _normalise(module)))
+    return RenderedFile("module.tuning_space", f"tree/{lay.module_path}", tpl, _normalise(text))
 
-    ov.edits = render_edits(env, spec, layout)
-    ov.add(
-        RenderedFile(
-            "edits", "edits.json", lay["edits_template"],
-            _json_bytes({"generated": _header(lay["edits_template"], sha), "layout": layout, "edits": ov.edits}),
-        )
-    )
 
-    ov.rows = render_rows(spec, load_measured(spec), load_limits(spec))
-    ov.add(
-        RenderedFile(
-            f"rows.{spec.arch}", f"rows/{spec.arch}.json", "(rows)",
-            _json_bytes({"generated": _header(f"the spec's rows and tuning/{spec.arch}/", sha), **ov.rows}),
-        )
-    )
+def _space_file(space: list, sha: str) -> RenderedFile:
+    configs = {fam: [c.name for _, group in rows for c in group] for fam, rows in space}
+    body = {"generated": _header("the spec's tuning space", sha), "configs": configs,
+            "counts": {k: len(v) for k, v in configs.items()}}
+    return RenderedFile("space", "space.json", "(space)", _json_bytes(body))
 
-    space = {
-        fam: [c.name for c in cfgs]
-        for fam, cfgs in (
-            (f, [c for _, group in rows for c in group]) for f, rows in space_table(spec)
-        )
-    }
-    ov.add(
-        RenderedFile(
-            "space", "space.json", "(space)",
-            _json_bytes({"generated": _header("the spec's tuning space", sha), "configs": space,
-                         "counts": {k: len(v) for k, v in space.items()}}),
-        )
-    )
 
+def _manifest(ov: Overlay, edits_json: list[dict]) -> RenderedFile:
     manifest = {
         "toolkit": "mi100-codegen",
         "toolkit_version": __version__,
-        "spec_name": spec.name,
-        "spec_sha256": sha,
-        "layout": layout,
-        "outputs": [
-            {"id": f.id, "path": f.path, "sha256": f.sha256, "template": f.template}
-            for f in sorted(ov.files.values(), key=lambda f: f.path)
-        ],
-        "edits": [
-            {"id": e["id"], "path": e["path"], "op": e["op"],
-             "sha256": hashlib.sha256(json.dumps(e, sort_keys=True).encode()).hexdigest()}
-            for e in ov.edits
-        ],
+        "spec_name": ov.spec.name,
+        "spec_sha256": ov.spec_sha256,
+        "layout": ov.layout,
+        "outputs": [{"id": f.id, "path": f.path, "sha256": f.sha256, "template": f.template}
+                    for f in sorted(ov.files.values(), key=lambda f: f.path)],
+        "edits": [{"id": e["id"], "path": e["path"], "op": e["op"],
+                   "sha256": hashlib.sha256(json.dumps(e, sort_keys=True).encode()).hexdigest()}
+                  for e in edits_json],
     }
-    ov.add(RenderedFile("manifest", "MANIFEST.json", "(manifest)", _json_bytes(manifest)))
+    return RenderedFile("manifest", "MANIFEST.json", "(manifest)", _json_bytes(manifest))
+
+
+def plan_overlay(loaded: LoadedSpec, layout: str | Layout, inputs: OverlayInputs) -> Overlay:
+    """The overlay for `loaded` in `layout` (a layout family name, e.g. an adapter's `.layout`)."""
+    spec, sha = loaded.spec, loaded.sha256
+    lay = layout if isinstance(layout, Layout) else layout_of(layout)
+    env = environment()
+    space = space_table(spec)
+    ov = Overlay(spec=spec, spec_sha256=sha, layout=lay.name, module_dest=lay.module_path,
+                 rows=RowsPlan.build(spec, inputs.measured, inputs.waves_per_eu_limits))
+    ov.add(_module(env, spec, sha, lay, space))
+    ov.edits = edit_records(spec, lay.edit_paths, hook_lines(env))
+    edits_json = [e.to_json() for e in ov.edits]
+    ov.add(RenderedFile("edits", "edits.json", CATALOGUE, _json_bytes(
+        {"generated": _header(CATALOGUE, sha), "layout": lay.name, "edits": edits_json})))
+    ov.add(RenderedFile(f"rows.{spec.arch}", f"rows/{spec.arch}.json", "(rows)", _json_bytes(
+        {"generated": _header(f"the spec's rows and tuning/{spec.arch}/", sha), **ov.rows.to_json()})))
+    ov.add(_space_file(space, sha))
+    ov.add(_manifest(ov, edits_json))
     return ov
 
 
-__all__ = ["LAYOUTS", "MODULE_NAME", "Overlay", "RenderedFile", "plan_overlay"]
+__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "MODULE_NAME", "Overlay", "RenderedFile", "plan_overlay", "space_table"]

@@ -9,7 +9,7 @@ Stable API (other stages call it; keep it compatible):
     adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b', '0.12b' or '0.12.1b'
     adapter.version                 # (0, 11, 1)
     adapter.id                      # 'v3python-central-db' | 'v3python-sharded-db'
-    adapter.layout                  # 'v3python' (the codegen.render layout family)
+    adapter.layout                  # 'v3python' (codegen.upstream.layouts: module path, edit paths)
     adapter.tuning_db_layout        # 'central' (0.10b, 0.11b) | 'sharded' (0.11.1b and later)
     adapter.tuning_db               # 'v3python/rules/tuning_database.sqlite3.tar.xz' (central)
                                     # or the schema-only central DB of a sharded release
@@ -21,6 +21,11 @@ Stable API (other stages call it; keep it compatible):
     adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
                                     # '.' (central) or 'database' (sharded)
     adapter.required_files          # files whose presence identifies the layout
+
+Release knowledge beside the adapter table, one module each: `layouts` (where a layout family
+keeps its files), `edits` (the anchored edits as typed records), `tuning_db` (table and column
+names, winner -> row), `database` (composing the DB as CMake does), `registration` (is the
+target registered; may a spec be applied to this release).
 
 How detection works: the top CMakeLists.txt's `set(AOTRITON_VERSION_{MAJOR,MINOR,PATCH}_INT n)`
 lines give the version (there is no `project(... VERSION ...)`); the version picks the adapter
@@ -79,13 +84,6 @@ class Adapter:
         if self.shard_root is None:
             raise ValueError(f"release {self.release} has no sharded tuning database")
         return f"{self.shard_root}/{arch}/{family}/{kernel}.sqlite3.tar.xz"
-
-    def summary(self) -> dict:
-        return {
-            "id": self.id, "release": self.release, "layout": self.layout,
-            "tuning_db_layout": self.tuning_db_layout, "tuning_db": self.tuning_db,
-            "op_db": self.op_db, "shard_root": self.shard_root,
-        }
 
 
 def _central(version: tuple[int, int, int], op_db: bool) -> Adapter:

@@ -13,7 +13,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from .dbrows import write_tarxz
+from codegen.apply.dbrows import write_tarxz
 
 KEY = ["gpu", "inputs$Q_dtype", "inputs$max_seqlen_q", "inputs$max_seqlen_k", "inputs$CAUSAL_TYPE",
        "inputs$BLOCK_DMODEL", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE"]

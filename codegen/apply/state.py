@@ -1,0 +1,151 @@
+"""What apply and revert share: verdicts, the result, the tree lock, the check that applied files
+still hold what apply wrote, and the transaction commit. Imports neither libcst nor render, so
+`revert` starts fast."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from .journal import STATE_DIR, Transaction, TreeBusy, tree_lock
+from .lock import LOCK_NAME, ApplyLock
+
+BACKUP_DIR = f"{STATE_DIR}/backup"
+VERDICTS = ("create", "edit", "identical", "conflict", "skip")
+
+
+class ApplyConflict(UserError):
+    """The tree cannot be changed safely; `result` holds the per-file verdicts."""
+
+    def __init__(self, message: str, result: "Result", hint: str | None = None):
+        super().__init__(message, hint)
+        self.result = result
+
+
+@dataclass
+class FileVerdict:
+    path: str
+    verdict: str  # create | edit | identical | conflict | skip
+    kind: str  # module | edit | db | restore
+    edits: list[str] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class EditVerdict:
+    id: str
+    path: str
+    verdict: str  # edit | identical | conflict | skip
+    detail: str = ""
+
+
+@dataclass
+class Result:
+    command: str
+    tree: str
+    release: str | None = None
+    adapter: str | None = None
+    spec_sha256: str | None = None
+    manifest_sha256: str | None = None
+    pretend: bool = False
+    recovered: str | None = None
+    changed: bool = False
+    files: list[FileVerdict] = field(default_factory=list)
+    edits: list[EditVerdict] = field(default_factory=list)
+    rows: dict[str, dict[str, dict]] = field(default_factory=dict)
+
+    @property
+    def conflicts(self) -> list[FileVerdict]:
+        return [f for f in self.files if f.verdict == "conflict"]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ok"] = not self.conflicts
+        return d
+
+
+# ----------------------------------------------------------------------------------- helpers --
+
+
+def sha(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def read_rel(tree: Path, rel: str) -> bytes | None:
+    p = tree / rel
+    return p.read_bytes() if p.is_file() else None
+
+
+def mode_of(tree: Path, rel: str, default: int = 0o644) -> int:
+    try:
+        return os.stat(tree / rel).st_mode & 0o7777
+    except OSError:
+        return default
+
+
+def link_of(tree: Path, rel: str) -> str | None:
+    """'<rel> -> <target>' when rel, or a directory on its way inside the tree, is a symbolic link."""
+    parts = Path(rel).parts
+    for n in range(1, len(parts) + 1):
+        p = tree.joinpath(*parts[:n])
+        if p.is_symlink():
+            return f"{Path(*parts[:n]).as_posix()} -> {os.readlink(p)}"
+    return None
+
+
+class Locked:
+    def __init__(self, tree: Path):
+        self.tree = tree
+        self.cm = tree_lock(tree)
+
+    def __enter__(self):
+        try:
+            return self.cm.__enter__()
+        except TreeBusy:
+            raise UserError(f"{self.tree}: another mi100-codegen command is working on this tree") from None
+
+    def __exit__(self, *exc):
+        return self.cm.__exit__(*exc)
+
+
+def check_state(tree: Path, lock: ApplyLock | None, result: Result) -> None:
+    """Applied files must still hold what apply wrote (as regular files), and their backups the
+    pristine bytes."""
+    if lock is None:
+        if (tree / BACKUP_DIR).exists():
+            raise UserError(f"{tree}: {BACKUP_DIR}/ exists but {LOCK_NAME} does not",
+                            hint=f"restore {LOCK_NAME}, or remove {STATE_DIR}/ if the tree is pristine")
+        return
+    for rel, ent in sorted(lock.files.items()):
+        cur = sha(read_rel(tree, rel))
+        link = link_of(tree, rel)
+        if cur != ent.after or link:
+            what = (f"was replaced by a symbolic link ({link})" if link else
+                    "was deleted" if cur is None else "was changed")
+            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
+                                            f"{what} since mi100-codegen applied it"))
+            continue
+        if ent.before is not None and sha(read_rel(tree, f"{BACKUP_DIR}/{rel}")) != ent.before:
+            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
+                                            f"backup {BACKUP_DIR}/{rel} is missing or corrupt"))
+
+
+def conflict_message(result: Result, command: str = "apply") -> str:
+    lines = [f"{f.path}: {f.detail}" for f in result.conflicts]
+    return f"refusing to {command}, nothing was changed:\n" + "\n".join(lines)
+
+
+def commit_txn(txn: Transaction, tree: Path) -> None:
+    """Commit a transaction; an OS error (e.g. a full disk) leaves the tree as it was."""
+    try:
+        txn.commit()
+    except OSError as exc:
+        raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
+            from None
+
+
+__all__ = ["BACKUP_DIR", "VERDICTS", "ApplyConflict", "EditVerdict", "FileVerdict", "Locked", "Result", "check_state",
+           "commit_txn", "conflict_message", "link_of", "mode_of", "read_rel", "sha"]

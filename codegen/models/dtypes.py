@@ -1,0 +1,57 @@
+"""The one dtype table: every spelling of a dtype that some consumer needs, keyed by its short
+name (upstream's spelling, the one specs use).
+
+    DTYPE_INFO["fp16"].triton_signature   # '*fp16:16'   (a pointer argument in a kernel signature)
+    DTYPE_INFO["fp16"].torch              # 'torch.float16' (the tuning database's inputs$Q_dtype)
+    DTYPE_INFO["fp16"].torch_attr         # 'float16' (getattr(torch, ...))
+    DTYPE_INFO["fp16"].bytes              # 2
+    by_torch("torch.bfloat16").short      # 'bf16'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DtypeInfo:
+    short: str             # spec / upstream spelling, also the DB-independent short name
+    torch: str             # str(torch.<dtype>): what the tuning database stores in inputs$Q_dtype
+    triton_signature: str  # pointer argument in a Triton kernel signature
+    bytes: int
+
+    @property
+    def torch_attr(self) -> str:
+        return self.torch.split(".", 1)[1]
+
+    @property
+    def db_value(self) -> str:
+        """The value of the tuning database's `inputs$Q_dtype` column."""
+        return self.torch
+
+
+DTYPE_INFO: dict[str, DtypeInfo] = {
+    d.short: d for d in (
+        DtypeInfo("fp16", "torch.float16", "*fp16:16", 2),
+        DtypeInfo("bf16", "torch.bfloat16", "*bf16:16", 2),
+        DtypeInfo("fp32", "torch.float32", "*fp32:16", 4),
+    )
+}
+
+
+def by_torch(spelling: str) -> DtypeInfo | None:
+    """The dtype whose torch spelling ('torch.float16' or 'float16') is `spelling`."""
+    for d in DTYPE_INFO.values():
+        if spelling in (d.torch, d.torch_attr):
+            return d
+    return None
+
+
+def by_signature(sig: str) -> DtypeInfo | None:
+    for d in DTYPE_INFO.values():
+        if sig == d.triton_signature:
+            return d
+    return None
+
+
+__all__ = ["DTYPE_INFO", "DtypeInfo", "by_signature", "by_torch"]
