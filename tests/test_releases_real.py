@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen.apply.testing import snapshot
+from fake_tree import snapshot
 from codegen.cli import app
 from codegen.upstream import SUPPORTED_RELEASES, read_version
 

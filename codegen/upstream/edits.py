@@ -14,9 +14,8 @@ from typing import Union
 from ..models import TargetSpec
 from .knobs import HEAD_DIMS_ENV
 
-# The provenance label edits.json has always carried (the catalogue used to be a template of
-# that name); kept so the committed overlay stays byte-identical.
-CATALOGUE = "edits/v3python.yaml.j2"
+# The provenance label of edits.json and of each edit in it: the module that builds the records.
+CATALOGUE = "codegen/upstream/edits.py"
 
 Payload = Union[str, dict]
 
@@ -36,7 +35,7 @@ class EditRecord:
     def to_json(self) -> dict:
         d = {"id": self.id, "path": self.path, "op": self.op, "symbol": self.symbol, "neighbour": self.neighbour,
              "payload": self.payload, "why": self.why, "optional": self.optional,
-             "template": f"templates/{CATALOGUE}"}
+             "template": CATALOGUE}
         if self.position is not None:
             d["position"] = self.position
         return d
