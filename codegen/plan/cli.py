@@ -35,16 +35,17 @@ def run_plan(tree: Path, spec_path: Optional[Path], python: str, tuning: bool):
 
 
 def family_table(entries, title: str) -> Table:
-    head_dims = sorted({e.head_dim for e in entries if e.head_dim is not None})
-    has_none = any(e.head_dim is None for e in entries)
+    cfgs = [e.config for e in entries]
+    head_dims = sorted({c.head_dim for c in cfgs if c.head_dim is not None})
+    has_none = any(c.head_dim is None for c in cfgs)
     cols = [str(h) for h in head_dims] + ([NO_HEAD_DIM] if has_none else [])
     counts: dict[str, Counter] = defaultdict(Counter)
     dtypes: dict[str, set] = defaultdict(set)
     configs: dict[str, set] = defaultdict(set)
-    for e in entries:
-        counts[e.family][str(e.head_dim) if e.head_dim is not None else NO_HEAD_DIM] += 1
-        dtypes[e.family].add(e.dtype)
-        configs[e.family].add(e.config_key)
+    for c in cfgs:
+        counts[c.family][str(c.head_dim) if c.head_dim is not None else NO_HEAD_DIM] += 1
+        dtypes[c.family].add(c.dtype)
+        configs[c.family].add(c.config_key)
     t = Table(title=title, title_justify="left")
     t.add_column("family", no_wrap=True)
     for c in cols:

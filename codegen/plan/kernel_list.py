@@ -6,7 +6,7 @@ dir (PYTHONHASHSEED=0, no bytecode written into the tree) and parses its compile
 (`Bare.compile`: one line per GPU kernel; CMake turns each line into one compiler invocation).
 
 Each `KernelEntry` carries everything needed to compile that kernel (source, kernel name, Triton
-signature, num_warps/num_stages/waves_per_eu, arch) and our procedural config name.
+signature) and its `KernelConfig` (arch, dtype, head dim, tile, num_warps/num_stages/waves_per_eu).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from ..errors import UpstreamError, UserError
-from ..models import FAMILIES, KernelConfig
+from ..models import KernelConfig
 from ..upstream import parse_constexpr as _constexpr
 from ..models.target import GPU_RE
 from .tree import (
@@ -45,39 +45,35 @@ _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
 
 class KernelEntry(BaseModel):
-    """One GPU kernel of the compile list."""
+    """One GPU kernel of the compile list: its config (every axis, parsed once) and what
+    upstream's compiler needs besides. In JSON the config is its procedural name."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     id: str                  # upstream's image name (hsaco file name without suffix): unique
-    family: str              # kernel family = Triton kernel name (attn_fwd, bwd_preprocess, ...)
-    arch: str
-    dtype: str               # fp16 | bf16 | fp32 (the functional's dtype)
-    head_dim: int | None
-    config: str              # our procedural name, e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
-    block_m: int | None
-    block_n: int | None
-    pre_load_v: bool | None
+    config: KernelConfig     # family (= Triton kernel name), arch, dtype, head dim, tile, waves_per_eu,
+                             # num_warps, num_stages, pre_load_v; e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
     hsaco: str               # path of the image relative to the build dir (v3src/ of a CMake build)
     source: str              # Triton source relative to the tree root (e.g. tritonsrc/flash.py)
     kernel_name: str
     signature: str           # Triton AOT signature, as the tree's compile.py takes it
-    num_warps: int
-    num_stages: int
-    waves_per_eu: int
     perf: str                # upstream's perf tokens (tuned_kernel values) of the image name
     functional: str          # upstream's functional tokens of the image name
 
-    @property
-    def config_key(self) -> str:
-        """The config without family/arch/dtype/head dim (what a tuning row stores)."""
-        return KernelConfig.parse(self.config).config_key
+    @field_validator("config", mode="before")
+    @classmethod
+    def _parse_config(cls, value):
+        return KernelConfig.parse(value) if isinstance(value, str) else value
+
+    @field_serializer("config")
+    def _config_name(self, config: KernelConfig) -> str:
+        return config.name
 
     def with_waves(self, w: int) -> "KernelEntry":
         """The same kernel compiled with another waves_per_eu (config and image name follow)."""
         co = f"__CO__wave{w}_"
         return self.model_copy(update={
-            "waves_per_eu": w, "config": KernelConfig.parse(self.config).with_waves(w).name,
+            "config": self.config.with_waves(w),
             "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
 
 
@@ -159,7 +155,8 @@ def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEn
 
 
 def sort_key(e: KernelEntry) -> tuple:
-    return (e.family, e.dtype, e.head_dim or 0, e.config, e.id)
+    c = e.config
+    return (c.family, c.dtype, c.head_dim or 0, c.name, e.id)
 
 
 def _rel(path: str, base: Path) -> str:
@@ -187,11 +184,10 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
     dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
-        id=name[: -len(".hsaco")], family=kname, arch=arch, dtype=dtype, head_dim=head_dim,
-        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv).name,
-        block_m=block_m, block_n=block_n, pre_load_v=plv,
+        id=name[: -len(".hsaco")],
+        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),
         hsaco=_rel(hsaco, build), source=source, kernel_name=kname, signature=sig,
-        num_warps=warps, num_stages=stages, waves_per_eu=wpe, perf=perf, functional=functional,
+        perf=perf, functional=functional,
     )
 
 

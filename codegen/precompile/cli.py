@@ -97,7 +97,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
             # speak for kernels never compiled); the caller writes the report, then exits 130
             want: dict[str, int] = {}
             for e in plan.entries:
-                want[e.config] = want.get(e.config, 0) + 1
+                want[e.config.name] = want.get(e.config.name, 0) + 1
             got: dict[str, int] = {}
             for r in done:
                 got[r.config] = got.get(r.config, 0) + 1

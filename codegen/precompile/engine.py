@@ -53,10 +53,10 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
         "source": str((Path(tree) / entry.source).resolve()),
         "kernel_name": entry.kernel_name,
         "signature": entry.signature,
-        "num_warps": entry.num_warps,
-        "num_stages": entry.num_stages,
-        "waves_per_eu": entry.waves_per_eu,
-        "arch": entry.arch,
+        "num_warps": entry.config.num_warps,
+        "num_stages": entry.config.num_stages,
+        "waves_per_eu": entry.config.waves_per_eu,
+        "arch": entry.config.arch,
         "warp_size": warp_size,
     }
 
@@ -80,8 +80,8 @@ def compile_entries(
     by_id = {e.id: e for e in entries}
     keys = {
         e.id: cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name,
-                        signature=e.signature, num_warps=e.num_warps, num_stages=e.num_stages,
-                        waves_per_eu=e.waves_per_eu, arch=e.arch, warp_size=spec.warp_size,
+                        signature=e.signature, num_warps=e.config.num_warps, num_stages=e.config.num_stages,
+                        waves_per_eu=e.config.waves_per_eu, arch=e.config.arch, warp_size=spec.warp_size,
                         triton_version=version)
         for e in entries
     }
@@ -135,8 +135,9 @@ def compile_entries(
 def expected_cost(e: KernelEntry) -> float:
     """A rough relative compile cost: tile area x head dim, heavier for the backward kernels."""
     weight = {"bwd_kernel_fuse": 3.0, "bwd_kernel_dk_dv": 2.0, "bwd_kernel_dq": 1.5, "attn_fwd": 1.5}
-    area = (e.block_m or 16) * (e.block_n or 16) * (e.head_dim or 16)
-    return weight.get(e.family, 0.1) * area * (1 + 0.25 * e.num_warps)
+    c = e.config
+    area = (c.block_m or 16) * (c.block_n or 16) * (c.head_dim or 16)
+    return weight.get(c.family, 0.1) * area * (1 + 0.25 * c.num_warps)
 
 
 def default_jobs() -> int:

@@ -14,7 +14,6 @@ import io
 import json
 import os
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -22,7 +21,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import UserError
-from ..models import FAMILIES, KernelConfig, expand_space
+from ..models import FAMILIES, expand_space
 from ..plan.kernel_list import KernelEntry
 from ..spec import LoadedSpec, load_spec
 from .report import KernelResult, worst
@@ -71,35 +70,18 @@ def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[Ke
                 ) -> tuple[dict[str, list[dict]], list[str]]:
     """family -> new exclude rules; plus the pruned configs that are not in the spec's space."""
     space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
-    by_config = {e.config: e for e in entries}
+    by_config = {e.config.name: e.config for e in entries}
     rules: dict[str, list[dict]] = {}
     outside: list[str] = []
     for name, (verdict, rs) in config_verdicts(results).items():
         if verdict not in PRUNED:
             continue
-        e = by_config[name]
-        if e.family not in FAMILIES or name not in space:
+        cfg = by_config[name]
+        if cfg.family not in FAMILIES or name not in space:
             outside.append(name)
             continue
-        rules.setdefault(e.family, []).append(_rule(e, _reason(verdict, rs, triton, _where(arch, release))))
+        rules.setdefault(cfg.family, []).append(_rule(cfg, _reason(verdict, rs, triton, _where(arch, release))))
     return rules, outside
-
-
-def prune_rules_from_report(loaded: LoadedSpec, report: dict) -> dict[str, list[dict]]:
-    """family -> exclude rules for every config of the spec's tuning space that a committed
-    compile report (`tuning/<arch>/compile_report.json`) marks failed or spilling."""
-    configs = report.get("configs", {})
-    where = _where(report.get("arch"), report.get("release"))
-    rules: dict[str, list[dict]] = {}
-    for family, cfgs in expand_space(loaded.spec).items():
-        for cfg in sorted(cfgs, key=lambda c: c.name):
-            entry = configs.get(cfg.name)
-            if not entry or entry.get("verdict") not in PRUNED:
-                continue
-            reason = _reason_text(entry["verdict"], entry.get("error"), entry.get("vgpr_spills"),
-                                  report.get("triton", "?"), where)
-            rules.setdefault(family, []).append(_rule(cfg, reason))
-    return rules
 
 
 def _same_rule(a, b: dict) -> bool:
