@@ -45,3 +45,10 @@ class DriftError(CodegenError):
     """`--check` found differences."""
 
     exit_code = EXIT_DRIFT
+
+
+class EnvironmentMissing(CodegenError):
+    """The machine lacks what a stage needs to run: torch, Triton, a GPU. One rule for every
+    stage (tune, validate, precompile): exit 3, like other failures outside the user's input."""
+
+    exit_code = EXIT_UPSTREAM

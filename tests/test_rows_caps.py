@@ -379,7 +379,7 @@ def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):
     from rich.console import Console
 
     import codegen.precompile.engine as engine
-    from codegen.precompile.cli import DescendInterrupted, _descend
+    from codegen.precompile.run import DescendInterrupted, _descend
     from codegen.precompile.report import RunInfo
 
     spec = load_spec(None).spec

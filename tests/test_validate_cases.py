@@ -154,7 +154,7 @@ def test_validate_without_gpu_or_torch_is_clear():
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")
     r = runner.invoke(app, ["validate"])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 3, r.output  # a missing environment: exit 3, as in tune
     if HAS_TORCH:
         assert "no GPU" in r.output
     else:

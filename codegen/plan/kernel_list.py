@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -92,11 +93,14 @@ def generate_kernel_list(
     tuning: bool = False,
     keep_build_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    timing: dict | None = None,
 ) -> list[KernelEntry]:
     """Run the tree's generator for `gpus` only and return the sorted kernel list.
 
     `tuning` lists a tuning build (AOTRITON_BUILD_FOR_TUNING=ON) instead of a normal one.
-    `keep_build_dir` keeps the generator's outputs there (default: a throwaway dir)."""
+    `keep_build_dir` keeps the generator's outputs there (default: a throwaway dir).
+    `timing["upstream_s"]` receives the seconds spent in upstream's code (database composition
+    and generator)."""
     tree = Path(tree).resolve()
     info = release_of(tree)
     arch = arch_of(list(gpus))
@@ -112,12 +116,15 @@ def generate_kernel_list(
         build = Path(tempfile.mkdtemp(prefix="mi100-codegen-plan-"))
         cleanup = True
     try:
+        start = time.perf_counter()
         compose_database(info, build, python, genv)
         cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
                "--target_gpus", *gpus, "--build_dir", str(build)]
         if tuning:
             cmd.append("--build_for_tuning")
         proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+        if timing is not None:
+            timing["upstream_s"] = time.perf_counter() - start
         if proc.returncode:
             raise UpstreamError(
                 f"the generator of AOTriton {info.release} failed (rc {proc.returncode}): "

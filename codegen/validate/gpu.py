@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing
 from ..torch_integration.layout import IMAGES_DIR, images_signature, sha256_file
 from .cases import Case, Shape, tolerance
 
@@ -50,7 +50,7 @@ def detect_platform() -> Platform:
     if not torch.cuda.is_available():
         build = f"a ROCm build (HIP {torch.version.hip})" if torch.version.hip else (
             f"a CUDA build (CUDA {torch.version.cuda})" if torch.version.cuda else "a CPU-only build")
-        raise UserError(
+        raise EnvironmentMissing(
             f"no GPU: torch {torch.__version__} ({build}) sees no device "
             "(torch.cuda.is_available() is False); validate runs kernels on a GPU",
             hint="run it on the MI100 machine (ROCm torch), or on any NVIDIA GPU for the harness self-test",
