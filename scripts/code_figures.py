@@ -47,9 +47,18 @@ def _module_of(node: ast.Import | ast.ImportFrom, rel: Path) -> list[str]:
 
 
 def _commented(lines: list[str], lineno: int) -> bool:
-    here = lines[lineno - 1]
-    above = lines[lineno - 2].strip() if lineno >= 2 else ""
-    return "#" in here.split("import", 1)[-1] or "#" in here.split("import", 1)[0] or above.startswith("#")
+    """A comment on the import's line, or on the line above its block of consecutive imports."""
+    i = lineno - 1
+    while True:
+        line = lines[i]
+        if "#" in line:
+            return True
+        above = lines[i - 1].strip() if i >= 1 else ""
+        if above.startswith("#"):
+            return True
+        if not (above.startswith("from ") or above.startswith("import ")):
+            return False
+        i -= 1
 
 
 def measure(root: Path) -> Figures:
