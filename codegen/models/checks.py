@@ -33,7 +33,16 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     err = lambda path, msg: out.append(Diagnostic(tuple(path), msg))  # noqa: E731
     warn = lambda path, msg: out.append(Diagnostic(tuple(path), msg, "warning"))  # noqa: E731
+    _check_arch(spec, err, warn)
+    _check_head_dims_and_dtypes(spec, err, warn)
+    _check_rows_and_registration(spec, err)
+    for family in FAMILIES:
+        _check_tiles(spec, family, err)
+        _check_family_axes(spec, family, err)
+    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
 
+
+def _check_arch(spec: TargetSpec, err, warn) -> None:
     for i, gpu in enumerate(spec.gpus):
         m = GPU_RE.match(gpu)
         if m and m.group(1) != spec.arch:
@@ -45,6 +54,8 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     if not hw.unified_register_file and hw.agprs_per_lane == 0 and "fp16" in hw.matrix_core_dtypes:
         warn(("hardware", "agprs_per_lane"), "a split register file with matrix cores normally has AGPRs")
 
+
+def _check_head_dims_and_dtypes(spec: TargetSpec, err, warn) -> None:
     if sorted(spec.head_dims) != list(spec.head_dims):
         err(("head_dims",), "head dims must be listed in increasing order")
     if len(set(spec.head_dims)) != len(spec.head_dims):
@@ -64,13 +75,15 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
             "(0.10b-0.12b) drop a one-value axis and crash: keep two for tuning builds",
         )
     for i, dt in enumerate(spec.dtypes):
-        if dt not in hw.matrix_core_dtypes:
+        if dt not in spec.hardware.matrix_core_dtypes:
             warn(
                 ("dtypes", i),
                 f"{spec.arch} has no matrix-core instructions for {dt}: its kernels run on "
                 "plain ALUs (slow)",
             )
 
+
+def _check_rows_and_registration(spec: TargetSpec, err) -> None:
     if spec.rows.donor_gpu in spec.gpus:
         err(("rows", "donor_gpu"), "the donor GPU must be another GPU than the target's own")
     for i, rep in enumerate(spec.rows.tile_replacements):
@@ -83,57 +96,63 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     if spec.registration.like == spec.arch:
         err(("registration", "like"), "registration must clone another arch's entries")
 
-    for family in FAMILIES:
-        space = spec.family_space(family)
-        base = ("tuning", family)
-        seen: set[tuple[int, int]] = set()
-        for i, (m, n) in enumerate(space.block_sizes):
-            for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
-                if v & (v - 1):
-                    err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
-            if m < n:
+
+def _check_tiles(spec: TargetSpec, family: str, err) -> None:
+    space = spec.family_space(family)
+    base = ("tuning", family)
+    seen: set[tuple[int, int]] = set()
+    for i, (m, n) in enumerate(space.block_sizes):
+        for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
+            if v & (v - 1):
+                err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
+        if m < n:
+            err(
+                base + ("block_sizes", i),
+                f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
+            )
+        if (m, n) in seen:
+            err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
+        seen.add((m, n))
+        for dt in spec.dtypes:
+            hd = max(spec.head_dims)
+            need = _lds_lower_bound(m, n, hd, dt)
+            if need > spec.hardware.lds_bytes_per_cu:
                 err(
                     base + ("block_sizes", i),
-                    f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
+                    f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
+                    f"least {need} bytes > {spec.hardware.lds_bytes_per_cu}",
                 )
-            if (m, n) in seen:
-                err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
-            seen.add((m, n))
-            for dt in spec.dtypes:
-                hd = max(spec.head_dims)
-                need = _lds_lower_bound(m, n, hd, dt)
-                if need > hw.lds_bytes_per_cu:
-                    err(
-                        base + ("block_sizes", i),
-                        f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
-                        f"least {need} bytes > {hw.lds_bytes_per_cu}",
-                    )
-        for axis in ("waves_per_eu", "num_warps", "num_stages"):
-            vals = getattr(space, axis)
-            if len(set(vals)) != len(vals):
-                err(base + (axis,), f"duplicate value in {axis}")
-        for i, w in enumerate(space.waves_per_eu):
-            if w > hw.max_waves_per_simd:
-                err(
-                    base + ("waves_per_eu", i),
-                    f"waves_per_eu={w} exceeds the {hw.max_waves_per_simd} wave slots per SIMD",
-                )
-        if family == "attn_fwd":
-            if space.pre_load_v is None:
-                err(base, "attn_fwd needs pre_load_v (list of booleans)")
-            elif len(set(space.pre_load_v)) != len(space.pre_load_v):
-                err(base + ("pre_load_v",), "duplicate value in pre_load_v")
-        elif space.pre_load_v is not None:
-            err(base + ("pre_load_v",), f"pre_load_v applies to attn_fwd only, not {family}")
-        for j, rule in enumerate(space.exclude):
-            if all(
-                getattr(rule, k) is None
-                for k in ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
-                          "pre_load_v", "dtype", "head_dim", "min_tile_area")
-            ):
-                err(base + ("exclude", j), "an exclusion must name at least one field to match")
-        for dt in spec.dtypes:
-            for hd in spec.head_dims:
-                if not expand_family(spec, family, dt, hd):
-                    err(base, f"exclusions leave no config for {dt}, head dim {hd}")
-    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
+
+
+def _check_family_axes(spec: TargetSpec, family: str, err) -> None:
+    space = spec.family_space(family)
+    base = ("tuning", family)
+    hw = spec.hardware
+    for axis in ("waves_per_eu", "num_warps", "num_stages"):
+        vals = getattr(space, axis)
+        if len(set(vals)) != len(vals):
+            err(base + (axis,), f"duplicate value in {axis}")
+    for i, w in enumerate(space.waves_per_eu):
+        if w > hw.max_waves_per_simd:
+            err(
+                base + ("waves_per_eu", i),
+                f"waves_per_eu={w} exceeds the {hw.max_waves_per_simd} wave slots per SIMD",
+            )
+    if family == "attn_fwd":
+        if space.pre_load_v is None:
+            err(base, "attn_fwd needs pre_load_v (list of booleans)")
+        elif len(set(space.pre_load_v)) != len(space.pre_load_v):
+            err(base + ("pre_load_v",), "duplicate value in pre_load_v")
+    elif space.pre_load_v is not None:
+        err(base + ("pre_load_v",), f"pre_load_v applies to attn_fwd only, not {family}")
+    for j, rule in enumerate(space.exclude):
+        if all(
+            getattr(rule, k) is None
+            for k in ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+                      "pre_load_v", "dtype", "head_dim", "min_tile_area")
+        ):
+            err(base + ("exclude", j), "an exclusion must name at least one field to match")
+    for dt in spec.dtypes:
+        for hd in spec.head_dims:
+            if not expand_family(spec, family, dt, hd):
+                err(base, f"exclusions leave no config for {dt}, head dim {hd}")
