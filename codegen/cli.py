@@ -37,7 +37,7 @@ stdout = Console(highlight=False, soft_wrap=True)
 STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("codegen.apply.cli", "Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows."),
     "revert": ("codegen.apply.cli", "Restore the tree byte-for-byte to its state before the first apply."),
-    "plan": ("codegen.plan.cli", "List the kernels the tree's own generator selects for the target GPUs: total and counts by family, head dim, dtype and config."),
+    "plan": ("codegen.plan.cli", "List the kernels the tree's own generator selects for the target GPUs: total and counts by family, head dim, dtype and config. Writes nothing into the tree."),
     "precompile": ("codegen.precompile.cli", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
     "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
