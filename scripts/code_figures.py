@@ -47,18 +47,21 @@ def _module_of(node: ast.Import | ast.ImportFrom, rel: Path) -> list[str]:
 
 
 def _commented(lines: list[str], lineno: int) -> bool:
-    """A comment on the import's line, or on the line above its block of consecutive imports."""
+    """A comment on the import's line, or above its block of imports (isort groups separated by
+    blank lines count as one block)."""
     i = lineno - 1
-    while True:
-        line = lines[i]
-        if "#" in line:
-            return True
-        above = lines[i - 1].strip() if i >= 1 else ""
+    if "#" in lines[i]:
+        return True
+    while i >= 1:
+        above = lines[i - 1].strip()
         if above.startswith("#"):
             return True
-        if not (above.startswith("from ") or above.startswith("import ")):
+        if not (above == "" or above.startswith("from ") or above.startswith("import ")):
             return False
+        if "#" in above:
+            return True
         i -= 1
+    return False
 
 
 def measure(root: Path) -> Figures:

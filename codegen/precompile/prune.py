@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -21,10 +20,11 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import UserError
+from ..fsutil import atomic_write
 from ..models import FAMILIES, expand_space
 from ..plan.kernel_list import KernelEntry
 from ..spec import LoadedSpec, load_spec
-from .report import KernelResult, worst
+from .report import VERDICTS, KernelResult, worst
 
 REPORT_NAME = "compile_report.json"
 PRUNED = ("failed", "spills")
@@ -115,19 +115,11 @@ def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> i
     yaml.dump(doc, buf)
     text = buf.getvalue()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".yaml", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        load_spec(tmp)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with tempfile.TemporaryDirectory(prefix="mi100-codegen-prune-") as scratch:
+        check = Path(scratch) / out.name
+        check.write_text(text, encoding="utf-8", newline="\n")
+        load_spec(check)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
+    atomic_write(out, text)
     return added
 
 
@@ -139,7 +131,6 @@ def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release:
     compiled replaces the previous entry, unless the previous verdict is more severe (another
     kernel of that config, e.g. of a tuning build, spilled): then the previous entry stays, so a
     merge never turns a spilling config clean."""
-    from .report import VERDICTS
 
     configs = {}
     if previous and previous.get("triton") == triton and previous.get("arch") == arch:
@@ -171,14 +162,7 @@ def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release:
 
 
 def write_compile_report(path: Path, report: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; this file is committed and shared
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(report, indent=2, sort_keys=True) + "\n")  # committed and shared: 0644
 
 
 def load_compile_report(folder: Path) -> dict | None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from ..models import FAMILIES
 from ..models.target import Hardware
 from ..plan.kernel_list import KernelEntry
-from .resources import Resources
+from .resources import Resources, occupancy
 
 Status = Literal["ok", "failed", "timeout"]
 VERDICTS = ("ok", "low occupancy", "no matrix cores", "spills", "failed")  # increasing severity
@@ -62,8 +62,6 @@ def worst(verdicts) -> str:
 
 
 def kernel_result(entry: KernelEntry, raw: dict, hw: Hardware, cached: bool) -> KernelResult:
-    from .resources import occupancy
-
     cfg = entry.config
     common = dict(id=entry.id, config=cfg.name, family=cfg.family, dtype=cfg.dtype,
                   head_dim=cfg.head_dim, waves_per_eu=cfg.waves_per_eu, num_warps=cfg.num_warps,

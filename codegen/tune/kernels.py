@@ -13,6 +13,7 @@ import hashlib
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -263,8 +264,6 @@ def attention_math(q, k, v, causal: bool, sm_scale: float):
 
 def reference(p: Problem, heads: int, want_grads: bool):
     """fp64 and same-dtype references on batch 0, heads [0, heads): dict name -> (ref, lp)."""
-    import warnings
-
     warnings.filterwarnings("ignore", message="Attempting to run cuBLAS")  # harmless, first use
     sl = (slice(0, 1), slice(0, heads))
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -165,6 +165,7 @@ def aotriton_proof(arch: str) -> dict:
 
 def profile_kernels(fn) -> list[str]:
     """Names of the GPU kernels `fn` launches, as torch's profiler sees them."""
+    # optional heavy dependency: torch's profiler, loaded only for the proof
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

@@ -218,6 +218,7 @@ def required_params(kernel) -> list[str]:
 
 
 def run_task(task: Task, amd: bool) -> dict:
+    # optional heavy dependencies, in the worker process: torch (and .gpu, which imports it)
     import torch
 
     from .gpu import DTYPES, compare, reference

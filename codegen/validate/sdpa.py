@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..spec import LoadedSpec
 from . import gpu
-from .cases import PERF_SHAPE, Case, dispatch_limit, sdpa_cases
+from .cases import PERF_SHAPE, Case, Shape, dispatch_limit, sdpa_cases
 from .gpu import (
     DTYPES,
     Platform,
@@ -173,8 +173,6 @@ def run_sdpa(loaded: LoadedSpec, plat: Platform, backends: list[str], seed: int,
 
 def _proof(plat: Platform, backends: list[str], spec) -> dict:
     """Kernel names of one flash/efficient forward+backward, and which AOTriton is mapped."""
-    from .cases import Shape
-
     dtype = "fp16" if "fp16" in spec.dtypes else spec.dtypes[0]
     case = Case(dtype, sorted(spec.head_dims)[0], False, Shape(1, 2, 2, 257, 257))
     out: dict = {"kernels": {}, "checks": []}
