@@ -61,6 +61,21 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
     }
 
 
+def _cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
+    c = e.config
+    return cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name, signature=e.signature,
+                     num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
+                     warp_size=warp_size, triton_version=version)
+
+
+def _keep_image(keep: Path | None, entry: KernelEntry, data: bytes | None) -> None:
+    """--keep: the code object under KEEP/<its path in the build dir>."""
+    if keep is not None and data:
+        dest = Path(keep) / entry.hsaco
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
 def compile_entries(
     tree: Path,
     entries: list[KernelEntry],
@@ -78,21 +93,12 @@ def compile_entries(
         if not (tree / e.source).is_file():
             raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
     by_id = {e.id: e for e in entries}
-    keys = {
-        e.id: cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name,
-                        signature=e.signature, num_warps=e.config.num_warps, num_stages=e.config.num_stages,
-                        waves_per_eu=e.config.waves_per_eu, arch=e.config.arch, warp_size=spec.warp_size,
-                        triton_version=version)
-        for e in entries
-    }
+    keys = {e.id: _cache_key(tree, e, spec.warp_size, version) for e in entries}
     results: dict[str, KernelResult] = {}
     todo: list[dict] = []
 
     def keep_image(entry: KernelEntry, data: bytes | None) -> None:
-        if keep is not None and data:
-            dest = Path(keep) / entry.hsaco
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
+        _keep_image(keep, entry, data)
 
     for e in entries:
         record = cache.get(keys[e.id]) if cache is not None else None

@@ -224,17 +224,30 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
     iterator stops handing out work); call on_result(entry, rows, error) as each finishes, in
     the calling process, so results are flushed one entry at a time."""
     if n_gpus <= 1:
-        from .kernels import TreeKernels  # optional heavy dependency: imports torch and triton
+        _run_in_process(aotriton_dir, target_arch, gpu, work, s, on_result)
+    else:
+        _run_on_gpus(aotriton_dir, target_arch, gpu, work, s, n_gpus, on_result, worker or _gpu_worker)
 
-        tk = TreeKernels(aotriton_dir)
-        prov = provenance(target_arch)
-        for entry, configs in work:
-            try:
-                rows, err = measure_entry(tk, entry, configs, s, gpu, prov), ""
-            except Exception as exc:
-                rows, err = [], _short(exc)
-            on_result(entry, rows, err)
-        return
+
+def _run_in_process(aotriton_dir: Path, target_arch: str, gpu: str,
+                    work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings,
+                    on_result: Callable[[GridEntry, list[dict], str], None]) -> None:
+    from .kernels import TreeKernels  # optional heavy dependency: imports torch and triton
+
+    tk = TreeKernels(aotriton_dir)
+    prov = provenance(target_arch)
+    for entry, configs in work:
+        try:
+            rows, err = measure_entry(tk, entry, configs, s, gpu, prov), ""
+        except Exception as exc:
+            rows, err = [], _short(exc)
+        on_result(entry, rows, err)
+
+
+def _run_on_gpus(aotriton_dir: Path, target_arch: str, gpu: str,
+                 work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, n_gpus: int,
+                 on_result: Callable[[GridEntry, list[dict], str], None], worker: Callable) -> None:
+    """One spawned worker process per GPU, one task in flight each; results come back here."""
     ctx = mp.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
     items = iter(work)
@@ -252,7 +265,7 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
     for _ in range(n_gpus):  # one task in flight per GPU
         if not feed():
             break
-    procs = [ctx.Process(target=worker or _gpu_worker, daemon=True,
+    procs = [ctx.Process(target=worker, daemon=True,
                          args=(i, str(aotriton_dir), target_arch, gpu, s, tasks, results))
              for i in range(n_gpus)]
     for pr in procs:
