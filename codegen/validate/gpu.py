@@ -29,6 +29,7 @@ class Platform:
     torch_version: str
     hip_version: str | None
     cuda_version: str | None
+    compute_units: int | None = None  # CUs (SMs on NVIDIA)
 
     @property
     def self_test(self) -> bool:
@@ -43,6 +44,7 @@ class Platform:
             "torch_version": self.torch_version,
             "hip_version": self.hip_version,
             "cuda_version": self.cuda_version,
+            "compute_units": self.compute_units,
         }
 
 
@@ -59,9 +61,10 @@ def detect_platform() -> Platform:
     if torch.version.hip:
         full = getattr(props, "gcnArchName", "") or "unknown"
         return Platform("rocm", props.name, full.split(":")[0], full, torch.__version__,
-                        torch.version.hip, None)
+                        torch.version.hip, None, props.multi_processor_count)
     cap = f"sm_{props.major}{props.minor}"
-    return Platform("cuda", props.name, cap, cap, torch.__version__, None, torch.version.cuda)
+    return Platform("cuda", props.name, cap, cap, torch.__version__, None, torch.version.cuda,
+                    props.multi_processor_count)
 
 
 # --- reference -----------------------------------------------------------------------------------

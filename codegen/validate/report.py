@@ -79,6 +79,9 @@ def _md_where(r: dict, L: list[str]) -> None:
              f"{sp['head_dims']}, dtypes {sp['dtypes']} |")
     if not r.get("arch_matches_spec", True):
         L.append(f"| note | this GPU ({plat.get('arch')}) is not the spec's target ({sp['arch']}) |")
+    elif r.get("compute_units_match_spec") is False:
+        L.append(f"| note | this GPU has {plat.get('compute_units')} compute units, the spec's hardware "
+                 f"{sp.get('compute_units')} |")
     if r["mode"] == "kernels":
         t = r["tree"]
         L.append(f"| AOTriton tree | release {t.get('release')}, tritonsrc sha256 {t['tritonsrc_sha256'][:12]}… |")

@@ -71,7 +71,8 @@ def build_report(loaded, mode_result: dict, plat, label: str | None) -> dict:
         "self_test": plat.self_test,
         "platform": plat.as_dict(),
         "spec": {"display": loaded.display, "sha256": loaded.sha256, "arch": spec.arch,
-                 "head_dims": sorted(spec.head_dims), "dtypes": list(spec.dtypes)},
+                 "head_dims": sorted(spec.head_dims), "dtypes": list(spec.dtypes),
+                 "compute_units": spec.hardware.compute_units},
         **mode_result,
     }
     try:
@@ -81,6 +82,9 @@ def build_report(loaded, mode_result: dict, plat, label: str | None) -> dict:
     except Exception:
         report["triton_version"] = None
     report["arch_matches_spec"] = plat.arch == spec.arch
+    # the spec's hardware.compute_units describes the target GPU: on it, the counts agree
+    report["compute_units_match_spec"] = (plat.compute_units == spec.hardware.compute_units
+                                          if report["arch_matches_spec"] and plat.compute_units else None)
     report["summary"] = summarize(report)
     return report
 
