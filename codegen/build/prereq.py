@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing
 
 # Triton releases that compile AOTriton's kernels for gfx908 on CPU (AOTRITON.md, verified):
 # 3.5.1 .. 3.8.x; 3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail.
@@ -39,8 +39,9 @@ MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu")
 NOT_NEEDED = frozenset({"iniconfig", "pluggy", "setuptools", "wheel", "pybind11", "filelock", "packaging"})
 
 
-class PrerequisiteError(UserError):
-    """Tools or libraries the build needs are missing; the message lists each with its fix."""
+class PrerequisiteError(EnvironmentMissing):
+    """Tools or libraries the build needs are missing; the message lists each with its fix
+    (exit 3, the one rule for a missing environment)."""
 
 
 @dataclass(frozen=True)

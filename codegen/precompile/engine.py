@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
 from .cache import CompileCache, cache_key
@@ -23,7 +23,7 @@ def triton_version() -> str:
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
-        raise UserError(
+        raise EnvironmentMissing(
             "precompile needs pip triton in this Python",
             hint="pip install triton==3.5.1 (3.5.x-3.8.x compile AOTriton's kernels for AMD targets)",
         ) from None
