@@ -167,22 +167,22 @@ def sort_key(e: KernelEntry) -> tuple:
 
 
 def _rel(path: str, base: Path) -> str:
-    p = Path(os.path.normpath(path))
-    try:
-        return p.relative_to(base).as_posix()
-    except ValueError:
-        return p.as_posix()
+    """`path` relative to `base` when inside it, POSIX-spelled (string work: thousands of lines)."""
+    p, prefix = os.path.normpath(path), str(base).rstrip(os.sep) + os.sep
+    if p.startswith(prefix):
+        p = p[len(prefix):]
+    return p.replace(os.sep, "/")
 
 
 def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int, stages: int,
            wpe: int, arch: str, sig: str) -> KernelEntry:
-    name = Path(hsaco).name
+    name = os.path.basename(hsaco)
     m = _HSACO_RE.match(name)
     functional, perf = (m.group("f"), m.group("p")) if m else ("", "")
     ftoks = functional.split("_") if functional else []
     dtype_sig = ftoks[0].replace("＊", "*").replace("@", ":") if ftoks else ""
     source = _rel(src, tree)
-    consts = _constants(str(Path(tree) / source), kname, sig)
+    consts = _constants(os.path.join(str(tree), source), kname, sig)
     head_dim = next((consts[a] for a in _HEAD_DIM_ARGS if isinstance(consts.get(a), int)), None)
     if head_dim is None and len(ftoks) > 1 and ftoks[1].isdigit():
         head_dim = int(ftoks[1])
@@ -212,13 +212,23 @@ def config_of(family: str, arch: str, dtype: str, head_dim: int | None, block_m:
     return cfg
 
 
+_AXIS_ARGS = (*_HEAD_DIM_ARGS, "BLOCK_M", "BLOCK_N", "PRE_LOAD_V")  # the constants a config needs
+
+
 def _constants(source: str, kname: str, sig: str) -> dict:
-    """Constant arguments of the signature by parameter name (empty when unknown)."""
+    """The constant arguments of the signature that name a config axis, by parameter name
+    (empty when unknown). Only those are parsed: a signature has ~70 values, a list thousands."""
     names = kernel_arg_names(source, kname)
-    values = [s.strip() for s in sig.split(",")]
+    values = sig.split(",")
     if names is None or len(names) != len(values):
         return {}
-    return {n: v for n, v in ((n, _constexpr(s)) for n, s in zip(names, values)) if v is not None}
+    out = {}
+    for n, s in zip(names, values):
+        if n in _AXIS_ARGS:
+            v = _constexpr(s.strip())
+            if v is not None:
+                out[n] = v
+    return out
 
 
 @lru_cache(maxsize=256)
