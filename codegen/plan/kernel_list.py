@@ -41,6 +41,7 @@ COMPILE_LIST = "Bare.compile"
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
+# TODO(dtypes): Triton signature spelling
 _DTYPES = {"*fp16:16": "fp16", "*bf16:16": "bf16", "*fp32:16": "fp32"}
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 

@@ -26,6 +26,7 @@ from .grid import SEQLEN_BINS, GridEntry
 from .store import Provenance, config_columns, entry_columns
 
 HEAD_DIM_BINS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 512)
+# TODO(dtypes): torch name -> short name
 DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 

@@ -22,6 +22,7 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+# TODO(dtypes): the torch spelling of the one dtype table
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 CAUSAL_TYPE_WINDOWED = 3  # what the tree's launcher uses for causal=True (top-left)
 

@@ -17,6 +17,7 @@ from ..torch_integration.layout import IMAGES_DIR, images_signature, sha256_file
 from .cases import Case, Shape, tolerance
 
 DEVICE = "cuda"  # tests and CPU dry runs switch it
+# TODO(dtypes): the torch spelling
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
