@@ -19,7 +19,7 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def _writable_parent(path: Path, option: str) -> None:
-    base = _nearest_existing(path.parent if not path.exists() else path)
+    base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise UserError(f"{option} {path}: {base} is not a directory")
     if not os.access(base, os.W_OK | os.X_OK):

@@ -106,3 +106,17 @@ def test_ctrl_c_at_start_up_is_one_line_and_130(delay):
     assert [ln for ln in err.splitlines() if ln.strip()] in ([], ["interrupted"]), err
     if p.returncode == 130:
         assert err.strip() == "interrupted"
+
+
+def test_existing_outputs_are_fine(tmp_path):
+    """A re-run writes over its earlier outputs: existing files and folders pass the checks."""
+    from codegen import preflight
+
+    (tmp_path / "r.json").write_text("{}")
+    (tmp_path / "keep").mkdir()
+    preflight.output_file(tmp_path / "r.json", "--json")
+    preflight.output_file(tmp_path / "new" / "deeper" / "r.md", "--md")
+    preflight.output_dir(tmp_path / "keep", "--keep")
+    preflight.output_dir(tmp_path / "cache" / "x", "--cache-dir")
+    assert preflight.interpreter(sys.executable)
+
