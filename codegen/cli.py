@@ -1,26 +1,95 @@
 """The `mi100-codegen` command line: thin; maps exceptions to exit codes.
 
-Exit codes (an API): 0 ok, 1 drift (--check), 2 user error, 3 upstream/build/GPU failure,
-130 interrupted."""
+Exit codes (an API): 0 ok, 1 drift (--check), 2 user error, 3 upstream/build/GPU failure or a
+missing environment (no torch, no Triton, no GPU), 130 interrupted.
+
+Start-up stays light: building the app imports typer and rich only. The commands of the later
+stages live in their stage's `cli` module, which is imported when the command runs (or its own
+`--help` is asked for); the root `--help` lists them from `STAGE_COMMANDS`.
+"""
 
 from __future__ import annotations
 
-import functools
 import sys
-import traceback
-from pathlib import Path
-from typing import Callable, Optional
 
-import typer
-from rich.console import Console
+try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
+    import functools
+    import importlib
+    import traceback
+    from pathlib import Path
+    from typing import Callable, Optional
 
-from . import __version__
-from .errors import EXIT_DRIFT, EXIT_INTERRUPTED, CodegenError
+    import typer
+    from rich.console import Console
+    from typer.core import TyperGroup
+
+    from . import __version__
+    from .errors import EXIT_DRIFT, EXIT_INTERRUPTED, CodegenError
+except KeyboardInterrupt:
+    sys.stderr.write("interrupted\n")
+    raise SystemExit(130) from None
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 stdout = Console(highlight=False, soft_wrap=True)
 
+# command -> (module whose `register(app, guarded)` defines it, its one-line help for the root
+# --help). tests/test_cli_help.py checks each line against the command's own help.
+STAGE_COMMANDS: dict[str, tuple[str, str]] = {
+    "apply": ("codegen.apply.cli", "Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows."),
+    "revert": ("codegen.apply.cli", "Restore the tree byte-for-byte to its state before the first apply."),
+    "plan": ("codegen.plan.cli", "List the kernels the tree's own generator selects for the target GPUs: total and counts by family, head dim, dtype and config. Writes nothing into the tree."),
+    "precompile": ("codegen.precompile.cli", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
+    "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
+    "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
+    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/{measurements,winners}.csv."),
+    "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
+    "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
+}
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: stage commands are imported on first use. While the root help is
+    formatted they are listed from STAGE_COMMANDS without importing anything."""
+
+    _listing = False
+
+    def list_commands(self, ctx) -> list[str]:
+        own = super().list_commands(ctx)  # render, spec: defined below
+        return own + [name for name in STAGE_COMMANDS if name not in own]
+
+    def get_command(self, ctx, cmd_name: str):
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is not None or cmd_name not in STAGE_COMMANDS:
+            return cmd
+        if self._listing:
+            return typer.core.TyperCommand(cmd_name, help=STAGE_COMMANDS[cmd_name][1])
+        return stage_command(cmd_name)
+
+    def format_help(self, ctx, formatter) -> None:
+        type(self)._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            type(self)._listing = False
+
+
+@functools.lru_cache(maxsize=None)
+def _stage_group(module: str):
+    """The click group of one stage cli module's commands."""
+    # CLI start-up: a stage's command module is imported when one of its commands runs
+    sub = typer.Typer(add_completion=False)
+    importlib.import_module(module).register(sub, guarded)
+    sub.callback()(lambda: None)  # a group even when the module has one command
+    return typer.main.get_command(sub)
+
+
+def stage_command(name: str):
+    """The click command `name` of a later stage (imports its cli module)."""
+    return _stage_group(STAGE_COMMANDS[name][0]).commands[name]
+
+
 app = typer.Typer(
+    cls=_LazyGroup,
     name="mi100-codegen",
     help="Bring AOTriton's FlashAttention to AMD GPUs AMD ships no kernels for (MI100/gfx908 first).",
     no_args_is_help=True,
@@ -30,7 +99,7 @@ app = typer.Typer(
 spec_app = typer.Typer(help="Validate specs and print their JSON Schema.", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 
-_state = {"debug": False}
+_state = {"debug": False, "interrupt_reported": False}
 
 
 def _version(value: bool) -> None:
@@ -46,6 +115,12 @@ def _root(
                                  help="Print the version and exit."),
 ) -> None:
     _state["debug"] = debug
+
+
+def _interrupted() -> None:
+    if not _state["interrupt_reported"]:
+        _state["interrupt_reported"] = True
+        stderr.print("[yellow]interrupted[/]")
 
 
 def guarded(fn: Callable) -> Callable:
@@ -68,7 +143,7 @@ def guarded(fn: Callable) -> Callable:
                 stderr.print(f"[dim]hint:[/] {exc.hint}")
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
-            stderr.print("[yellow]interrupted[/]")
+            _interrupted()
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper
@@ -90,6 +165,7 @@ def render(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
+    # CLI start-up: the render stage loads when the command runs
     from .overlay_dir import diff_overlay, write_overlay
     from .overlay_inputs import render_overlay
     from .spec import load_spec
@@ -119,6 +195,7 @@ def spec_check(
     path: Optional[Path] = typer.Argument(None, help="Spec YAML (default: the embedded one)."),
 ) -> None:
     """Validate a spec; every problem as file:line:col, exit 2 on errors."""
+    # CLI start-up: the models and the loader load when the command runs
     from .models import expand_space
     from .spec import load_spec
 
@@ -134,38 +211,22 @@ def spec_check(
 @guarded
 def spec_schema() -> None:
     """Print the JSON Schema of specs (committed as rules/schema/target-spec.schema.json)."""
-    from .spec import spec_json_schema
+    from .spec import spec_json_schema  # CLI start-up: loads when the command runs
 
     sys.stdout.write(spec_json_schema())
 
 
-def _register_optional() -> None:
-    """Commands of later pipeline stages live in their own modules."""
-    import importlib
-
-    for mod in (
-        "codegen.apply.cli",       # apply, revert
-        "codegen.plan.cli",        # plan
-        "codegen.precompile.cli",  # precompile, bench
-        "codegen.build.cli",       # build
-        "codegen.tune.cli",        # tune
-        "codegen.torch_integration.cli",  # torch status|install|restore|rebuild-recipe
-        "codegen.validate.cli",    # validate
-    ):
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if not (exc.name and (mod == exc.name or mod.startswith(exc.name + "."))):
-                raise
-            continue
-        m.register(app, guarded)
-
-
-_register_optional()
-
-
 def main() -> None:
-    app()
+    """The console script: the app, plus Ctrl-C between start-up and the first command."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        _interrupted()
+        sys.exit(EXIT_INTERRUPTED)
+    except SystemExit as exc:
+        if exc.code == EXIT_INTERRUPTED:
+            _interrupted()
+        raise
 
 
 if __name__ == "__main__":

@@ -39,3 +39,10 @@ class UpstreamError(CodegenError):
     """An AOTriton tree we refuse, or that its own tools reject."""
 
     exit_code = EXIT_UPSTREAM
+
+
+class EnvironmentMissing(CodegenError):
+    """The machine lacks what a stage needs to run: torch, Triton, a GPU. One rule for every
+    stage (tune, validate, precompile): exit 3, like other failures outside the user's input."""
+
+    exit_code = EXIT_UPSTREAM

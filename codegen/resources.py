@@ -13,7 +13,7 @@ def data_dir(name: str) -> Path:
     for candidate in (_PKG / "_data" / name, _PKG.parent / name):
         if candidate.is_dir():
             return candidate
-    from .errors import UserError
+    from .errors import UserError  # only on this error path: resources.py stays import-free
 
     raise UserError(f"mi100-codegen data folder '{name}' is missing from this install",
                     hint="reinstall mi100-codegen (pip install .)")

@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
@@ -110,12 +110,10 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
 
 
 def _unwrap(ann: Any) -> Any:
-    import typing
-
-    for arg in (ann, *typing.get_args(ann)):
+    for arg in (ann, *get_args(ann)):
         if isinstance(arg, type) and issubclass(arg, BaseModel):
             return arg
-        for sub in typing.get_args(arg):
+        for sub in get_args(arg):
             if isinstance(sub, type) and issubclass(sub, BaseModel):
                 return sub
     return ann

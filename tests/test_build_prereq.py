@@ -30,6 +30,7 @@ def test_everything_missing_is_listed(tmp_path, monkeypatch):
                    "pip install surely-not-installed-pkg-xyz"):
         assert needle in msg, needle
     assert "apt-get install -y" in ei.value.hint
+    assert msg.count("all of HIP on Debian 12") == 1  # each distinct hint once
 
 
 def test_triton_version_window(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ import pytest
 
 from codegen.errors import UpstreamError, UserError
 from codegen.plan.kernel_list import (
+    KernelEntry,
     arch_of,
     config_of,
     kernel_arg_names,
@@ -60,19 +61,22 @@ def test_parse_compile_list_names_and_paths(tmp_path):
     listing = build / "Bare.compile"
     listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
     entries = parse_compile_list(listing, tree, build)
-    assert [e.config for e in entries] == [
+    assert [e.config.name for e in entries] == [
         "attn_fwd.gfx908.bf16.d32.M128N64.wpe1.w4.s1.plv1",
         "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0",
         "bwd_preprocess.gfx908.fp32.d32.M128.wpe2.w4.s1",
     ]
     e = entries[1]
-    assert (e.family, e.dtype, e.head_dim, e.block_m, e.block_n, e.pre_load_v) == ("attn_fwd", "fp16", 64, 64, 32, False)
+    c = e.config
+    assert (c.family, c.dtype, c.head_dim, c.block_m, c.block_n, c.pre_load_v) == ("attn_fwd", "fp16", 64, 64, 32, False)
     assert e.source == "tritonsrc/flash.py"
     assert e.hsaco.startswith("flash/gpu_kernel_image.attn_fwd/attn_fwd-Sig-")
     assert e.hsaco.endswith(".hsaco") and not e.id.endswith(".hsaco")
-    assert (e.num_warps, e.num_stages, e.waves_per_eu, e.arch) == (4, 1, 2, "gfx908")
-    assert e.config_key == "M64N32.wpe2.w4.s1.plv0"
-    assert entries[2].head_dim == 32 and entries[2].block_n is None
+    assert (c.num_warps, c.num_stages, c.waves_per_eu, c.arch) == (4, 1, 2, "gfx908")
+    assert c.config_key == "M64N32.wpe2.w4.s1.plv0"
+    assert entries[2].config.head_dim == 32 and entries[2].config.block_n is None
+    assert e.model_dump()["config"] == "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0"  # JSON: its name
+    assert KernelEntry.model_validate(e.model_dump()) == e
 
 
 def test_parse_compile_list_012_prefix_fields(tmp_path):
@@ -83,7 +87,7 @@ def test_parse_compile_list_012_prefix_fields(tmp_path):
     listing.write_text(_fwd_line(tree, build, "*fp16:16", 32, 16, 16, 2, False,
                                  prefix="default;/venv/bin/python;") + "\n", encoding="utf-8")
     (e,) = parse_compile_list(listing, tree, build)
-    assert e.config == "attn_fwd.gfx908.fp16.d32.M16N16.wpe2.w4.s1.plv0"
+    assert e.config.name == "attn_fwd.gfx908.fp16.d32.M16N16.wpe2.w4.s1.plv0"
 
 
 def test_parse_compile_list_rejects_bad_and_duplicate_lines(tmp_path):

@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from codegen.models import KernelConfig
 from codegen.plan.kernel_list import KernelEntry
 from codegen.precompile.cache import CompileCache
 from codegen.precompile.engine import compile_entries
@@ -46,10 +47,9 @@ HANG = "import time\ntime.sleep(120)\n"
 
 
 def _entry(kid: str, source: str, kernel: str, signature: str, wpe: int = 2) -> KernelEntry:
-    return KernelEntry(id=kid, family=kernel, arch="gfx908", dtype="fp16", head_dim=None,
-                       config=f"{kernel}.gfx908.fp16.{kid}.wpe{wpe}.w4.s1", block_m=None, block_n=None,
-                       pre_load_v=None, hsaco=f"img/{kid}.hsaco", source=source, kernel_name=kernel,
-                       signature=signature, num_warps=4, num_stages=1, waves_per_eu=wpe, perf="", functional="")
+    return KernelEntry(id=kid, config=KernelConfig(kernel, "gfx908", "fp16", None, None, None, wpe, 4, 1),
+                       hsaco=f"img/{kid}.hsaco", source=source, kernel_name=kernel, signature=signature,
+                       perf="", functional="")
 
 
 @pytest.fixture

@@ -118,11 +118,9 @@ def test_verdicts():
 
 def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
     plv = plv if family == "attn_fwd" else None
-    cfg = config_of(family, "gfx908", dtype, hd, m, n, wpe, 4, 1, plv).name
-    return KernelEntry(id=f"{family}-{dtype}-{hd}-{m}-{n}-{wpe}-{i}", family=family, arch="gfx908", dtype=dtype,
-                       head_dim=hd, config=cfg, block_m=m, block_n=n, pre_load_v=plv, hsaco=f"x/{i}.hsaco",
-                       source="tritonsrc/flash.py", kernel_name=family, signature="*fp16:16", num_warps=4,
-                       num_stages=1, waves_per_eu=wpe, perf="", functional="")
+    cfg = config_of(family, "gfx908", dtype, hd, m, n, wpe, 4, 1, plv)
+    return KernelEntry(id=f"{family}-{dtype}-{hd}-{m}-{n}-{wpe}-{i}", config=cfg, hsaco=f"x/{i}.hsaco",
+                       source="tritonsrc/flash.py", kernel_name=family, signature="*fp16:16", perf="", functional="")
 
 
 def test_stratified_sample_covers_and_is_deterministic():
@@ -130,13 +128,13 @@ def test_stratified_sample_covers_and_is_deterministic():
                for dt in ("fp16", "bf16", "fp32") for hd in (32, 64) for w in (1, 2) for i in range(3)]
     s = stratified_sample(entries, 4)
     assert len(s) == 4
-    assert {e.family for e in s} == {"attn_fwd", "bwd_kernel_dq", "bwd_kernel_dk_dv"}
-    assert {e.dtype for e in s} == {"fp16", "bf16", "fp32"} and {e.head_dim for e in s} == {32, 64}
+    assert {e.config.family for e in s} == {"attn_fwd", "bwd_kernel_dq", "bwd_kernel_dk_dv"}
+    assert {e.config.dtype for e in s} == {"fp16", "bf16", "fp32"} and {e.config.head_dim for e in s} == {32, 64}
     assert stratified_sample(list(reversed(entries)), 4) == s
     s18 = stratified_sample(entries, 18)  # one per stratum
-    assert len({(e.family, e.dtype, e.head_dim) for e in s18}) == 18
+    assert len({(e.config.family, e.config.dtype, e.config.head_dim) for e in s18}) == 18
     s36 = stratified_sample(entries, 36)  # configs take turns inside a stratum
-    assert len({e.config for e in s36}) == 36
+    assert len({e.config.name for e in s36}) == 36
     assert stratified_sample(entries, 0) == stratified_sample(entries, len(entries))
 
 
@@ -161,11 +159,12 @@ def test_prune_spec_excludes_failing_and_spilling_configs(loaded, tmp_path):
     clean = _entry("bwd_kernel_dq", "bf16", 32, 32, 16, wpe=2)
     outside = _entry("attn_fwd", "fp16", 64, 16, 16, wpe=2)  # not in the spec's space
     space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
-    assert {spilling.config, failing.config, clean.config} <= space and outside.config not in space
-    results = [_result(spilling.config, wpe=1, vgpr_spills=12), _result(failing.config, status="failed"),
-               _result(clean.config), _result(outside.config, vgpr_spills=1)]
+    assert {spilling.config.name, failing.config.name, clean.config.name} <= space
+    assert outside.config.name not in space
+    results = [_result(spilling.config.name, wpe=1, vgpr_spills=12), _result(failing.config.name, status="failed"),
+               _result(clean.config.name), _result(outside.config.name, vgpr_spills=1)]
     rules, out_of_space = prune_rules(loaded, [spilling, failing, clean, outside], results, "3.5.1")
-    assert out_of_space == [outside.config]
+    assert out_of_space == [outside.config.name]
     assert sorted(rules) == ["attn_fwd", "bwd_kernel_dq"]
     assert "spills 12 VGPRs with Triton 3.5.1" in rules["attn_fwd"][0]["reason"]
     dest = tmp_path / "pruned.yaml"
@@ -180,7 +179,7 @@ def test_prune_spec_excludes_failing_and_spilling_configs(loaded, tmp_path):
     assert "# Head dims to build." in text
     pruned = load_spec(dest)
     names = {c.name for cfgs in expand_space(pruned.spec).values() for c in cfgs}
-    assert spilling.config not in names and failing.config not in names and clean.config in names
+    assert spilling.config.name not in names and failing.config.name not in names and clean.config.name in names
     assert len(names) == len(space) - 2
 
 

@@ -267,16 +267,36 @@ def test_merge_never_turns_a_spilling_config_clean():
     assert fixed["configs"][name]["verdict"] == "spills"               # a worse new result replaces
 
 
+def rules_from_report(loaded, report: dict) -> dict[str, list[dict]]:
+    """family -> the exclude rules `precompile --prune-to` would write for every config of the
+    spec's tuning space that a committed compile report marks failed or spilling."""
+    from codegen.models import expand_space
+    from codegen.precompile.prune import PRUNED, _reason_text, _rule, _where
+
+    configs = report.get("configs", {})
+    where = _where(report.get("arch"), report.get("release"))
+    rules: dict[str, list[dict]] = {}
+    for family, cfgs in expand_space(loaded.spec).items():
+        for cfg in sorted(cfgs, key=lambda c: c.name):
+            entry = configs.get(cfg.name)
+            if not entry or entry.get("verdict") not in PRUNED:
+                continue
+            reason = _reason_text(entry["verdict"], entry.get("error"), entry.get("vgpr_spills"),
+                                  report.get("triton", "?"), where)
+            rules.setdefault(family, []).append(_rule(cfg, reason))
+    return rules
+
+
 def test_prune_rules_from_report_cite_the_cross_compile(tmp_path):
     from codegen.models import expand_space
-    from codegen.precompile.prune import prune_rules_from_report, prune_spec
+    from codegen.precompile.prune import prune_spec
 
     loaded = load_spec(None)
     space = {c.name: c for cfgs in expand_space(loaded.spec).values() for c in cfgs}
     victim = next(n for n in sorted(space) if n.startswith("bwd_kernel_dq.") and ".wpe1." in n)
     rep = _report({victim: "spills", "attn_fwd.gfx908.fp16.d64.M16N16.wpe9.w4.s1.plv0": "spills"})
     rep["configs"][victim]["vgpr_spills"] = 7
-    rules = prune_rules_from_report(loaded, rep)
+    rules = rules_from_report(loaded, rep)
     assert list(rules) == ["bwd_kernel_dq"] and len(rules["bwd_kernel_dq"]) == 1  # outside the space: ignored
     reason = rules["bwd_kernel_dq"][0]["reason"]
     assert reason == "precompile: spills 7 VGPRs with Triton 3.5.1 (CPU cross-compile for gfx908, AOTriton 0.11b)"
@@ -289,12 +309,10 @@ def test_prune_rules_from_report_cite_the_cross_compile(tmp_path):
 def test_committed_spec_excludes_every_failing_or_spilling_space_config():
     """rules/mi100.yaml already holds an exclude rule for every config of its tuning space that
     the committed compile report marks failed or spilling."""
-    from codegen.precompile.prune import prune_rules_from_report
-
     report = REPO / "tuning" / "gfx908" / "compile_report.json"
     if not report.is_file():
         pytest.skip("no committed compile report")
-    assert prune_rules_from_report(load_spec(None), json.loads(report.read_text())) == {}
+    assert rules_from_report(load_spec(None), json.loads(report.read_text())) == {}
 
 
 # ------------------------------------------------------------------- precompile --descend --
@@ -305,12 +323,8 @@ def _kentry(config: str, fid: str = "F0"):
     p = dataclasses.asdict(KernelConfig.parse(config))
     kid = (f"{p['family']}-Sig-F__{fid}__P__0_2_{p['block_m']}_{p['block_n']}_False__CO__wave{p['waves_per_eu']}"
            f"_warp{p['num_warps']}_stg{p['num_stages']}--Arch_gfx908")
-    return KernelEntry(id=kid, family=p["family"], arch="gfx908", dtype=p["dtype"], head_dim=p["head_dim"],
-                       config=config, block_m=p["block_m"], block_n=p["block_n"],
-                       pre_load_v=None if p["pre_load_v"] is None else bool(p["pre_load_v"]),
-                       hsaco=f"flash/{kid}.hsaco", source="tritonsrc/flash.py", kernel_name=p["family"],
-                       signature="sig", num_warps=p["num_warps"], num_stages=p["num_stages"],
-                       waves_per_eu=p["waves_per_eu"], perf="", functional=fid)
+    return KernelEntry(id=kid, config=config, hsaco=f"flash/{kid}.hsaco", source="tritonsrc/flash.py",
+                       kernel_name=p["family"], signature="sig", perf="", functional=fid)
 
 
 def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
@@ -319,8 +333,9 @@ def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
 
     fields = {name: 0 for name in Resources.model_fields}
     fields.update(vgprs=vgprs, sgprs=64, mfma=8, vgpr_spills=vgpr_spills)
-    return KernelResult(id=e.id, config=e.config, family=e.family, dtype=e.dtype, head_dim=e.head_dim,
-                        waves_per_eu=e.waves_per_eu, num_warps=e.num_warps, num_stages=e.num_stages, status="ok",
+    c = e.config
+    return KernelResult(id=e.id, config=c.name, family=c.family, dtype=c.dtype, head_dim=c.head_dim,
+                        waves_per_eu=c.waves_per_eu, num_warps=c.num_warps, num_stages=c.num_stages, status="ok",
                         resources=Resources(**fields), occupancy=1)
 
 
@@ -330,7 +345,7 @@ def test_descend_budget_and_renaming():
     hw = load_spec(None).spec.hardware
     assert [vgpr_budget(hw, w) for w in (1, 2, 3, 4)] == [256, 128, 84, 64]
     e = with_waves(_kentry(FWD.format(3)), 1)
-    assert e.waves_per_eu == 1 and e.config == FWD.format(1)
+    assert e.config.waves_per_eu == 1 and e.config.name == FWD.format(1)
     assert "__CO__wave1_warp4_stg1" in e.id and "__CO__wave1_" in e.hsaco
 
 
@@ -348,7 +363,7 @@ def test_descend_moves_every_kernel_of_a_spilling_config():
     # 64 + 30 VGPRs need the budget of waves_per_eu 2 (128); every functional of the config moves
     assert plan.moves == {FWD.format(4): FWD.format(2)}
     assert sorted(e.functional for e in plan.entries) == ["F0", "F1", "F2"]
-    assert {e.config for e in plan.entries} == {FWD.format(2)}
+    assert {e.config.name for e in plan.entries} == {FWD.format(2)}
     # a clean lower variant the report already knows is the one apply caps to: measure that one
     known = compile_report([_kresult(_kentry(FWD.format(3), "F9"))], arch="gfx908", gpu="gfx908_mod0",
                            release="0.11b", triton="3.5.1", previous=report)
@@ -359,7 +374,7 @@ def test_descend_moves_every_kernel_of_a_spilling_config():
     report2 = compile_report(results2, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
     plan2 = plan_round(entries2, results2, hw, report2, "gfx908")
     assert plan2.moves[FWD.format(2)] == FWD.format(1)
-    assert {e.config for e in plan2.entries} == {FWD.format(1)} and len(plan2.entries) == 3
+    assert {e.config.name for e in plan2.entries} == {FWD.format(1)} and len(plan2.entries) == 3
     # at waves_per_eu 1 there is nowhere to go
     last = [_kresult(e, vgpr_spills=1) for e in plan2.entries]
     assert plan_round(entries2 + plan2.entries, results2 + last, hw, None, "gfx908").entries == []
@@ -369,7 +384,7 @@ def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):
     from rich.console import Console
 
     import codegen.precompile.engine as engine
-    from codegen.precompile.cli import DescendInterrupted, _descend
+    from codegen.precompile.run import DescendInterrupted, _descend
     from codegen.precompile.report import RunInfo
 
     spec = load_spec(None).spec
@@ -378,7 +393,7 @@ def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):
     results = [_kresult(e, vgprs=64, vgpr_spills=20) for e in a] + [_kresult(b[0], vgprs=84, vgpr_spills=10)]
 
     def fake_compile(tree, entries, spec, *, on_progress, **kw):
-        ordered = sorted(entries, key=lambda e: e.family != "bwd_kernel_dq")      # dq first, then one fwd
+        ordered = sorted(entries, key=lambda e: e.config.family != "bwd_kernel_dq")      # dq first, then one fwd
         for e in ordered[:2]:
             on_progress(_kresult(e))
         raise KeyboardInterrupt

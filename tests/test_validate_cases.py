@@ -155,7 +155,7 @@ def test_validate_without_gpu_or_torch_is_clear():
         if torch.cuda.is_available():
             pytest.skip("a GPU is present")
     r = runner.invoke(app, ["validate"])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 3, r.output  # a missing environment: exit 3, as in tune
     if HAS_TORCH:
         assert "no GPU" in r.output
     else:
@@ -199,3 +199,22 @@ def test_dispatch_limits_are_skips_not_failures():
     assert "fp16/bf16" in dispatch_limit("flash", Case("fp32", 64, False, sq))
     assert dispatch_limit("efficient", Case("fp32", 64, False, sq)) is None
     assert "GQA" in dispatch_limit("efficient", Case("fp16", 64, False, Shape(2, 8, 2, 331, 149)))
+
+
+def test_report_compares_the_gpus_compute_units_with_the_spec():
+    pytest.importorskip("torch")  # codegen.validate.gpu imports it
+    from codegen.spec import load_spec
+    from codegen.validate.gpu import Platform
+    from codegen.validate.run import build_report
+
+    loaded = load_spec(None)
+    cus = loaded.spec.hardware.compute_units
+    mode = {"mode": "sdpa", "cases": [], "proof": {"checks": [], "kernels": {}, "aotriton": {}}, "perf": []}
+    same = Platform("rocm", "MI100", "gfx908", "gfx908:sramecc+:xnack-", "2.8", "6.4", None, cus)
+    assert build_report(loaded, mode, same, None)["compute_units_match_spec"] is True
+    fewer = Platform("rocm", "MI100", "gfx908", "gfx908", "2.8", "6.4", None, cus - 8)
+    rep = build_report(loaded, mode, fewer, None)
+    assert rep["compute_units_match_spec"] is False and rep["platform"]["compute_units"] == cus - 8
+    assert f"this GPU has {cus - 8} compute units, the spec's hardware {cus}" in render_markdown(rep)
+    proxy = Platform("cuda", "H100", "sm_90", "sm_90", "2.8", None, "12.8", 132)
+    assert build_report(loaded, mode, proxy, None)["compute_units_match_spec"] is None

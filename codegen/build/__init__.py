@@ -1,10 +1,10 @@
 """Build and install AOTriton for a target from a tree that carries the overlay, and verify it.
 
-    build_tree(tree, prefix=..., ...) -> BuildReport    # the `build` command's whole job
+    build_tree(BuildOptions(tree, prefix, ...), console) -> BuildReport   # the `build` command's whole job
     check_overlay / check_prerequisites / plan_configure / run_ninja / verify_install   # its steps
 """
 
-from .builder import BuildReport, build_tree
+from .builder import BuildOptions, BuildReport, build_tree
 from .configure import BuildRequest, ConfigurePlan, plan_configure
 from .overlay import OverlayError, check_overlay
 from .prereq import PrerequisiteError, Toolchain, check_prerequisites

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,7 +10,10 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import UserError
+from ..overlay_inputs import render_overlay
 from ..resources import data_dir, default_spec_path
+from ..spec import load_spec
+from ..upstream import detect
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
 from ..apply.lock import read_lock
@@ -72,8 +76,6 @@ def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
 def resolve_spec(tree: Path, explicit: Path | None):
     """The spec to build: --spec, else the one (embedded default, bundled examples)
     whose sha256 is the one the tree's overlay was applied from."""
-    from ..spec import load_spec
-
     if explicit is not None:
         return load_spec(explicit)
     lock = read_lock(tree)
@@ -113,21 +115,29 @@ def count_kernels(build_dir: Path) -> tuple[int | None, int | None]:
     return total, done
 
 
-def build_tree(tree: Path, *, prefix: Path, build_dir: Path | None, jobs: int, noimage: bool,
-               for_tuning: bool, python_binding: bool, python: str, spec_path: Path | None,
-               console: Console, show_progress: bool = True, reconfigure: bool = False) -> BuildReport:
-    t_start = time.monotonic()
-    from ..upstream import detect
+@dataclass(frozen=True)
+class BuildOptions:
+    """What `mi100-codegen build` was asked for (codegen.build.cli parses it)."""
 
-    tree = tree.resolve()
-    prefix = prefix.resolve()
-    build_dir = (build_dir or tree / "build").resolve()
-    adapter = detect(tree)
-    loaded = resolve_spec(tree, spec_path)
+    tree: Path
+    prefix: Path
+    build_dir: Path | None = None
+    jobs: int = 1
+    noimage: bool = False
+    for_tuning: bool = False
+    python_binding: bool = False
+    python: str = sys.executable
+    spec_path: Path | None = None
+    show_progress: bool = True
+    reconfigure: bool = False
+
+
+def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
+    """Combinations the spec or the tree cannot build, before anything runs."""
     spec = loaded.spec
-    if for_tuning and noimage:
+    if opts.for_tuning and opts.noimage:
         raise UserError("--for-tuning and --noimage exclude each other (a tuning build is all kernel images)")
-    if for_tuning:
+    if opts.for_tuning:
         if len(spec.head_dims) < 2:
             raise UserError(f"{loaded.display}: a tuning build needs at least two head dims (upstream "
                             f"0.10b-0.12b drop a one-value axis and crash); this spec has {list(spec.head_dims)}")
@@ -136,23 +146,31 @@ def build_tree(tree: Path, *, prefix: Path, build_dir: Path | None, jobs: int, n
             raise UserError(f"{loaded.display}: a tuning build compiles every dtype upstream builds (fp16, bf16), "
                             f"but the spec's tuning space has no {', '.join(lacking)} configs")
     triton_src = tree / "third_party" / "triton"
-    if adapter.version < (0, 11, 0) and not noimage and not any(triton_src.iterdir() if triton_src.is_dir() else []):
+    if (adapter.version < (0, 11, 0) and not opts.noimage
+            and not any(triton_src.iterdir() if triton_src.is_dir() else [])):
         raise UserError(
             f"{tree}: AOTriton {adapter.release} image builds compile Triton from the third_party/triton "
             f"submodule (there is no option to use an installed Triton before 0.11b), and it is empty",
             hint="check out the submodule (git submodule update --init third_party/triton), use --noimage, "
                  "or build a 0.11b+ tree")
-    manifest = None
-    if read_lock(tree):
-        from ..overlay_inputs import render_overlay
 
-        manifest = render_overlay(loaded, adapter.layout).manifest_sha256
-    state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256, manifest_sha256=manifest,
+
+def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
+    """The `build` command's whole job: checks, configure (when needed), ninja install, verify."""
+    t_start = time.monotonic()
+    tree, prefix = opts.tree.resolve(), opts.prefix.resolve()
+    build_dir = (opts.build_dir or tree / "build").resolve()
+    adapter = detect(tree)
+    loaded = resolve_spec(tree, opts.spec_path)
+    spec = loaded.spec
+    _refuse_request(opts, tree, loaded, adapter)
+    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
+    state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
+                          manifest_sha256=manifest,
                           spec_display=loaded.display)
-
-    tc = check_prerequisites(tree, python, need_triton=not noimage, python_binding=python_binding)
-    req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=jobs, noimage=noimage,
-                       for_tuning=for_tuning, python_binding=python_binding, arch=spec.arch,
+    tc = check_prerequisites(tree, opts.python, need_triton=not opts.noimage, python_binding=opts.python_binding)
+    req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
+                       for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)
     watched = [".mi100-codegen.lock.json", adapter.tuning_db] + ([adapter.op_db] if adapter.op_db else []) \
         + ([adapter.shard_root] if adapter.shard_root else [])
@@ -161,46 +179,50 @@ def build_tree(tree: Path, *, prefix: Path, build_dir: Path | None, jobs: int, n
     report = BuildReport(
         tree=str(tree), release=adapter.release, arch=spec.arch, spec=loaded.display, spec_sha256=loaded.sha256,
         prefix=str(prefix), build_dir=str(build_dir), log=str(build_dir / LOG_NAME),
-        mode="noimage" if noimage else ("tuning" if for_tuning else "images"),
+        mode="noimage" if opts.noimage else ("tuning" if opts.for_tuning else "images"),
         toolchain=tc.summary(), hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
     )
-    if adapter.version >= (0, 12, 0) and not noimage and not (build_dir / "v3src" / "aiter").is_dir():
+    if adapter.version >= (0, 12, 0) and not opts.noimage and not (build_dir / "v3src" / "aiter").is_dir():
         report.warnings.append("AOTriton 0.12b+ clones https://github.com/ROCm/aiter.git at configure time "
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
+    _configure_and_build(opts, build_dir, plan, tc, report, console)
+    ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, images=not opts.noimage)
+    report.verification = ver.summary()
+    report.wall_seconds = time.monotonic() - t_start
+    return report
 
+
+def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: BuildReport,
+                         console: Console) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     check_generator(build_dir)
     log_path = build_dir / LOG_NAME
     prepare_venv(build_dir, tc)
     write_support_files(plan, build_dir)
     env = configure_env(plan)
-    if reconfigure or configured_fingerprint(build_dir) != plan.fingerprint:
-        report.configure_seconds = run_cmake(plan.cmake_args(tree, build_dir), env=env, log_path=log_path,
-                                             console=console, cmake=tc.cmake)
+    if opts.reconfigure or configured_fingerprint(build_dir) != plan.fingerprint:
+        report.configure_seconds = run_cmake(plan.cmake_args(opts.tree.resolve(), build_dir), env=env,
+                                             log_path=log_path, console=console, cmake=tc.cmake)
         record_fingerprint(plan, build_dir)
         report.configured = True
-    if not noimage:
+    if not opts.noimage:
         report.kernels_total, report.kernels_before = count_kernels(build_dir)
     if report.kernels_total and report.kernels_before:
         console.print(f"resuming: {report.kernels_before} of {report.kernels_total} kernels already compiled")
     elif report.kernels_total:
         console.print(f"{report.kernels_total} kernels to compile")
-    res = run_ninja(build_dir, jobs=jobs, target="install", env=env, log_path=log_path, console=console,
-                    ninja=tc.ninja, show_progress=show_progress)
+    res = run_ninja(build_dir, jobs=opts.jobs, target="install", env=env, log_path=log_path, console=console,
+                    ninja=tc.ninja, show_progress=opts.show_progress)
     report.build_seconds = res.seconds
-    total_after, done_after = count_kernels(build_dir) if not noimage else (None, None)
+    total_after, done_after = count_kernels(build_dir) if not opts.noimage else (None, None)
     report.kernels_total = total_after if total_after is not None else report.kernels_total
     if done_after is not None:  # files on disk, not status lines: exact across interruptions
         report.kernels_compiled = max(0, done_after - (report.kernels_before or 0))
     else:
         report.kernels_compiled = res.kernels_compiled
     report.edges_total = res.edges_total
-    ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, images=not noimage)
-    report.verification = ver.summary()
-    report.wall_seconds = time.monotonic() - t_start
-    return report
 
 
-__all__ = ["BuildReport", "build_tree", "count_kernels", "resolve_spec"]
+__all__ = ["BuildOptions", "BuildReport", "build_tree", "count_kernels", "resolve_spec"]

@@ -67,15 +67,15 @@ def register(app: typer.Typer, guarded) -> None:
 
         Re-running continues an interrupted build. Exit 3 when the build fails or the install is
         incomplete; 2 when the tree or the environment is not ready (the message says what to do)."""
-        from .builder import build_tree
+        # CLI start-up: the stage loads when the command runs
+        from .builder import BuildOptions, build_tree
         from .run import cpu_count
         from .verify import VerifyError
 
         console = Console(stderr=True, highlight=False, soft_wrap=True)
-        rep = build_tree(aotriton_dir, prefix=prefix, build_dir=build_dir, jobs=jobs or cpu_count(),
-                         noimage=noimage, for_tuning=for_tuning, python_binding=python_binding, python=python,
-                         spec_path=spec, console=console, show_progress=not no_progress and not json_out,
-                         reconfigure=reconfigure)
+        rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
+                                      python_binding, python, spec, not no_progress and not json_out,
+                                      reconfigure), console)
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
         _print_summary(console, rep)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UpstreamError, UserError
+from ..fsutil import write_if_changed
 from .prereq import Toolchain
 
 SUPPORT_DIR = "mi100-codegen"  # inside the build directory
@@ -176,15 +177,8 @@ def plan_configure(req: BuildRequest, tc: Toolchain, release: str, version: tupl
 
 
 def _atomic_write(path: Path, data: bytes, executable: bool = False) -> bool:
-    if path.is_file() and path.read_bytes() == data:
-        return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    if executable:
-        tmp.chmod(0o755)
-    os.replace(tmp, path)
-    return True
+    """Write-if-changed through the one atomic writer; True when the file changed."""
+    return write_if_changed(path, data, mode=0o755 if executable else 0o644)
 
 
 def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:

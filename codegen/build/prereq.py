@@ -13,7 +13,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing
 
 # Triton releases that compile AOTriton's kernels for gfx908 on CPU (AOTRITON.md, verified):
 # 3.5.1 .. 3.8.x; 3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail.
@@ -39,8 +39,9 @@ MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu")
 NOT_NEEDED = frozenset({"iniconfig", "pluggy", "setuptools", "wheel", "pybind11", "filelock", "packaging"})
 
 
-class PrerequisiteError(UserError):
-    """Tools or libraries the build needs are missing; the message lists each with its fix."""
+class PrerequisiteError(EnvironmentMissing):
+    """Tools or libraries the build needs are missing; the message lists each with its fix
+    (exit 3, the one rule for a missing environment)."""
 
 
 @dataclass(frozen=True)
@@ -177,11 +178,8 @@ def probe_python(python: str, names: list[str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False) -> Toolchain:
-    """Find every tool the build needs; raise one PrerequisiteError listing all that are missing."""
-    missing: list[str] = []
-    warnings: list[str] = []
-
+def _check_tools(missing: list[str], warnings: list[str]) -> dict:
+    """cmake, ninja, the C/C++ compilers, pkg-config and liblzma."""
     cmake = shutil.which("cmake")
     cmake_v = _tool_version(cmake) if cmake else ""
     if not cmake:
@@ -193,36 +191,45 @@ def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_bi
         except InvalidVersion:
             warnings.append(f"cannot read the version of {cmake}")
     ninja = shutil.which("ninja")
-    ninja_v = _tool_version(ninja) if ninja else ""
     if not ninja:
         missing.append("ninja: apt-get install -y ninja-build   (or: pip install ninja)")
-
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
     if not cxx or not shutil.which(cxx):
         missing.append("a C++20 compiler: apt-get install -y g++")
     if not cc or not shutil.which(cc):
         missing.append("a C compiler: apt-get install -y gcc")
-
     pkgconfig = shutil.which("pkg-config") or shutil.which("pkgconf")
     if not pkgconfig:
         missing.append("pkg-config: apt-get install -y pkg-config")
     elif _run([pkgconfig, "--exists", "liblzma"]).returncode != 0:
         missing.append("liblzma (development files, found through pkg-config): apt-get install -y liblzma-dev")
+    return {"cmake": cmake or "", "cmake_version": cmake_v, "ninja": ninja or "",
+            "ninja_version": _tool_version(ninja) if ninja else "",
+            "cxx": (shutil.which(cxx) or cxx) if cxx else cxx, "cc": (shutil.which(cc) or cc) if cc else cc}
 
+
+def _check_hip(missing: list[str]) -> tuple[Path | None, str | None]:
+    """HIP's CMake packages, headers and hipcc; the common way to get them all is said once."""
     prefixes = _prefixes()
     hip_dir = find_cmake_package("hip", prefixes)
-    for name, pkg in HIP_CMAKE_PACKAGES:
-        if find_cmake_package(name, prefixes) is None:
-            missing.append(f"HIP: CMake package '{name}' (HIP headers and CMake config): "
-                           f"apt-get install -y {pkg}   (all of HIP on Debian 12: apt-get install -y {HIP_PACKAGES}; "
-                           f"or ROCm under /opt/rocm, or set ROCM_PATH)")
+    absent = [(name, pkg) for name, pkg in HIP_CMAKE_PACKAGES if find_cmake_package(name, prefixes) is None]
+    if absent:
+        names = ", ".join(f"'{name}'" for name, _ in absent)
+        missing.append(f"HIP: CMake package(s) {names} (HIP headers and CMake config): apt-get install -y "
+                       f"{' '.join(sorted({pkg for _, pkg in absent}))}   (all of HIP on Debian 12: apt-get "
+                       f"install -y {HIP_PACKAGES}; or ROCm under /opt/rocm, or set ROCM_PATH)")
     hip_version = hip_version_of(hip_dir) if hip_dir else None
     if hip_dir is not None and hip_version is None:
         missing.append(f"HIP headers (hip/hip_version.h) for {hip_dir}: apt-get install -y libamdhip64-dev")
     if hip_dir is not None and shutil.which("hipcc") is None and not (hip_dir.parents[2] / "bin" / "hipcc").exists():
         missing.append("hipcc: apt-get install -y hipcc")
+    return hip_dir, hip_version
 
+
+def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bool, missing: list[str],
+                  warnings: list[str]) -> dict:
+    """The interpreter's version, the tree's requirements and (for images) a compatible Triton."""
     skip = NOT_NEEDED - ({"pybind11"} if python_binding else set())
     names = [n for n in requirement_names(tree) if n.lower() not in skip]
     probe = probe_python(python, names + ["triton"])
@@ -246,18 +253,23 @@ def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_bi
                                    f"{python} -m pip install '{TRITON_PIN}'")
             except InvalidVersion:
                 warnings.append(f"cannot read Triton's version '{triton_v}'")
+    return {"site_packages": tuple(probe["site"]), "triton_version": triton_v}
+
+
+def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False) -> Toolchain:
+    """Find every tool the build needs; raise one PrerequisiteError listing all that are missing."""
+    missing: list[str] = []
+    warnings: list[str] = []
+    tools = _check_tools(missing, warnings)
+    hip_dir, hip_version = _check_hip(missing)
+    py = _check_python(tree, python, need_triton, python_binding, missing, warnings)
     if missing:
         raise PrerequisiteError(
             "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
             hint=f"on Debian 12 everything system-wide: {APT_ALL}; then {python} -m pip install '{TRITON_PIN}'",
         )
-    return Toolchain(
-        cmake=cmake or "", cmake_version=cmake_v, ninja=ninja or "", ninja_version=ninja_v,
-        cxx=shutil.which(cxx) or cxx, cc=shutil.which(cc) or cc,
-        hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
-        python=python, site_packages=tuple(probe["site"]), triton_version=triton_v,
-        warnings=tuple(warnings),
-    )
+    return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
+                     python=python, **py, warnings=tuple(warnings))
 
 
 __all__ = ["APT_ALL", "HIP_PACKAGES", "PrerequisiteError", "Toolchain", "check_prerequisites",

@@ -3,12 +3,11 @@ packed kernel images against every kernel the generated dispatch tables can sele
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UpstreamError
+from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
 from .images import ImageError, read_aks2_directory, referenced_kernels
 
 # Itanium-mangled prefixes of what PyTorch calls (aotriton::v2::flash::*; v3 from 0.11b).
@@ -57,20 +56,8 @@ class Verification:
 
 
 def defined_symbols(lib: Path) -> set[str]:
-    """Defined dynamic symbols (mangled): our ELF reader, else `nm -D --defined-only`."""
-    try:
-        from ..torch_integration.elf import read_dynamic  # shared ELF reader (torch stage)
-    except ImportError:
-        read_dynamic = None
-    if read_dynamic is not None:
-        return set(read_dynamic(lib).defined)
-    nm = shutil.which("nm")
-    if nm is None:
-        raise VerifyError("cannot read the library's symbols: no ELF reader and no nm (apt-get install -y binutils)")
-    out = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise VerifyError(f"nm -D {lib} failed: {out.stderr.strip()}")
-    return {line.split()[-1] for line in out.stdout.splitlines() if line.strip()}
+    """Defined dynamic symbols (mangled), read from the library's ELF dynamic section."""
+    return set(read_dynamic(lib).defined)
 
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,

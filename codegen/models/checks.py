@@ -34,7 +34,16 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     out: list[Diagnostic] = []
     err = lambda path, msg: out.append(Diagnostic(tuple(path), msg))  # noqa: E731
     warn = lambda path, msg: out.append(Diagnostic(tuple(path), msg, "warning"))  # noqa: E731
+    _check_arch(spec, err, warn)
+    _check_head_dims_and_dtypes(spec, err, warn)
+    _check_rows_and_registration(spec, err)
+    for family in FAMILIES:
+        _check_tiles(spec, family, err)
+        _check_family_axes(spec, family, err)
+    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
 
+
+def _check_arch(spec: TargetSpec, err, warn) -> None:
     for path, arch in ((("arch",), spec.arch), (("registration", "like"), spec.registration.like)):
         if arch not in LLVM_AMDGPU_TARGETS:
             err(path, f"'{arch}' is not an AMDGPU target LLVM knows (e.g. gfx908, gfx90a, gfx942, gfx1100)")
@@ -49,6 +58,8 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     if not hw.unified_register_file and hw.agprs_per_lane == 0 and "fp16" in hw.matrix_core_dtypes:
         warn(("hardware", "agprs_per_lane"), "a split register file with matrix cores normally has AGPRs")
 
+
+def _check_head_dims_and_dtypes(spec: TargetSpec, err, warn) -> None:
     if sorted(spec.head_dims) != list(spec.head_dims):
         err(("head_dims",), "head dims must be listed in increasing order")
     if len(set(spec.head_dims)) != len(spec.head_dims):
@@ -68,13 +79,15 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
             "(0.10b-0.12b) drop a one-value axis and crash: keep two for tuning builds",
         )
     for i, dt in enumerate(spec.dtypes):
-        if dt not in hw.matrix_core_dtypes:
+        if dt not in spec.hardware.matrix_core_dtypes:
             warn(
                 ("dtypes", i),
                 f"{spec.arch} has no matrix-core instructions for {dt}: its kernels run on "
                 "plain ALUs (slow)",
             )
 
+
+def _check_rows_and_registration(spec: TargetSpec, err) -> None:
     if spec.rows.donor_gpu in spec.gpus:
         err(("rows", "donor_gpu"), "the donor GPU must be another GPU than the target's own")
     for i, rep in enumerate(spec.rows.tile_replacements):
@@ -87,15 +100,9 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
     if spec.registration.like == spec.arch:
         err(("registration", "like"), "registration must clone another arch's entries")
 
-    for family in FAMILIES:
-        _check_family(spec, family, err)
-    return sorted(set(out), key=lambda d: (d.severity != "error", [str(p) for p in d.path], d.message))
 
-
-def _check_family(spec: TargetSpec, family: str, err) -> None:
-    """The tuning space of one kernel family: tiles, axes, exclusions."""
+def _check_tiles(spec: TargetSpec, family: str, err) -> None:
     space = spec.family_space(family)
-    hw = spec.hardware
     base = ("tuning", family)
     seen: set[tuple[int, int]] = set()
     for i, (m, n) in enumerate(space.block_sizes):
@@ -113,12 +120,18 @@ def _check_family(spec: TargetSpec, family: str, err) -> None:
         for dt in spec.dtypes:
             hd = max(spec.head_dims)
             need = _lds_lower_bound(m, n, hd, dt)
-            if need > hw.lds_bytes_per_cu:
+            if need > spec.hardware.lds_bytes_per_cu:
                 err(
                     base + ("block_sizes", i),
                     f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
-                    f"least {need} bytes > {hw.lds_bytes_per_cu}",
+                    f"least {need} bytes > {spec.hardware.lds_bytes_per_cu}",
                 )
+
+
+def _check_family_axes(spec: TargetSpec, family: str, err) -> None:
+    space = spec.family_space(family)
+    base = ("tuning", family)
+    hw = spec.hardware
     for axis in ("waves_per_eu", "num_warps", "num_stages"):
         vals = getattr(space, axis)
         if len(set(vals)) != len(vals):

@@ -6,7 +6,7 @@ dir (PYTHONHASHSEED=0, no bytecode written into the tree) and parses its compile
 (`Bare.compile`: one line per GPU kernel; CMake turns each line into one compiler invocation).
 
 Each `KernelEntry` carries everything needed to compile that kernel (source, kernel name, Triton
-signature, num_warps/num_stages/waves_per_eu, arch) and our procedural config name.
+signature) and its `KernelConfig` (arch, dtype, head dim, tile, num_warps/num_stages/waves_per_eu).
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from ..errors import UpstreamError, UserError
-from ..models import FAMILIES, KernelConfig
+from ..models import KernelConfig
 from ..upstream import parse_constexpr as _constexpr
 from ..upstream.database import compose_database
 from ..upstream.database import last_line as _last_line
@@ -40,44 +41,41 @@ COMPILE_LIST = "Bare.compile"
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
+# TODO(dtypes): Triton signature spelling
 _DTYPES = {"*fp16:16": "fp16", "*bf16:16": "bf16", "*fp32:16": "fp32"}
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
 
 class KernelEntry(BaseModel):
-    """One GPU kernel of the compile list."""
+    """One GPU kernel of the compile list: its config (every axis, parsed once) and what
+    upstream's compiler needs besides. In JSON the config is its procedural name."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     id: str                  # upstream's image name (hsaco file name without suffix): unique
-    family: str              # kernel family = Triton kernel name (attn_fwd, bwd_preprocess, ...)
-    arch: str
-    dtype: str               # fp16 | bf16 | fp32 (the functional's dtype)
-    head_dim: int | None
-    config: str              # our procedural name, e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
-    block_m: int | None
-    block_n: int | None
-    pre_load_v: bool | None
+    config: KernelConfig     # family (= Triton kernel name), arch, dtype, head dim, tile, waves_per_eu,
+                             # num_warps, num_stages, pre_load_v; e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
     hsaco: str               # path of the image relative to the build dir (v3src/ of a CMake build)
     source: str              # Triton source relative to the tree root (e.g. tritonsrc/flash.py)
     kernel_name: str
     signature: str           # Triton AOT signature, as the tree's compile.py takes it
-    num_warps: int
-    num_stages: int
-    waves_per_eu: int
     perf: str                # upstream's perf tokens (tuned_kernel values) of the image name
     functional: str          # upstream's functional tokens of the image name
 
-    @property
-    def config_key(self) -> str:
-        """The config without family/arch/dtype/head dim (what a tuning row stores)."""
-        return KernelConfig.parse(self.config).config_key
+    @field_validator("config", mode="before")
+    @classmethod
+    def _parse_config(cls, value):
+        return KernelConfig.parse(value) if isinstance(value, str) else value
+
+    @field_serializer("config")
+    def _config_name(self, config: KernelConfig) -> str:
+        return config.name
 
     def with_waves(self, w: int) -> "KernelEntry":
         """The same kernel compiled with another waves_per_eu (config and image name follow)."""
         co = f"__CO__wave{w}_"
         return self.model_copy(update={
-            "waves_per_eu": w, "config": KernelConfig.parse(self.config).with_waves(w).name,
+            "config": self.config.with_waves(w),
             "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
 
 
@@ -96,11 +94,14 @@ def generate_kernel_list(
     tuning: bool = False,
     keep_build_dir: Path | None = None,
     env: dict[str, str] | None = None,
+    timing: dict | None = None,
 ) -> list[KernelEntry]:
     """Run the tree's generator for `gpus` only and return the sorted kernel list.
 
     `tuning` lists a tuning build (AOTRITON_BUILD_FOR_TUNING=ON) instead of a normal one.
-    `keep_build_dir` keeps the generator's outputs there (default: a throwaway dir)."""
+    `keep_build_dir` keeps the generator's outputs there (default: a throwaway dir).
+    `timing["upstream_s"]` receives the seconds spent in upstream's code (database composition
+    and generator)."""
     tree = Path(tree).resolve()
     info = release_of(tree)
     arch = arch_of(list(gpus))
@@ -116,12 +117,15 @@ def generate_kernel_list(
         build = Path(tempfile.mkdtemp(prefix="mi100-codegen-plan-"))
         cleanup = True
     try:
+        start = time.perf_counter()
         compose_database(info.adapter, info.root, build, python, genv)
         cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
                "--target_gpus", *gpus, "--build_dir", str(build)]
         if tuning:
             cmd.append("--build_for_tuning")
         proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+        if timing is not None:
+            timing["upstream_s"] = time.perf_counter() - start
         if proc.returncode:
             raise UpstreamError(
                 f"the generator of AOTriton {info.release} failed (rc {proc.returncode}): "
@@ -159,26 +163,27 @@ def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEn
 
 
 def sort_key(e: KernelEntry) -> tuple:
-    return (e.family, e.dtype, e.head_dim or 0, e.config, e.id)
+    c = e.config
+    return (c.family, c.dtype, c.head_dim or 0, c.name, e.id)
 
 
 def _rel(path: str, base: Path) -> str:
-    p = Path(os.path.normpath(path))
-    try:
-        return p.relative_to(base).as_posix()
-    except ValueError:
-        return p.as_posix()
+    """`path` relative to `base` when inside it, POSIX-spelled (string work: thousands of lines)."""
+    p, prefix = os.path.normpath(path), str(base).rstrip(os.sep) + os.sep
+    if p.startswith(prefix):
+        p = p[len(prefix):]
+    return p.replace(os.sep, "/")
 
 
 def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int, stages: int,
            wpe: int, arch: str, sig: str) -> KernelEntry:
-    name = Path(hsaco).name
+    name = os.path.basename(hsaco)
     m = _HSACO_RE.match(name)
     functional, perf = (m.group("f"), m.group("p")) if m else ("", "")
     ftoks = functional.split("_") if functional else []
     dtype_sig = ftoks[0].replace("＊", "*").replace("@", ":") if ftoks else ""
     source = _rel(src, tree)
-    consts = _constants(str(Path(tree) / source), kname, sig)
+    consts = _constants(os.path.join(str(tree), source), kname, sig)
     head_dim = next((consts[a] for a in _HEAD_DIM_ARGS if isinstance(consts.get(a), int)), None)
     if head_dim is None and len(ftoks) > 1 and ftoks[1].isdigit():
         head_dim = int(ftoks[1])
@@ -187,11 +192,10 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
     dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
-        id=name[: -len(".hsaco")], family=kname, arch=arch, dtype=dtype, head_dim=head_dim,
-        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv).name,
-        block_m=block_m, block_n=block_n, pre_load_v=plv,
+        id=name[: -len(".hsaco")],
+        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),
         hsaco=_rel(hsaco, build), source=source, kernel_name=kname, signature=sig,
-        num_warps=warps, num_stages=stages, waves_per_eu=wpe, perf=perf, functional=functional,
+        perf=perf, functional=functional,
     )
 
 
@@ -209,13 +213,23 @@ def config_of(family: str, arch: str, dtype: str, head_dim: int | None, block_m:
     return cfg
 
 
+_AXIS_ARGS = (*_HEAD_DIM_ARGS, "BLOCK_M", "BLOCK_N", "PRE_LOAD_V")  # the constants a config needs
+
+
 def _constants(source: str, kname: str, sig: str) -> dict:
-    """Constant arguments of the signature by parameter name (empty when unknown)."""
+    """The constant arguments of the signature that name a config axis, by parameter name
+    (empty when unknown). Only those are parsed: a signature has ~70 values, a list thousands."""
     names = kernel_arg_names(source, kname)
-    values = [s.strip() for s in sig.split(",")]
+    values = sig.split(",")
     if names is None or len(names) != len(values):
         return {}
-    return {n: v for n, v in ((n, _constexpr(s)) for n, s in zip(names, values)) if v is not None}
+    out = {}
+    for n, s in zip(names, values):
+        if n in _AXIS_ARGS:
+            v = _constexpr(s.strip())
+            if v is not None:
+                out[n] = v
+    return out
 
 
 @lru_cache(maxsize=256)

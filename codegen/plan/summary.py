@@ -35,8 +35,9 @@ def _sorted(counter: Counter, numeric: bool = False) -> dict[str, int]:
 
 
 def summarize(entries: list[KernelEntry], gpus: list[str], release: str, build: str = "normal") -> PlanSummary:
-    hd = Counter(str(e.head_dim) if e.head_dim is not None else NO_HEAD_DIM for e in entries)
-    archs = sorted({e.arch for e in entries})
+    cfgs = [e.config for e in entries]
+    hd = Counter(str(c.head_dim) if c.head_dim is not None else NO_HEAD_DIM for c in cfgs)
+    archs = sorted({c.arch for c in cfgs})
     return PlanSummary(
         gpu=gpus[0],
         gpus=list(gpus),
@@ -44,9 +45,9 @@ def summarize(entries: list[KernelEntry], gpus: list[str], release: str, build: 
         release=release,
         build=build,
         total=len(entries),
-        head_dims=sorted({e.head_dim for e in entries if e.head_dim is not None}),
-        by_family=_sorted(Counter(e.family for e in entries)),
+        head_dims=sorted({c.head_dim for c in cfgs if c.head_dim is not None}),
+        by_family=_sorted(Counter(c.family for c in cfgs)),
         by_head_dim=_sorted(hd, numeric=True),
-        by_dtype=_sorted(Counter(e.dtype for e in entries)),
-        by_config=_sorted(Counter(e.config for e in entries)),
+        by_dtype=_sorted(Counter(c.dtype for c in cfgs)),
+        by_config=_sorted(Counter(c.name for c in cfgs)),
     )

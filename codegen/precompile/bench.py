@@ -96,8 +96,8 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
                 src = copied[str((info.root / e.source).parent)] / Path(e.source).name
                 cmd = [python, str(driver), str(src), "--kernel_name", e.kernel_name,
                        "-o", str(out_dir / f"{e.id}.hsaco"), "-g", "1,1,1",
-                       "--num_warps", str(e.num_warps), "--num_stages", str(e.num_stages),
-                       "--waves_per_eu", str(e.waves_per_eu), "--target", e.arch,
+                       "--num_warps", str(e.config.num_warps), "--num_stages", str(e.config.num_stages),
+                       "--waves_per_eu", str(e.config.waves_per_eu), "--target", e.config.arch,
                        "--signature", e.signature, "--timeout", f"{timeout_s / 60:g}"]
                 proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, text=True)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..models import FAMILIES, KernelConfig
 from ..models.limits import cap_waves_per_eu, waves_per_eu_limits
 from ..models.target import Hardware
 from ..plan.kernel_list import KernelEntry
@@ -35,10 +34,6 @@ def vgpr_budget(hw: Hardware, waves_per_eu: int) -> int:
 def with_waves(e: KernelEntry, w: int) -> KernelEntry:
     """The same kernel compiled with another waves_per_eu (image name and config follow)."""
     return e.with_waves(w)
-
-
-def _key(e: KernelEntry) -> str:
-    return KernelConfig.parse(e.config).limit_key
 
 
 @dataclass
@@ -57,17 +52,18 @@ def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hard
     have = {e.id for e in entries}
     plan = DescendPlan()
     seen: set[str] = set()
-    for e in sorted(entries, key=lambda e: (e.config, e.id)):
-        rs = by_config.get(e.config)
-        if (not rs or e.family not in FAMILIES or e.head_dim is None or e.block_m is None or e.block_n is None
-                or e.waves_per_eu <= 1 or worst(v for r in rs for v in r.verdicts) != "spills"):
+    for e in sorted(entries, key=lambda e: (e.config.name, e.id)):
+        cfg = e.config
+        rs = by_config.get(cfg.name)
+        if (not rs or not cfg.tunable or cfg.waves_per_eu <= 1
+                or worst(v for r in rs for v in r.verdicts) != "spills"):
             continue
-        w, status = cap_waves_per_eu(limits, _key(e), e.waves_per_eu)
-        if status != "clean" or w >= e.waves_per_eu:
+        w, status = cap_waves_per_eu(limits, cfg.limit_key, cfg.waves_per_eu)
+        if status != "clean" or w >= cfg.waves_per_eu:
             demand = max(r.resources.vgprs + r.resources.vgpr_spills for r in rs if r.resources)
-            w = next((x for x in range(e.waves_per_eu - 1, 0, -1) if vgpr_budget(hw, x) >= demand), 1)
+            w = next((x for x in range(cfg.waves_per_eu - 1, 0, -1) if vgpr_budget(hw, x) >= demand), 1)
         new = with_waves(e, w)
-        plan.moves.setdefault(e.config, new.config)
+        plan.moves.setdefault(cfg.name, new.config.name)
         if new.id not in have and new.id not in seen:
             seen.add(new.id)
             plan.entries.append(new)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
 from .cache import CompileCache, cache_key
@@ -23,7 +23,7 @@ def triton_version() -> str:
     try:
         return importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
-        raise UserError(
+        raise EnvironmentMissing(
             "precompile needs pip triton in this Python",
             hint="pip install triton==3.5.1 (3.5.x-3.8.x compile AOTriton's kernels for AMD targets)",
         ) from None
@@ -53,12 +53,27 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
         "source": str((Path(tree) / entry.source).resolve()),
         "kernel_name": entry.kernel_name,
         "signature": entry.signature,
-        "num_warps": entry.num_warps,
-        "num_stages": entry.num_stages,
-        "waves_per_eu": entry.waves_per_eu,
-        "arch": entry.arch,
+        "num_warps": entry.config.num_warps,
+        "num_stages": entry.config.num_stages,
+        "waves_per_eu": entry.config.waves_per_eu,
+        "arch": entry.config.arch,
         "warp_size": warp_size,
     }
+
+
+def _cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
+    c = e.config
+    return cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name, signature=e.signature,
+                     num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
+                     warp_size=warp_size, triton_version=version)
+
+
+def _keep_image(keep: Path | None, entry: KernelEntry, data: bytes | None) -> None:
+    """--keep: the code object under KEEP/<its path in the build dir>."""
+    if keep is not None and data:
+        dest = Path(keep) / entry.hsaco
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
 
 
 def compile_entries(
@@ -78,21 +93,12 @@ def compile_entries(
         if not (tree / e.source).is_file():
             raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
     by_id = {e.id: e for e in entries}
-    keys = {
-        e.id: cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name,
-                        signature=e.signature, num_warps=e.num_warps, num_stages=e.num_stages,
-                        waves_per_eu=e.waves_per_eu, arch=e.arch, warp_size=spec.warp_size,
-                        triton_version=version)
-        for e in entries
-    }
+    keys = {e.id: _cache_key(tree, e, spec.warp_size, version) for e in entries}
     results: dict[str, KernelResult] = {}
     todo: list[dict] = []
 
     def keep_image(entry: KernelEntry, data: bytes | None) -> None:
-        if keep is not None and data:
-            dest = Path(keep) / entry.hsaco
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
+        _keep_image(keep, entry, data)
 
     for e in entries:
         record = cache.get(keys[e.id]) if cache is not None else None
@@ -135,8 +141,9 @@ def compile_entries(
 def expected_cost(e: KernelEntry) -> float:
     """A rough relative compile cost: tile area x head dim, heavier for the backward kernels."""
     weight = {"bwd_kernel_fuse": 3.0, "bwd_kernel_dk_dv": 2.0, "bwd_kernel_dq": 1.5, "attn_fwd": 1.5}
-    area = (e.block_m or 16) * (e.block_n or 16) * (e.head_dim or 16)
-    return weight.get(e.family, 0.1) * area * (1 + 0.25 * e.num_warps)
+    c = e.config
+    area = (c.block_m or 16) * (c.block_n or 16) * (c.head_dim or 16)
+    return weight.get(c.family, 0.1) * area * (1 + 0.25 * c.num_warps)
 
 
 def default_jobs() -> int:

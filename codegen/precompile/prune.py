@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from ruamel.yaml import YAML
@@ -22,10 +20,11 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from ..errors import UserError
-from ..models import FAMILIES, KernelConfig, expand_space
+from ..fsutil import atomic_write
+from ..models import FAMILIES, expand_space
 from ..plan.kernel_list import KernelEntry
 from ..spec import LoadedSpec, load_spec
-from .report import KernelResult, worst
+from .report import VERDICTS, KernelResult, worst
 
 REPORT_NAME = "compile_report.json"
 PRUNED = ("failed", "spills")
@@ -71,35 +70,18 @@ def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[Ke
                 ) -> tuple[dict[str, list[dict]], list[str]]:
     """family -> new exclude rules; plus the pruned configs that are not in the spec's space."""
     space = {c.name for cfgs in expand_space(loaded.spec).values() for c in cfgs}
-    by_config = {e.config: e for e in entries}
+    by_config = {e.config.name: e.config for e in entries}
     rules: dict[str, list[dict]] = {}
     outside: list[str] = []
     for name, (verdict, rs) in config_verdicts(results).items():
         if verdict not in PRUNED:
             continue
-        e = by_config[name]
-        if e.family not in FAMILIES or name not in space:
+        cfg = by_config[name]
+        if cfg.family not in FAMILIES or name not in space:
             outside.append(name)
             continue
-        rules.setdefault(e.family, []).append(_rule(e, _reason(verdict, rs, triton, _where(arch, release))))
+        rules.setdefault(cfg.family, []).append(_rule(cfg, _reason(verdict, rs, triton, _where(arch, release))))
     return rules, outside
-
-
-def prune_rules_from_report(loaded: LoadedSpec, report: dict) -> dict[str, list[dict]]:
-    """family -> exclude rules for every config of the spec's tuning space that a committed
-    compile report (`tuning/<arch>/compile_report.json`) marks failed or spilling."""
-    configs = report.get("configs", {})
-    where = _where(report.get("arch"), report.get("release"))
-    rules: dict[str, list[dict]] = {}
-    for family, cfgs in expand_space(loaded.spec).items():
-        for cfg in sorted(cfgs, key=lambda c: c.name):
-            entry = configs.get(cfg.name)
-            if not entry or entry.get("verdict") not in PRUNED:
-                continue
-            reason = _reason_text(entry["verdict"], entry.get("error"), entry.get("vgpr_spills"),
-                                  report.get("triton", "?"), where)
-            rules.setdefault(family, []).append(_rule(cfg, reason))
-    return rules
 
 
 def _same_rule(a, b: dict) -> bool:
@@ -133,19 +115,11 @@ def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> i
     yaml.dump(doc, buf)
     text = buf.getvalue()
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".yaml", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-            fh.write(text)
-        load_spec(tmp)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with tempfile.TemporaryDirectory(prefix="mi100-codegen-prune-") as scratch:
+        check = Path(scratch) / out.name
+        check.write_text(text, encoding="utf-8", newline="\n")
+        load_spec(check)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
+    atomic_write(out, text)
     return added
 
 
@@ -157,7 +131,6 @@ def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release:
     compiled replaces the previous entry, unless the previous verdict is more severe (another
     kernel of that config, e.g. of a tuning build, spilled): then the previous entry stays, so a
     merge never turns a spilling config clean."""
-    from .report import VERDICTS
 
     configs = {}
     if previous and previous.get("triton") == triton and previous.get("arch") == arch:
@@ -189,14 +162,7 @@ def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release:
 
 
 def write_compile_report(path: Path, report: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(report, indent=2, sort_keys=True) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
-        fh.write(data)
-    os.chmod(tmp, 0o644)  # mkstemp makes 0600; this file is committed and shared
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(report, indent=2, sort_keys=True) + "\n")  # committed and shared: 0644
 
 
 def load_compile_report(folder: Path) -> dict | None:

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from ..models import FAMILIES
 from ..models.target import Hardware
 from ..plan.kernel_list import KernelEntry
-from .resources import Resources
+from .resources import Resources, occupancy
 
 Status = Literal["ok", "failed", "timeout"]
 VERDICTS = ("ok", "low occupancy", "no matrix cores", "spills", "failed")  # increasing severity
@@ -62,17 +62,16 @@ def worst(verdicts) -> str:
 
 
 def kernel_result(entry: KernelEntry, raw: dict, hw: Hardware, cached: bool) -> KernelResult:
-    from .resources import occupancy
-
-    common = dict(id=entry.id, config=entry.config, family=entry.family, dtype=entry.dtype,
-                  head_dim=entry.head_dim, waves_per_eu=entry.waves_per_eu, num_warps=entry.num_warps,
-                  num_stages=entry.num_stages, compile_s=round(float(raw.get("compile_s", 0.0)), 3),
+    cfg = entry.config
+    common = dict(id=entry.id, config=cfg.name, family=cfg.family, dtype=cfg.dtype,
+                  head_dim=cfg.head_dim, waves_per_eu=cfg.waves_per_eu, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, compile_s=round(float(raw.get("compile_s", 0.0)), 3),
                   cached=cached)
     if not raw.get("ok"):
         status = "timeout" if raw.get("timeout") else "failed"
         return KernelResult(status=status, error=raw.get("error") or "unknown error", **common)
     res = Resources.model_validate(raw["resources"])
-    waves, limiter = occupancy(hw, res, entry.num_warps)
+    waves, limiter = occupancy(hw, res, cfg.num_warps)
     return KernelResult(status="ok", resources=res, occupancy=waves, occupancy_limiter=limiter, **common)
 
 

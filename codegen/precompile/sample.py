@@ -20,7 +20,7 @@ def _h(text: str) -> str:
 def _stratum_queue(entries: list[KernelEntry]) -> deque:
     by_config: dict[str, list[KernelEntry]] = defaultdict(list)
     for e in entries:
-        by_config[e.config].append(e)
+        by_config[e.config.name].append(e)
     queues = [deque(sorted(v, key=lambda e: _h(e.id))) for _, v in sorted(by_config.items(), key=lambda kv: _h(kv[0]))]
     out: deque = deque()
     while any(queues):
@@ -35,7 +35,7 @@ def stratified_sample(entries: list[KernelEntry], n: int) -> list[KernelEntry]:
         return sorted(entries, key=sort_key)
     strata: dict[tuple, list[KernelEntry]] = defaultdict(list)
     for e in entries:
-        strata[(e.family, e.head_dim or 0, e.dtype)].append(e)
+        strata[(e.config.family, e.config.head_dim or 0, e.config.dtype)].append(e)
     keys = sorted(strata)
     queues = {k: _stratum_queue(strata[k]) for k in keys}
     picked: list[KernelEntry] = []
@@ -57,7 +57,7 @@ def stratified_sample(entries: list[KernelEntry], n: int) -> list[KernelEntry]:
     # then level by level: every stratum gets its k-th kernel before any gets its (k+1)-th
     taken = defaultdict(int)
     for e in picked:
-        taken[(e.family, e.head_dim or 0, e.dtype)] += 1
+        taken[(e.config.family, e.config.head_dim or 0, e.config.dtype)] += 1
     level = 1
     while len(picked) < n and any(queues.values()):
         for k in keys:

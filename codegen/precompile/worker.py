@@ -37,6 +37,7 @@ def _kernel(source: str, name: str):
 
 def compile_kernel(task: dict) -> dict:
     """Compile one kernel; return resources' raw material (assembly, image, shared bytes)."""
+    # optional heavy dependency: Triton, imported once per worker process
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -88,7 +89,7 @@ def serve(conn, env: dict[str, str]) -> None:
     sys.dont_write_bytecode = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
     global parse_resources
-    from codegen.precompile.resources import parse_resources
+    from codegen.precompile.resources import parse_resources  # after the worker's environment is set
     try:
         import triton  # noqa: F401  (warm import, once per worker)
     except BaseException as exc:  # pragma: no cover - reported to the parent

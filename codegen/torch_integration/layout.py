@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..upstream import SUPPORTED_RELEASES
 from .elf import DynamicInfo, read_dynamic
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
@@ -91,8 +92,6 @@ def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None
 def build_release_for_line(line: str) -> str | None:
     """The newest release of an AOTriton release line ('0.12') that mi100-codegen supports
     ('0.12.1b'); None when it supports none of that line (e.g. '0.13')."""
-    from ..upstream import SUPPORTED_RELEASES
-
     best = None
     for tag in SUPPORTED_RELEASES:
         v = parse_tag(tag)
@@ -103,8 +102,6 @@ def build_release_for_line(line: str) -> str | None:
 
 def unsupported_line_message(tag: str) -> str:
     """One sentence for a release line mi100-codegen cannot build yet."""
-    from ..upstream import SUPPORTED_RELEASES
-
     line = tag_line(tag) or tag
     torch = [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
     who = f" (PyTorch {', '.join(torch)})" if torch else ""

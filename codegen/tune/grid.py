@@ -106,10 +106,10 @@ class TuningPlan:
         }
 
 
-def _check_subset(kind: str, wanted: tuple, allowed: tuple) -> list[str]:
+def _check_subset(kind: str, kinds: str, wanted: tuple, allowed: tuple) -> list[str]:
     bad = [w for w in wanted if w not in allowed]
     if bad:
-        return [f"{kind} {', '.join(map(str, bad))} not in the spec's {kind}s "
+        return [f"{kind} {', '.join(map(str, bad))} not in the spec's {kinds} "
                 f"({', '.join(map(str, allowed))})"]
     return []
 
@@ -117,10 +117,10 @@ def _check_subset(kind: str, wanted: tuple, allowed: tuple) -> list[str]:
 def validate_filter(spec: TargetSpec, flt: GridFilter) -> list[str]:
     """Errors for filter values outside the spec (empty list: fine)."""
     errs: list[str] = []
-    errs += _check_subset("family", flt.families, FAMILIES)
-    errs += _check_subset("dtype", flt.dtypes, tuple(spec.dtypes))
-    errs += _check_subset("head dim", flt.head_dims, tuple(spec.head_dims))
-    errs += _check_subset("seqlen", flt.seqlens, SEQLEN_BINS)
+    errs += _check_subset("family", "families", flt.families, FAMILIES)
+    errs += _check_subset("dtype", "dtypes", flt.dtypes, tuple(spec.dtypes))
+    errs += _check_subset("head dim", "head dims", flt.head_dims, tuple(spec.head_dims))
+    errs += _check_subset("seqlen", "seqlens", flt.seqlens, SEQLEN_BINS)
     for feat in ("causal", "dropout", "bias"):
         if getattr(flt, feat) and not getattr(spec.features, feat):
             errs.append(f"--{feat} asked for, but the spec's features leave {feat} out")

@@ -26,6 +26,7 @@ from .grid import SEQLEN_BINS, GridEntry
 from .store import Provenance, config_columns, entry_columns
 
 HEAD_DIM_BINS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 512)
+# TODO(dtypes): torch name -> short name
 DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
@@ -66,9 +67,40 @@ def _any_nan(adiffs) -> bool:
     return any(isinstance(v, float) and math.isnan(v) for v in vals)
 
 
-def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
-                  space: dict[tuple, set[str]] | None = None) -> ImportResult:
-    res = ImportResult()
+def _record(j: dict, path: Path, lineno: int) -> dict:
+    """The fields of one upstream tuning record; UserError (file:line) when one is malformed."""
+    fam = j.get("kernel_name")
+    try:
+        inp, tk, co = j["inputs"], j["tuned_kernel"] or {}, j["compiler_options"] or {}
+        return {
+            "family": fam, "arch": str(j["arch"]),
+            "dtype": DTYPE_NAMES.get(str(inp["Q_dtype"]).removeprefix("torch.")),  # TODO(dtypes)
+            "head_dim": _round_up(int(_first(inp, "D_HEAD", "BLOCK_DMODEL")), HEAD_DIM_BINS),
+            "seqlen_q": _round_up(int(_first(inp, "Max_seqlen_q", "max_seqlen_q", "seqlen_q")), SEQLEN_BINS),
+            "seqlen_k": _round_up(int(_first(inp, "Max_seqlen_k", "max_seqlen_k", "seqlen_k")), SEQLEN_BINS),
+            "causal": bool(_first(inp, "CAUSAL_TYPE", "CAUSAL", default=0)),
+            "dropout": bool(inp.get("ENABLE_DROPOUT", False)),
+            "bias": bool(inp.get("BIAS_TYPE", 0)),
+            "block_m": int(tk["BLOCK_M"]), "block_n": int(tk["BLOCK_N"]),
+            "pre_load_v": bool(tk.get("PRE_LOAD_V", False)) if fam == "attn_fwd" else None,
+            "waves_per_eu": int(co.get("waves_per_eu", 0)),
+            "num_warps": int(co.get("num_warps", 4)), "num_stages": int(co.get("num_stages", 1)),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{path}:{lineno}: not an upstream tuning record ({exc!r} missing or malformed)") from None
+
+
+def _status(j: dict, t: float | None) -> str:
+    adiffs = j.get("adiffs")
+    if t is None:
+        return "error"
+    if j.get("ut_passed") is False or (adiffs is not None and _any_nan(adiffs)):
+        return "numerics"
+    return "ok"
+
+
+def _json_lines(path: Path):
+    """(line number, JSON object) of every non-empty line."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except OSError as exc:
@@ -82,29 +114,21 @@ def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
             raise UserError(f"{path}:{lineno}: not a JSON line: {exc.msg}") from None
         if not isinstance(j, dict):
             raise UserError(f"{path}:{lineno}: expected a JSON object per line")
+        yield lineno, j
+
+
+def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
+                  space: dict[tuple, set[str]] | None = None) -> ImportResult:
+    res = ImportResult()
+    for lineno, j in _json_lines(path):
         if j.get("result") != "tuned":
             res.skip(f"result {j.get('result', 'missing')!r}")
             continue
-        fam = j.get("kernel_name")
-        if fam not in FAMILIES:
-            res.skip(f"kernel {fam!r}")
+        if j.get("kernel_name") not in FAMILIES:
+            res.skip(f"kernel {j.get('kernel_name')!r}")
             continue
-        try:
-            inp, tk, co = j["inputs"], j["tuned_kernel"] or {}, j["compiler_options"] or {}
-            arch = str(j["arch"])
-            dt = DTYPE_NAMES.get(str(inp["Q_dtype"]).removeprefix("torch."))
-            hd = _round_up(int(_first(inp, "D_HEAD", "BLOCK_DMODEL")), HEAD_DIM_BINS)
-            sq = _round_up(int(_first(inp, "Max_seqlen_q", "max_seqlen_q", "seqlen_q")), SEQLEN_BINS)
-            sk = _round_up(int(_first(inp, "Max_seqlen_k", "max_seqlen_k", "seqlen_k")), SEQLEN_BINS)
-            causal = bool(_first(inp, "CAUSAL_TYPE", "CAUSAL", default=0))
-            dropout = bool(inp.get("ENABLE_DROPOUT", False))
-            bias = bool(inp.get("BIAS_TYPE", 0))
-            bm, bn = int(tk["BLOCK_M"]), int(tk["BLOCK_N"])
-            plv = bool(tk.get("PRE_LOAD_V", False)) if fam == "attn_fwd" else None
-            wpe = int(co.get("waves_per_eu", 0))
-            warps, stages = int(co.get("num_warps", 4)), int(co.get("num_stages", 1))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UserError(f"{path}:{lineno}: not an upstream tuning record ({exc!r} missing or malformed)") from None
+        f = _record(j, path, lineno)
+        fam, arch, dt, hd = f["family"], f["arch"], f["dtype"], f["head_dim"]
         if dt is None:
             res.skip("dtype")
             continue
@@ -114,22 +138,16 @@ def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
         if dt not in spec.dtypes or hd not in spec.head_dims:
             res.skip("dtype/head dim outside the spec")
             continue
-        entry = GridEntry(fam, spec.arch, dt, hd, causal, dropout, bias, sq, sk)
-        cfg = KernelConfig(fam, spec.arch, dt, hd, bm, bn, wpe, warps, stages, plv)
+        entry = GridEntry(fam, spec.arch, dt, hd, f["causal"], f["dropout"], f["bias"], f["seqlen_q"], f["seqlen_k"])
+        cfg = KernelConfig(fam, spec.arch, dt, hd, f["block_m"], f["block_n"], f["waves_per_eu"], f["num_warps"],
+                           f["num_stages"], f["pre_load_v"])
         if space is not None and cfg.name not in space.get((fam, dt, hd), set()):
             res.outside_space += 1
         t = _time_ms(j.get("time"))
         adiffs = j.get("adiffs")
-        passed = j.get("ut_passed")
-        if t is None:
-            status = "error"
-        elif passed is False or (adiffs is not None and _any_nan(adiffs)):
-            status = "numerics"
-        else:
-            status = "ok"
         prov = Provenance(device=arch, proxy="" if arch == spec.arch else f"amd-{arch}-proxy",
                           triton="", torch="", date=date, source="import:test/tune_flash.py")
-        row = {**entry_columns(entry, spec.primary_gpu), **config_columns(cfg), "status": status,
+        row = {**entry_columns(entry, spec.primary_gpu), **config_columns(cfg), "status": _status(j, t),
                "time_ms": t if t is not None else "",
                "errors": "" if adiffs is None else f"adiffs={json.dumps(adiffs)}",
                "same_kernel_as": "", **prov.as_dict()}

@@ -13,6 +13,7 @@ import hashlib
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 import torch  # noqa: E402
 import triton  # noqa: E402
 
+# TODO(dtypes): the torch spelling of the one dtype table
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 CAUSAL_TYPE_WINDOWED = 3  # what the tree's launcher uses for causal=True (top-left)
 
@@ -263,8 +265,6 @@ def attention_math(q, k, v, causal: bool, sm_scale: float):
 
 def reference(p: Problem, heads: int, want_grads: bool):
     """fp64 and same-dtype references on batch 0, heads [0, heads): dict name -> (ref, lp)."""
-    import warnings
-
     warnings.filterwarnings("ignore", message="Attempting to run cuBLAS")  # harmless, first use
     sl = (slice(0, 1), slice(0, heads))
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}

@@ -33,6 +33,7 @@ def _short(exc: BaseException) -> str:
 
 
 def provenance(target_arch: str) -> Provenance:
+    # optional heavy dependencies: torch, triton (and .kernels, which imports both)
     import torch
     import triton
 
@@ -46,8 +47,8 @@ def provenance(target_arch: str) -> Provenance:
 
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
                   prov: Provenance) -> list[dict]:
+    # optional heavy dependencies: torch (and .kernels, which imports triton)
     import torch
-
     from .kernels import bench, check, make_problem, reference, seed_of
 
     fam = entry.family
@@ -113,8 +114,8 @@ def _warm_one(aotriton_dir: str, family: str, dtype: str, head_dim: int, causal:
     The small problem keeps every specialisation of the real one (ints multiple of 16, none 1;
     bwd_kernel_fuse takes heads and seqlens as constexprs: those are the real ones)."""
     try:
+        # optional heavy dependencies: torch (and .kernels, which imports triton)
         import torch
-
         from .kernels import TreeKernels, make_problem
 
         tk = _WARM_TK.get(aotriton_dir) or _WARM_TK.setdefault(aotriton_dir, TreeKernels(Path(aotriton_dir)))
@@ -177,8 +178,8 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
 # ---- measuring: in-process (one GPU) or one worker process per GPU -----------------------
 def _gpu_worker(device_index: int, aotriton_dir: str, target_arch: str, gpu: str, s: Settings,
                 tasks, results) -> None:
+    # optional heavy dependencies: torch (and .kernels, which imports triton)
     import torch
-
     from .kernels import TreeKernels
 
     torch.cuda.set_device(device_index)
@@ -198,19 +199,19 @@ def _gpu_worker(device_index: int, aotriton_dir: str, target_arch: str, gpu: str
 
 
 def missing_gpu_stack() -> list[str]:
-    import importlib.util
+    import importlib.util  # only here: tells whether torch and triton are installed
 
     return [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
 
 
 def backend_name() -> str:
-    from .kernels import backend
+    from .kernels import backend  # optional heavy dependency: imports torch and triton
 
     return backend()
 
 
 def visible_gpus() -> int:
-    import torch
+    import torch  # optional heavy dependency
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -223,17 +224,30 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
     iterator stops handing out work); call on_result(entry, rows, error) as each finishes, in
     the calling process, so results are flushed one entry at a time."""
     if n_gpus <= 1:
-        from .kernels import TreeKernels
+        _run_in_process(aotriton_dir, target_arch, gpu, work, s, on_result)
+    else:
+        _run_on_gpus(aotriton_dir, target_arch, gpu, work, s, n_gpus, on_result, worker or _gpu_worker)
 
-        tk = TreeKernels(aotriton_dir)
-        prov = provenance(target_arch)
-        for entry, configs in work:
-            try:
-                rows, err = measure_entry(tk, entry, configs, s, gpu, prov), ""
-            except Exception as exc:
-                rows, err = [], _short(exc)
-            on_result(entry, rows, err)
-        return
+
+def _run_in_process(aotriton_dir: Path, target_arch: str, gpu: str,
+                    work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings,
+                    on_result: Callable[[GridEntry, list[dict], str], None]) -> None:
+    from .kernels import TreeKernels  # optional heavy dependency: imports torch and triton
+
+    tk = TreeKernels(aotriton_dir)
+    prov = provenance(target_arch)
+    for entry, configs in work:
+        try:
+            rows, err = measure_entry(tk, entry, configs, s, gpu, prov), ""
+        except Exception as exc:
+            rows, err = [], _short(exc)
+        on_result(entry, rows, err)
+
+
+def _run_on_gpus(aotriton_dir: Path, target_arch: str, gpu: str,
+                 work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, n_gpus: int,
+                 on_result: Callable[[GridEntry, list[dict], str], None], worker: Callable) -> None:
+    """One spawned worker process per GPU, one task in flight each; results come back here."""
     ctx = mp.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
     items = iter(work)
@@ -251,7 +265,7 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
     for _ in range(n_gpus):  # one task in flight per GPU
         if not feed():
             break
-    procs = [ctx.Process(target=worker or _gpu_worker, daemon=True,
+    procs = [ctx.Process(target=worker, daemon=True,
                          args=(i, str(aotriton_dir), target_arch, gpu, s, tasks, results))
              for i in range(n_gpus)]
     for pr in procs:

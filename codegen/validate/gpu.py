@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import EnvironmentMissing
 from ..torch_integration.layout import IMAGES_DIR, images_signature, sha256_file
 from .cases import Case, Shape, tolerance
 
 DEVICE = "cuda"  # tests and CPU dry runs switch it
+# TODO(dtypes): the torch spelling
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -29,6 +30,7 @@ class Platform:
     torch_version: str
     hip_version: str | None
     cuda_version: str | None
+    compute_units: int | None = None  # CUs (SMs on NVIDIA)
 
     @property
     def self_test(self) -> bool:
@@ -43,6 +45,7 @@ class Platform:
             "torch_version": self.torch_version,
             "hip_version": self.hip_version,
             "cuda_version": self.cuda_version,
+            "compute_units": self.compute_units,
         }
 
 
@@ -50,7 +53,7 @@ def detect_platform() -> Platform:
     if not torch.cuda.is_available():
         build = f"a ROCm build (HIP {torch.version.hip})" if torch.version.hip else (
             f"a CUDA build (CUDA {torch.version.cuda})" if torch.version.cuda else "a CPU-only build")
-        raise UserError(
+        raise EnvironmentMissing(
             f"no GPU: torch {torch.__version__} ({build}) sees no device "
             "(torch.cuda.is_available() is False); validate runs kernels on a GPU",
             hint="run it on the MI100 machine (ROCm torch), or on any NVIDIA GPU for the harness self-test",
@@ -59,9 +62,10 @@ def detect_platform() -> Platform:
     if torch.version.hip:
         full = getattr(props, "gcnArchName", "") or "unknown"
         return Platform("rocm", props.name, full.split(":")[0], full, torch.__version__,
-                        torch.version.hip, None)
+                        torch.version.hip, None, props.multi_processor_count)
     cap = f"sm_{props.major}{props.minor}"
-    return Platform("cuda", props.name, cap, cap, torch.__version__, None, torch.version.cuda)
+    return Platform("cuda", props.name, cap, cap, torch.__version__, None, torch.version.cuda,
+                    props.multi_processor_count)
 
 
 # --- reference -----------------------------------------------------------------------------------
@@ -165,6 +169,7 @@ def aotriton_proof(arch: str) -> dict:
 
 def profile_kernels(fn) -> list[str]:
     """Names of the GPU kernels `fn` launches, as torch's profiler sees them."""
+    # optional heavy dependency: torch's profiler, loaded only for the proof
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

@@ -217,23 +217,21 @@ def required_params(kernel) -> list[str]:
     return [n for n, p in sig.parameters.items() if p.default is p.empty]
 
 
-def run_task(task: Task, amd: bool) -> dict:
+def _tensors(task: Task, dt, dev: str):
+    """Inputs, the fp64 reference's outputs and every buffer the kernels write."""
+    # optional heavy dependencies, in the worker process: torch (and .gpu, which imports it)
     import torch
 
-    from .gpu import DTYPES, compare, reference
+    from .gpu import reference
 
-    cfg = task.config
     B, Hq, Hk, Sq, Sk = task.shape
-    dtype, hd = cfg["dtype"], cfg["head_dim"]
-    dt = DTYPES[dtype]
-    dev = "cuda"
+    hd = task.config["head_dim"]
     g = torch.Generator(device="cpu").manual_seed(task.seed)
     q = torch.randn(B, Hq, Sq, hd, generator=g).to(dev, dt)
     k = torch.randn(B, Hk, Sk, hd, generator=g).to(dev, dt)
     v = torch.randn(B, Hk, Sk, hd, generator=g).to(dev, dt)
     do = torch.randn(B, Hq, Sq, hd, generator=g).to(dev, dt)
     o_ref, dq_ref, dk_ref, dv_ref, _ = reference(q, k, v, do, task.causal != task.control)
-    n_cu = torch.cuda.get_device_properties(q.device).multi_processor_count
     b = torch.empty((0, 0, 0, 0), device=dev, dtype=dt)
     t = dict(
         q=q, k=k, v=v, do=do, o=torch.empty_like(q),
@@ -245,18 +243,40 @@ def run_task(task: Task, amd: bool) -> dict:
         counter=torch.zeros(1, device=dev, dtype=torch.int32),
     )
     t["delta"] = torch.empty_like(t["L"])
+    return t, {"o": o_ref, "dq": dq_ref, "dk": dk_ref, "dv": dv_ref}
 
-    def opts(c: dict) -> dict:
-        o = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
-        if amd:
-            o["waves_per_eu"] = c["waves_per_eu"]
-        return o
+
+def _judge(result: dict, checks: list[dict]) -> None:
+    result["checks"] = checks
+    if all(c["ok"] for c in checks):
+        result["status"] = "pass"
+    else:
+        result["status"] = "fail"
+        result["reason"] = "; ".join(
+            f"{c['tensor']}: " + ("not finite" if not c["finite"] else "all zeros" if not c["nonzero"]
+                                  else f"err {c['max_abs_err']:.3g} > tol {c['tol']:.3g}")
+            for c in checks if not c["ok"])
+
+
+def run_task(task: Task, amd: bool) -> dict:
+    # optional heavy dependencies, in the worker process: torch (and .gpu, which imports it)
+    import torch
+
+    from .gpu import DTYPES, compare
+
+    cfg = task.config
+    dtype, hd = cfg["dtype"], cfg["head_dim"]
+    t, ref = _tensors(task, DTYPES[dtype], "cuda")
+    n_cu = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
 
     def launch(family: str, c: dict, with_opts: bool = True) -> None:
         if family not in _K:
             raise UpstreamError(f"this tree has no {family} kernel")
         vals, grid = param_values(family, t, c, task.causal, task.shape, n_cu)
-        _launch(_K[family], grid, vals, opts(c) if with_opts else {})
+        o = {"num_warps": c["num_warps"], "num_stages": c["num_stages"]}
+        if amd:
+            o["waves_per_eu"] = c["waves_per_eu"]
+        _launch(_K[family], grid, vals, o if with_opts else {})
 
     result: dict = {"family": task.family, "names": list(task.names), "causal": task.causal,
                     "shape": dict(zip(("batch", "heads_q", "heads_k", "seqlen_q", "seqlen_k"), task.shape)),
@@ -265,29 +285,20 @@ def run_task(task: Task, amd: bool) -> dict:
         if task.family == "attn_fwd":
             launch("attn_fwd", cfg)
             torch.cuda.synchronize()
-            checks = [compare("out", "fwd", dtype, t["o"], o_ref)]
+            checks = [compare("out", "fwd", dtype, t["o"], ref["o"])]
         else:
             launch("attn_fwd", task.driver)
             t["counter"].zero_()
             if task.family == "bwd_kernel_fuse":
                 launch("bwd_kernel_fuse", cfg)
-                outs = (("dq", t["dq"], dq_ref), ("dk", t["dk"], dk_ref), ("dv", t["dv"], dv_ref))
+                names = ("dq", "dk", "dv")
             else:
                 launch("bwd_preprocess", cfg, with_opts=False)
                 launch(task.family, cfg)
-                outs = ((("dk", t["dk"], dk_ref), ("dv", t["dv"], dv_ref)) if task.family == "bwd_kernel_dk_dv"
-                        else (("dq", t["dq"], dq_ref),))
+                names = ("dk", "dv") if task.family == "bwd_kernel_dk_dv" else ("dq",)
             torch.cuda.synchronize()
-            checks = [compare(n, "bwd", dtype, x, r) for n, x, r in outs]
-        result["checks"] = checks
-        if all(c["ok"] for c in checks):
-            result["status"] = "pass"
-        else:
-            result["status"] = "fail"
-            result["reason"] = "; ".join(
-                f"{c['tensor']}: " + ("not finite" if not c["finite"] else "all zeros" if not c["nonzero"]
-                                      else f"err {c['max_abs_err']:.3g} > tol {c['tol']:.3g}")
-                for c in checks if not c["ok"])
+            checks = [compare(n, "bwd", dtype, t[n], ref[n]) for n in names]
+        _judge(result, checks)
     except Exception as exc:  # one config's failure is a result, not the end of the run
         msg = str(exc).strip().splitlines()
         result["status"] = "fail"

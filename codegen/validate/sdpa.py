@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..spec import LoadedSpec
 from . import gpu
-from .cases import PERF_SHAPE, Case, dispatch_limit, sdpa_cases
+from .cases import PERF_SHAPE, Case, Shape, dispatch_limit, sdpa_cases
 from .gpu import (
     DTYPES,
     Platform,
@@ -105,10 +105,9 @@ def run_sdpa(loaded: LoadedSpec, plat: Platform, backends: list[str], seed: int,
     if spec.registration.experimental:
         os.environ.setdefault("TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "1")
     rocm = plat.kind == "rocm"
-    cases = sdpa_cases(spec)
     results: list[dict] = []
     warnings_seen: set[str] = set()
-    for i, case in enumerate(cases):
+    for i, case in enumerate(sdpa_cases(spec)):
         inputs = make_inputs(case, gpu.DEVICE, seed + i)
         ref = reference(*inputs, causal=case.causal)
         math_errs = _math_errors(case, inputs, ref)
@@ -126,37 +125,11 @@ def run_sdpa(loaded: LoadedSpec, plat: Platform, backends: list[str], seed: int,
             try:
                 res, msgs = _run_case(backend, case, inputs, ref, math_errs)
             except RuntimeError as exc:
-                with warnings.catch_warnings(record=True) as w:
-                    warnings.simplefilter("always")
-                    try:
-                        _sdpa(backend, *inputs[:3], case.causal)
-                    except RuntimeError:
-                        pass
-                msgs = sorted({str(x.message) for x in w})
-                reason = _unsupported_reason(exc, msgs)
-                warnings_seen.update(msgs)
-                limit = dispatch_limit(backend, case)
-                if any(ARCH_WARNING in m for m in msgs):
-                    row.update(status="fail", reason=f"no kernels for this GPU: {reason}")
-                elif limit:
-                    row.update(status="skip", reason=f"{limit}: {reason}")
-                elif not rocm:
-                    row.update(status="skip", reason=f"not supported by PyTorch's CUDA {backend} kernel: {reason}")
-                else:
-                    row.update(status="fail", reason=f"backend refused the inputs: {reason}")
+                warnings_seen.update(_refused(row, backend, case, inputs, exc, rocm))
                 results.append(row)
                 continue
             warnings_seen.update(msgs)
-            bad = [m for m in msgs if ARCH_WARNING in m]
-            row["checks"] = res["checks"]
-            if bad:
-                row.update(status="fail", reason=bad[0])
-            elif res["ok"]:
-                row["status"] = "pass"
-            else:
-                why = [f"{c['tensor']}: " + ("not finite" if not c["finite"] else "all zeros" if not c["nonzero"]
-                       else f"err {c['max_abs_err']:.3g} > tol {c['tol']:.3g}") for c in res["checks"] if not c["ok"]]
-                row.update(status="fail", reason="; ".join(why))
+            _judge(row, res, msgs)
             results.append(row)
 
     proof = _proof(plat, backends, spec)
@@ -171,10 +144,44 @@ def run_sdpa(loaded: LoadedSpec, plat: Platform, backends: list[str], seed: int,
     }
 
 
+def _refused(row: dict, backend: str, case: Case, inputs, exc: RuntimeError, rocm: bool) -> list[str]:
+    """A backend that refused the inputs: a skip where PyTorch documents the limit, else a
+    failure; returns the warnings PyTorch gave (re-run once to record them)."""
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            _sdpa(backend, *inputs[:3], case.causal)
+        except RuntimeError:
+            pass
+    msgs = sorted({str(x.message) for x in w})
+    reason = _unsupported_reason(exc, msgs)
+    limit = dispatch_limit(backend, case)
+    if any(ARCH_WARNING in m for m in msgs):
+        row.update(status="fail", reason=f"no kernels for this GPU: {reason}")
+    elif limit:
+        row.update(status="skip", reason=f"{limit}: {reason}")
+    elif not rocm:
+        row.update(status="skip", reason=f"not supported by PyTorch's CUDA {backend} kernel: {reason}")
+    else:
+        row.update(status="fail", reason=f"backend refused the inputs: {reason}")
+    return msgs
+
+
+def _judge(row: dict, res: dict, msgs: list[str]) -> None:
+    bad = [m for m in msgs if ARCH_WARNING in m]
+    row["checks"] = res["checks"]
+    if bad:
+        row.update(status="fail", reason=bad[0])
+    elif res["ok"]:
+        row["status"] = "pass"
+    else:
+        why = [f"{c['tensor']}: " + ("not finite" if not c["finite"] else "all zeros" if not c["nonzero"]
+               else f"err {c['max_abs_err']:.3g} > tol {c['tol']:.3g}") for c in res["checks"] if not c["ok"]]
+        row.update(status="fail", reason="; ".join(why))
+
+
 def _proof(plat: Platform, backends: list[str], spec) -> dict:
     """Kernel names of one flash/efficient forward+backward, and which AOTriton is mapped."""
-    from .cases import Shape
-
     dtype = "fp16" if "fp16" in spec.dtypes else spec.dtypes[0]
     case = Case(dtype, sorted(spec.head_dims)[0], False, Shape(1, 2, 2, 257, 257))
     out: dict = {"kernels": {}, "checks": []}

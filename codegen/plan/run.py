@@ -1,0 +1,138 @@
+"""What `mi100-codegen plan` does, given its options (`codegen.plan.cli` only parses them); `run_plan`
+is shared with precompile and bench."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import preflight
+from ..spec import load_spec
+from .kernel_list import generate_kernel_list
+from .summary import NO_HEAD_DIM, PlanSummary, summarize
+from .tree import release_of
+
+HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    tree: Path
+    spec: Path | None = None
+    python: str = sys.executable
+    tuning: bool = False
+    as_json: bool = False
+    configs: int = 40       # rows of the per-config table; -1: all
+
+
+@dataclass(frozen=True)
+class PlanTiming:
+    """Where plan's time goes: upstream's generator (and its database composition) vs. ours."""
+
+    total_s: float
+    upstream_s: float
+
+    @property
+    def ours_s(self) -> float:
+        return max(0.0, self.total_s - self.upstream_s)
+
+    def as_json(self) -> dict:
+        return {"total_s": round(self.total_s, 3), "upstream_s": round(self.upstream_s, 3),
+                "ours_s": round(self.ours_s, 3)}
+
+
+def run_plan(opts: PlanOptions, timing: dict | None = None):
+    """(loaded spec, entries, summary). Refusals (bad interpreter, bad spec, unknown release, and in
+    generate_kernel_list a target the tree does not register) come before upstream's generator
+    runs. `timing` receives `upstream_s`."""
+    preflight.interpreter(opts.python)
+    loaded = load_spec(opts.spec)
+    spec = loaded.spec
+    info = release_of(opts.tree)
+    # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
+    fp32 = {"AOTRITON_ENABLE_FP32": "1" if "fp32" in spec.dtypes else "0"}
+    entries = generate_kernel_list(opts.tree, list(spec.gpus), opts.python, tuning=opts.tuning, env=fp32,
+                                   timing=timing)
+    return loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning else "normal")
+
+
+def show_plan(opts: PlanOptions) -> None:
+    """`plan`: the counts as tables (or JSON) on stdout; the time split on stderr."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if os.environ.get(HEAD_DIM_ENV):
+        err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
+                  "tree's head dims, as it would for cmake")
+    start, clock = time.perf_counter(), {}
+    loaded, entries, summary = run_plan(opts, clock)
+    timing = PlanTiming(time.perf_counter() - start, clock.get("upstream_s", 0.0))
+    if opts.as_json:
+        doc = {**summary.model_dump(mode="json"), "timing": timing.as_json()}
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        _print_tables(entries, summary, opts.configs)
+    err.print(f"spec {loaded.display}; generator: {opts.python}")
+    err.print(f"time: {timing.total_s:.2f} s: upstream's generator {timing.upstream_s:.2f} s, "
+              f"mi100-codegen {timing.ours_s:.2f} s")
+
+
+def _print_tables(entries, summary: PlanSummary, configs: int) -> None:
+    out = Console(highlight=False, soft_wrap=True)
+    if not out.is_terminal:
+        out = Console(highlight=False, soft_wrap=True, width=160)  # logs: no truncated columns
+    title = (f"AOTriton {summary.release}, {summary.build} build for {', '.join(summary.gpus)}: "
+             f"{summary.total} kernels, head dims {summary.head_dims}")
+    out.print(family_table(entries, title))
+    dt = Table(title="kernels per dtype", title_justify="left")
+    dt.add_column("dtype")
+    dt.add_column("kernels", justify="right")
+    for k, v in summary.by_dtype.items():
+        dt.add_row(k, str(v))
+    out.print(dt)
+    out.print(config_table(summary, configs))
+
+
+def family_table(entries, title: str) -> Table:
+    cfgs = [e.config for e in entries]
+    head_dims = sorted({c.head_dim for c in cfgs if c.head_dim is not None})
+    has_none = any(c.head_dim is None for c in cfgs)
+    cols = [str(h) for h in head_dims] + ([NO_HEAD_DIM] if has_none else [])
+    counts: dict[str, Counter] = defaultdict(Counter)
+    dtypes: dict[str, set] = defaultdict(set)
+    configs: dict[str, set] = defaultdict(set)
+    for c in cfgs:
+        counts[c.family][str(c.head_dim) if c.head_dim is not None else NO_HEAD_DIM] += 1
+        dtypes[c.family].add(c.dtype)
+        configs[c.family].add(c.config_key)
+    t = Table(title=title, title_justify="left")
+    t.add_column("family", no_wrap=True)
+    for c in cols:
+        t.add_column(f"d{c}" if c != NO_HEAD_DIM else "no hd", justify="right")
+    t.add_column("dtypes")
+    t.add_column("configs", justify="right")
+    t.add_column("kernels", justify="right", style="bold")
+    for fam in sorted(counts):
+        t.add_row(fam, *[str(counts[fam].get(c, 0)) for c in cols], ",".join(sorted(dtypes[fam])),
+                  str(len(configs[fam])), str(sum(counts[fam].values())))
+    t.add_row("total", *[str(sum(counts[f].get(c, 0) for f in counts)) for c in cols], "", "",
+              str(len(entries)), style="bold")
+    return t
+
+
+def config_table(summary: PlanSummary, limit: int) -> Table:
+    t = Table(title=f"kernels per config ({len(summary.by_config)} configs)", title_justify="left")
+    t.add_column("config")
+    t.add_column("kernels", justify="right")
+    items = list(summary.by_config.items())
+    for name, n in items[:limit] if limit >= 0 else items:
+        t.add_row(name, str(n))
+    if 0 <= limit < len(items):
+        t.add_row(f"... {len(items) - limit} more (--configs -1 lists all)", "")
+    return t
