@@ -26,7 +26,7 @@ Loc = tuple[str | int, ...]
 
 # Limits on what a spec file may be (the default spec is about 10 KB, 6 levels deep, no aliases).
 # They are checked before YAML is composed, so a hostile file is refused in well under a second.
-MAX_SPEC_BYTES = 256 * 1024
+MAX_SPEC_BYTES = 64 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000  # nodes of the document once aliases are expanded
 
