@@ -35,6 +35,14 @@ class SpecError(UserError):
         self.lines = lines
 
 
+class DataFileError(UserError):
+    """A data file (tuning CSV) with errors; one line per error, as file:line: column: message."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 class UpstreamError(CodegenError):
     """An AOTriton tree we refuse, or that its own tools reject."""
 
