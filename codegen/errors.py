@@ -49,6 +49,12 @@ class UpstreamError(CodegenError):
     exit_code = EXIT_UPSTREAM
 
 
+class SystemFailure(CodegenError):
+    """The machine failed an operation that should work: a full disk, an I/O error."""
+
+    exit_code = EXIT_UPSTREAM
+
+
 class DriftError(CodegenError):
     """`--check` found differences."""
 
