@@ -17,8 +17,9 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.reader import ReaderError
 
-from .errors import SpecError, UserError
+from .errors import SpecError, UserError, printable
 from .models import Diagnostic, TargetSpec, check_target
 from .resources import default_spec_path, display_path
 
@@ -52,7 +53,7 @@ def format_loc(loc: Loc) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + printable(str(part))
     return out or "(top level)"
 
 
@@ -155,7 +156,7 @@ def _mark_error(display: str, exc: MarkedYAMLError) -> str:
     elif exc.context and exc.context_mark and exc.problem_mark:
         cm = exc.context_mark
         problem = f"{problem} ({exc.context} started at {cm.line + 1}:{cm.column + 1})"
-    return f"{display}:{line}:{col}: YAML: {problem}"
+    return f"{display}:{line}:{col}: YAML: {printable(problem)}"
 
 
 _NODE_START = (None, ":", "-", ",", "?", "[", "{")
@@ -309,8 +310,14 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
         raise SpecError([_mark_error(display, exc)]) from None
     except RecursionError:  # a nesting the lexical bound did not see
         raise SpecError([f"{display}:1:1: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"]) from None
-    except YAMLError as exc:  # pragma: no cover - ruamel always marks parse errors
-        raise SpecError([f"{display}:1:1: YAML: {exc}"]) from None
+    except ReaderError as exc:  # a character YAML does not allow (NUL, other controls)
+        pos = max(0, min(int(exc.position or 0), len(text)))
+        line, col = text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character or 0)
+        raise SpecError([f"{display}:{line}:{col}: YAML: character {ascii(char)} is not allowed in YAML"]) from None
+    except YAMLError as exc:  # ruamel marks every other parse error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError([f"{display}:1:1: YAML: {printable(first)}"]) from None
     if not isinstance(doc, CommentedMap):
         kind = type(_plain(doc)).__name__ if doc is not None else "nothing"
         raise SpecError([f"{display}:1:1: expected a mapping of target fields, found {kind}"])
@@ -326,7 +333,7 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     def located(loc: Loc, msg: str, severity: str = "error") -> str:
         line, col = pos.find(loc)
         prefix = "warning: " if severity == "warning" else ""
-        return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {msg}"
+        return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {printable(msg)}"
 
     try:
         spec = TargetSpec.model_validate_json(json.dumps(data), strict=True)

@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import DataFileError, UserError
+from .errors import DataFileError, UserError, printable
 from .fsutil import write_if_changed
 from .models import TargetSpec
 from .resources import display_path
@@ -161,13 +161,13 @@ def read_csv(path: Path) -> list[dict]:
     try:
         header = next(reader)
     except csv.Error as exc:
-        raise DataFileError([f"{display}:1: header: not CSV ({exc})"]) from None
+        raise DataFileError([f"{display}:1: header: not CSV ({printable(str(exc))})"]) from None
     if tuple(header) != columns:
         missing = [c for c in columns if c not in header]
         if len(missing) == len(columns):
             raise DataFileError([f"{display}:1: header: not a {path.name} header: found "
-                                 f"{','.join(header)} (expected: {','.join(columns)})"])
-        unknown = [c for c in header if c not in columns]
+                                 f"{printable(','.join(header))} (expected: {','.join(columns)})"])
+        unknown = [printable(c) for c in header if c not in columns]
         why = "; ".join(x for x in (
             f"missing columns: {', '.join(missing)}" if missing else "",
             f"unknown columns: {', '.join(unknown)}" if unknown else "",
@@ -180,7 +180,7 @@ def read_csv(path: Path) -> list[dict]:
         except StopIteration:
             break
         except csv.Error as exc:
-            errors.append(f"{display}:{start}: not CSV ({exc})")
+            errors.append(f"{display}:{start}: not CSV ({printable(str(exc))})")
             break
         line, start = start, reader.line_num + 1
         if not cells:
