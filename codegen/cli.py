@@ -135,12 +135,16 @@ def guarded(fn: Callable) -> Callable:
         except CodegenError as exc:
             if _state["debug"]:
                 traceback.print_exc()
-            stderr.print(f"[bold red]error:[/] {exc}" if "\n" not in str(exc) else "[bold red]error:[/]")
-            if "\n" in str(exc):
+            # messages are plain text: no markup, no emoji codes (`x.yaml:100:7:` is not an emoji)
+            stderr.print("[bold red]error:[/]", end=" " if "\n" not in str(exc) else "\n")
+            if "\n" not in str(exc):
+                stderr.print(str(exc), markup=False, emoji=False)
+            else:
                 for line in str(exc).splitlines():
-                    stderr.print(f"  {line}", markup=False)
+                    stderr.print(f"  {line}", markup=False, emoji=False)
             if exc.hint:
-                stderr.print(f"[dim]hint:[/] {exc.hint}")
+                stderr.print("[dim]hint:[/]", end=" ")
+                stderr.print(exc.hint, markup=False, emoji=False)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             _interrupted()

@@ -9,6 +9,12 @@ EXIT_UPSTREAM = 3
 EXIT_INTERRUPTED = 130
 
 
+def printable(text: str) -> str:
+    """Text for a one-line message: control and other non-printable characters escaped (a key or
+    cell holding a newline or U+001D must not split the message)."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 class CodegenError(Exception):
     """Base of every user-facing error: `str()` is the whole message, `hint` an optional fix."""
 
@@ -35,6 +41,14 @@ class SpecError(UserError):
         self.lines = lines
 
 
+class DataFileError(UserError):
+    """A data file (tuning CSV) with errors; one line per error, as file:line: column: message."""
+
+    def __init__(self, lines: list[str]):
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
 class UpstreamError(CodegenError):
     """An AOTriton tree we refuse, or that its own tools reject."""
 
@@ -44,5 +58,11 @@ class UpstreamError(CodegenError):
 class EnvironmentMissing(CodegenError):
     """The machine lacks what a stage needs to run: torch, Triton, a GPU. One rule for every
     stage (tune, validate, precompile): exit 3, like other failures outside the user's input."""
+
+    exit_code = EXIT_UPSTREAM
+
+
+class SystemFailure(CodegenError):
+    """The machine failed an operation that should work: a full disk, an I/O error."""
 
     exit_code = EXIT_UPSTREAM

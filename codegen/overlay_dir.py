@@ -1,34 +1,64 @@
 """Writing and checking a rendered overlay directory (the only filesystem side of render).
 
-The whole directory is staged next to the destination and swapped in with renames, so a failed
-or interrupted run leaves either the old overlay or the new one, never a mix."""
+Only our own files are touched: those the render writes and those the previous render's
+MANIFEST.json lists (removed when the new render no longer has them). Anything else in the
+directory (a NOTES.txt, a README) is kept, and so are the directory and its mode. Every new file
+is first written to a temporary sibling; only when all are staged are they renamed into place
+(MANIFEST.json last), so a full disk or an unwritable directory leaves the old overlay untouched
+and no temporary file behind. OS errors become one message: exit 2 for a path the user chose
+badly (permissions, not a directory), exit 3 for the machine (disk full, I/O error)."""
 
 from __future__ import annotations
 
 import difflib
+import errno
+import json
 import os
-import shutil
+import stat
 import tempfile
 from pathlib import Path
 
-from .errors import UserError
+from .errors import CodegenError, SystemFailure, UserError
 from .render import Overlay
 
 MARKER = "MANIFEST.json"
+_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR,
+                errno.ENAMETOOLONG, errno.ELOOP}
 
 
-def _current_files(out: Path) -> dict[str, bytes]:
+def _os_error(action: str, exc: OSError, out: Path) -> CodegenError:
+    where = f"{exc.filename}: " if exc.filename and exc.filename != str(out) else ""
+    msg = f"render: cannot {action}: {where}{exc.strerror or exc}"
+    if exc.errno in _USER_ERRNOS:
+        return UserError(msg, hint="choose another --out, or fix the directory's permissions")
+    return SystemFailure(msg + " (nothing was changed)")
+
+
+def _manifest_paths(out: Path) -> set[str]:
+    """Paths our previous render wrote into `out` (its MANIFEST's outputs, and the MANIFEST)."""
+    try:
+        data = json.loads((out / MARKER).read_text(encoding="utf-8"))
+        listed = {o["path"] for o in data.get("outputs", []) if isinstance(o, dict) and isinstance(o.get("path"), str)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        listed = set()
+    safe = {p for p in listed if p and not Path(p).is_absolute() and ".." not in Path(p).parts}
+    return safe | {MARKER}
+
+
+def _our_files(ov: Overlay, out: Path) -> dict[str, bytes]:
+    """The bytes of our files as they are in `out` now."""
     files = {}
     if out.is_dir():
-        for p in sorted(out.rglob("*")):
+        for path in sorted(set(ov.files) | _manifest_paths(out)):
+            p = out / path
             if p.is_file():
-                files[p.relative_to(out).as_posix()] = p.read_bytes()
+                files[path] = p.read_bytes()
     return files
 
 
 def diff_overlay(ov: Overlay, out: Path) -> list[str]:
-    """Unified diff lines between `out` and the render (empty when identical)."""
-    have = _current_files(out)
+    """Unified diff lines between our files in `out` and the render (empty when identical)."""
+    have = _our_files(ov, out)
     want = {path: f.content for path, f in ov.files.items()}
     lines: list[str] = []
     for path in sorted(set(have) | set(want)):
@@ -49,6 +79,32 @@ def diff_overlay(ov: Overlay, out: Path) -> list[str]:
     return lines
 
 
+def _check_writable(d: Path) -> None:
+    mode = d.stat().st_mode
+    if not (mode & 0o222):
+        raise UserError(f"{d}: directory is read-only (mode {stat.S_IMODE(mode):04o}); refusing to write into it",
+                        hint="make it writable (chmod u+w) or choose another --out")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UserError(f"{d}: directory is not writable by this user; nothing was written",
+                        hint="choose another --out, or fix the directory's permissions")
+
+
+def _stage(dest: Path, data: bytes) -> Path:
+    """Write `data` to a temporary sibling of `dest` (0644); return its path."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, 0o644)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return Path(tmp)
+
+
 def write_overlay(ov: Overlay, out: Path) -> bool:
     """Write the overlay to `out`; return False when it was already identical (no write)."""
     out = Path(out)
@@ -59,28 +115,63 @@ def write_overlay(ov: Overlay, out: Path) -> bool:
             f"{out}: not empty and not an overlay (no {MARKER}); refusing to overwrite it",
             hint="choose another --out or remove the directory",
         )
-    if out.is_dir() and not diff_overlay(ov, out):
+    have = _our_files(ov, out)
+    want = {path: f.content for path, f in ov.files.items()}
+    stale = sorted(set(have) - set(want))
+    changed = sorted(p for p in want if have.get(p) != want[p])
+    if not changed and not stale:
         return False
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
-    old = None
+
+    created: list[Path] = []  # directories we made, to remove again on failure
+    staged: list[tuple[Path, Path]] = []
     try:
-        for path, f in sorted(ov.files.items()):
-            dest = stage / path
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(f.content)
-        for p in [stage, *stage.rglob("*")]:
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rmdir(old)
-            os.rename(out, old)
-        os.rename(stage, out)
-    except BaseException:
-        if old is not None and old.exists() and not out.exists():
-            os.rename(old, out)
-        shutil.rmtree(stage, ignore_errors=True)
+        missing = []
+        d = out
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        if missing and d.is_dir():
+            _check_writable(d)
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+        _check_writable(out)
+        # stage every changed file (MANIFEST last), then rename them all into place
+        for path in sorted(changed, key=lambda p: (p == MARKER, p)):
+            dest = out / path
+            parents = []
+            q = dest.parent
+            while not q.exists():
+                parents.append(q)
+                q = q.parent
+            for q in reversed(parents):
+                q.mkdir()
+                created.append(q)
+            if not parents and dest.parent != out:
+                _check_writable(dest.parent)
+            staged.append((_stage(dest, want[path]), dest))
+    except BaseException as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        if isinstance(exc, OSError):
+            raise _os_error(f"write the overlay into {out}", exc, out) from None
         raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    try:
+        for tmp, dest in staged:
+            os.replace(tmp, dest)
+        for path in stale:
+            (out / path).unlink(missing_ok=True)
+            parent = (out / path).parent
+            while parent != out and parent.is_dir() and not any(parent.iterdir()):
+                parent.rmdir()
+                parent = parent.parent
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise _os_error(f"finish writing the overlay into {out}", exc, out) from None
     return True

@@ -17,12 +17,19 @@ from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.reader import ReaderError
 
-from .errors import SpecError, UserError
+from .errors import SpecError, UserError, printable
 from .models import Diagnostic, TargetSpec, check_target
 from .resources import default_spec_path, display_path
 
 Loc = tuple[str | int, ...]
+
+# Limits on what a spec file may be (the default spec is about 10 KB, 6 levels deep, no aliases).
+# They are checked before YAML is composed, so a hostile file is refused in well under a second.
+MAX_SPEC_BYTES = 64 * 1024
+MAX_DEPTH = 64
+MAX_NODES = 100_000  # nodes of the document once aliases are expanded
 
 
 @dataclass
@@ -46,7 +53,7 @@ def format_loc(loc: Loc) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + printable(str(part))
     return out or "(top level)"
 
 
@@ -147,7 +154,118 @@ def _mark_error(display: str, exc: MarkedYAMLError) -> str:
     elif exc.context and exc.context_mark and exc.problem_mark:
         cm = exc.context_mark
         problem = f"{problem} ({exc.context} started at {cm.line + 1}:{cm.column + 1})"
-    return f"{display}:{line}:{col}: YAML: {problem}"
+    return f"{display}:{line}:{col}: YAML: {printable(problem)}"
+
+
+_NODE_START = (None, ":", "-", ",", "?", "[", "{")
+_BLOCK_SCALAR = ("|", ">", "|-", "|+", ">-", ">+")
+
+
+def _nesting_error(text: str) -> tuple[int, int] | None:
+    """Line and column where the document nests deeper than MAX_DEPTH, found lexically.
+
+    A bound, not a parser: block levels from the indentation stack and `- ` prefixes, flow levels
+    from the `[`/`{` that open a node (outside quotes, comments and block scalars). ruamel's
+    scanner is quadratic in flow depth and its composer recursive, so this runs first."""
+    flow = 0
+    indents: list[int] = []
+    quote: str | None = None
+    block_scalar_at: int | None = None  # indentation of the line that opened a block scalar
+    for lineno, line in enumerate(text.split("\n"), 1):
+        stripped = line.lstrip(" ")
+        ind = len(line) - len(stripped)
+        if block_scalar_at is not None:
+            if not stripped or ind > block_scalar_at:
+                continue
+            block_scalar_at = None
+        depth_block = len(indents)
+        rest = stripped
+        if flow == 0 and quote is None:
+            if not stripped or stripped.startswith("#"):
+                continue
+            while indents and indents[-1] >= ind:
+                indents.pop()
+            indents.append(ind)
+            dashes = 0
+            while rest == "-" or rest.startswith("- "):
+                dashes += 1
+                rest = rest[1:].lstrip(" ")
+            depth_block = len(indents) + dashes
+            if depth_block > MAX_DEPTH:
+                return lineno, ind + 1
+            words = stripped.split(" #")[0].rstrip().split()
+            if words and words[-1] in _BLOCK_SCALAR and (len(words) == 1 or words[-2].endswith(":") or words[-2] == "-"):
+                block_scalar_at = ind
+        prev: str | None = None
+        escaped = False
+        for j, ch in enumerate(line):
+            if quote is not None:
+                if quote == '"' and ch == "\\" and not escaped:
+                    escaped = True
+                    continue
+                if ch == quote and not escaped:
+                    quote = None
+                    prev = ch
+                escaped = False
+                continue
+            if ch in " \t":
+                continue
+            if ch == "#" and (j == 0 or line[j - 1] in " \t"):
+                break
+            if ch in "'\"" and prev in _NODE_START:
+                quote = ch
+            elif ch in "[{" and (flow > 0 or prev in _NODE_START):
+                flow += 1
+                if depth_block + flow > MAX_DEPTH:
+                    return lineno, j + 1
+            elif ch in "]}" and flow > 0:
+                flow -= 1
+            prev = ch
+    return None
+
+
+def _expansion_error(doc: Any) -> tuple[tuple[int, int], str] | None:
+    """Position and text when aliases expand the document past MAX_NODES nodes or MAX_DEPTH
+    levels, or a node contains itself. Shared nodes (aliases) are sized once (memo by id)."""
+    memo: dict[int, tuple[int, int]] = {}
+    active: set[int] = set()
+
+    def where(node: Any) -> tuple[int, int]:
+        lc = getattr(node, "lc", None)
+        return (lc.line + 1, lc.col + 1) if lc is not None and lc.line is not None else (1, 1)
+
+    class _Stop(Exception):
+        def __init__(self, node: Any, msg: str):
+            self.node, self.msg = node, msg
+
+    def size(node: Any) -> tuple[int, int]:
+        if not isinstance(node, (dict, list)):
+            return 1, 0
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise _Stop(node, "recursive alias (a node that contains itself)")
+        active.add(key)
+        children = list(node.values()) if isinstance(node, dict) else list(node)
+        total, height = 1 + (len(node) if isinstance(node, dict) else 0), 0
+        for child in children:
+            n, h = size(child)
+            total += n
+            height = max(height, h + 1)
+            if total > MAX_NODES:
+                raise _Stop(node, f"more than {MAX_NODES} nodes once aliases are expanded (limit)")
+            if height > MAX_DEPTH:
+                raise _Stop(node, f"nesting deeper than {MAX_DEPTH} levels once aliases are expanded (limit)")
+        active.discard(key)
+        memo[key] = (total, height)
+        return memo[key]
+
+    try:
+        size(doc)
+    except _Stop as stop:
+        return where(stop.node), stop.msg
+    return None
 
 
 def load_spec(path: str | Path | None = None) -> LoadedSpec:
@@ -155,13 +273,17 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     path = Path(path) if path is not None else default_spec_path()
     display = display_path(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise UserError(f"{display}: spec file not found") from None
     except IsADirectoryError:
         raise UserError(f"{display}: is a directory, not a spec file") from None
     except OSError as exc:
         raise UserError(f"{display}: cannot read spec: {exc.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError([f"{display}: spec is larger than {MAX_SPEC_BYTES // 1024} KiB (the limit; "
+                         f"the default spec is about 10 KB): not read"])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -175,18 +297,33 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     ):
         raise SpecError([f"{display}:1:1: spec is empty (expected a mapping of target fields)"])
 
+    deep = _nesting_error(text)
+    if deep is not None:
+        raise SpecError([f"{display}:{deep[0]}:{deep[1]}: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"])
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     try:
         doc = yaml.load(text)
     except MarkedYAMLError as exc:
         raise SpecError([_mark_error(display, exc)]) from None
-    except YAMLError as exc:  # pragma: no cover - ruamel always marks parse errors
-        raise SpecError([f"{display}:1:1: YAML: {exc}"]) from None
+    except RecursionError:  # a nesting the lexical bound did not see
+        raise SpecError([f"{display}:1:1: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"]) from None
+    except ReaderError as exc:  # a character YAML does not allow (NUL, other controls)
+        pos = max(0, min(int(exc.position or 0), len(text)))
+        line, col = text.count("\n", 0, pos) + 1, pos - (text.rfind("\n", 0, pos) + 1) + 1
+        char = exc.character if isinstance(exc.character, str) else chr(exc.character or 0)
+        raise SpecError([f"{display}:{line}:{col}: YAML: character {ascii(char)} is not allowed in YAML"]) from None
+    except YAMLError as exc:  # ruamel marks every other parse error
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecError([f"{display}:1:1: YAML: {printable(first)}"]) from None
     if not isinstance(doc, CommentedMap):
         kind = type(_plain(doc)).__name__ if doc is not None else "nothing"
         raise SpecError([f"{display}:1:1: expected a mapping of target fields, found {kind}"])
 
+    expanded = _expansion_error(doc)
+    if expanded is not None:
+        (line, col), msg = expanded
+        raise SpecError([f"{display}:{line}:{col}: YAML: {msg}"])
     pos = _Positions()
     pos.walk(doc, ())
     data = _plain(doc)
@@ -194,7 +331,7 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     def located(loc: Loc, msg: str, severity: str = "error") -> str:
         line, col = pos.find(loc)
         prefix = "warning: " if severity == "warning" else ""
-        return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {msg}"
+        return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {printable(msg)}"
 
     try:
         spec = TargetSpec.model_validate_json(json.dumps(data), strict=True)

@@ -10,17 +10,28 @@ Both files are sorted, LF, with provenance on every row: `device` (the GPU's nam
 (empty for a measurement on the target arch itself, else what stood in for it, e.g.
 `nvidia-proxy`), the Triton and torch versions and the date of the measurement.
 
-This module is pure data handling (stdlib only): render imports it, so keep it light.
+Reading validates every row with a Pydantic model of its file (`WinnerRow`, `MeasurementRow`,
+whose fields are exactly the column tuples below): the header must be the file's columns,
+integers must be integers, times finite and non-negative. Every problem of a file is reported at
+once as `file:line: column: message` (exit 2), like spec errors.
+
+This module is pure data handling (no I/O beyond the two CSVs): render imports it, so keep it light.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
+from typing import Annotated, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import DataFileError, UserError, printable
 from .fsutil import write_if_changed
 from .models import TargetSpec
+from .resources import display_path
 
 WINNER_COLUMNS = (
     "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k",
@@ -50,23 +61,142 @@ KEY_COLUMNS = ("gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias"
 
 
 
-def _typed(rec: dict) -> dict:
-    row = dict(rec)
-    for k in INT_COLUMNS:
-        if k in row and row[k] not in ("", None):
-            row[k] = int(row[k])
-    for k in FLOAT_COLUMNS:
-        if k in row and row[k] not in ("", None):
-            row[k] = float(row[k])
-    return row
+Flag = Annotated[int, Field(ge=0, le=1)]
+Positive = Annotated[int, Field(ge=1)]
+Count = Annotated[int, Field(ge=0)]
+TimeMs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1)]
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: Name
+    family: Name
+    dtype: Literal["fp16", "bf16", "fp32"]
+    head_dim: Positive
+    causal: Flag
+    dropout: Flag
+    bias: Count
+    seqlen_q: Positive
+    seqlen_k: Positive
+    config: Name
+    block_m: Positive
+    block_n: Positive
+    waves_per_eu: Count
+    num_warps: Positive
+    num_stages: Count
+    pre_load_v: Flag | None = None
+    entry: str
+    device: str
+    proxy: str
+    triton: str
+    torch: str
+    date: str
+    source: str
+
+
+class WinnerRow(_Row):
+    """One row of winners.csv (fields: WINNER_CSV_COLUMNS)."""
+
+    time_ms: TimeMs
+    candidates: Count | None = None
+
+
+class MeasurementRow(_Row):
+    """One row of measurements.csv (fields: MEASUREMENT_COLUMNS); no time unless measured."""
+
+    status: Name
+    time_ms: TimeMs | None = None
+    errors: str
+    same_kernel_as: str
+
+
+_ROW_MODELS = {WINNERS_FILE: (WinnerRow, WINNER_CSV_COLUMNS),
+               MEASUREMENTS_FILE: (MeasurementRow, MEASUREMENT_COLUMNS)}
+_OPTIONAL = {name for model, _ in _ROW_MODELS.values()
+             for name, f in model.model_fields.items() if not f.is_required()}
+
+
+def _cell_errors(exc: ValidationError, raw: dict) -> list[tuple[str, str]]:
+    out = []
+    for e in exc.errors(include_url=False):
+        col = str(e["loc"][0]) if e["loc"] else "(row)"
+        if e["type"] == "missing" or (raw.get(col) == "" and e["type"] != "extra_forbidden"):
+            msg = "empty: a value is required"
+        elif e["type"] == "finite_number":
+            msg = f"{raw.get(col)!r} is not a finite number"
+        else:
+            msg = e["msg"] + (f" (got {raw.get(col)!r})" if col in raw else "")
+        out.append((col, msg))
+    return out
 
 
 def read_csv(path: Path) -> list[dict]:
+    """Rows of winners.csv or measurements.csv (chosen by file name), typed; [] if absent.
+
+    Raises DataFileError with every problem found (`file:line: column: message`)."""
     path = Path(path)
     if not path.is_file():
         return []
-    with path.open(newline="", encoding="utf-8") as fh:
-        return [_typed(rec) for rec in csv.DictReader(fh)]
+    display = display_path(path)
+    model, columns = _ROW_MODELS.get(path.name, _ROW_MODELS[MEASUREMENTS_FILE])
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw_bytes.count(b"\n", 0, exc.start) + 1
+        raise DataFileError([f"{display}:{line}: file is not UTF-8 text "
+                             f"(byte 0x{raw_bytes[exc.start]:02x}): expected a CSV written by tune"]) from None
+    if not text.strip():
+        raise DataFileError([f"{display}:1: file is empty (expected the header: {','.join(columns)})"])
+    errors: list[str] = []
+    rows: list[dict] = []
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+    except csv.Error as exc:
+        raise DataFileError([f"{display}:1: header: not CSV ({printable(str(exc))})"]) from None
+    if tuple(header) != columns:
+        missing = [c for c in columns if c not in header]
+        if len(missing) == len(columns):
+            raise DataFileError([f"{display}:1: header: not a {path.name} header: found "
+                                 f"{printable(','.join(header))} (expected: {','.join(columns)})"])
+        unknown = [printable(c) for c in header if c not in columns]
+        why = "; ".join(x for x in (
+            f"missing columns: {', '.join(missing)}" if missing else "",
+            f"unknown columns: {', '.join(unknown)}" if unknown else "",
+            "columns out of order" if not (missing or unknown) else "") if x)
+        raise DataFileError([f"{display}:1: header: {why} (expected: {','.join(columns)})"])
+    start = reader.line_num + 1
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            errors.append(f"{display}:{start}: not CSV ({printable(str(exc))})")
+            break
+        line, start = start, reader.line_num + 1
+        if not cells:
+            continue
+        if len(cells) != len(columns):
+            errors.append(f"{display}:{line}: expected {len(columns)} fields, found {len(cells)}")
+            continue
+        raw = dict(zip(columns, cells))
+        data = {k: (None if v == "" and k in _OPTIONAL else v) for k, v in raw.items()}
+        try:
+            row = model.model_validate(data)
+        except ValidationError as exc:
+            errors.extend(f"{display}:{line}: {col}: {msg}" for col, msg in _cell_errors(exc, raw))
+            continue
+        rows.append({k: ("" if v is None else v) for k, v in row.model_dump().items()})
+    if errors:
+        raise DataFileError(errors)
+    return rows
 
 
 def row_key(row: dict) -> tuple:
@@ -95,6 +225,8 @@ def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, .
             if isinstance(v, bool):
                 v = int(v)
             elif isinstance(v, float):
+                if not math.isfinite(v):
+                    raise ValueError(f"{k}: {v} is not a finite number (row {row.get('config', '')})")
                 v = f"{v:.6f}"
             out[k] = "" if v is None else v
         w.writerow(out)

@@ -11,9 +11,11 @@
 # Each step leaves a marker in $WORKDIR/.done/ and is skipped when rerun, so a failed or
 # interrupted run resumes where it stopped. Rerun a step by deleting its marker.
 #
-# Run it in the Python environment of your ROCm PyTorch, with mi100-codegen installed there:
-#   pip install mi100-codegen        (or: pip install -e /path/to/mi100-codegen)
-#   scripts/mi100_recipe.sh
+# Run it in the Python environment of your ROCm PyTorch. mi100-codegen is not on PyPI: when the
+# `mi100-codegen` command is missing, the script installs it from the checkout it lives in
+# (`python -m pip install /path/to/mi100-codegen`); or install it yourself first, from a checkout
+# (`pip install /path/to/mi100-codegen`) or a built wheel (`pip install mi100_codegen-*.whl`).
+#   /path/to/mi100-codegen/scripts/mi100_recipe.sh
 # Settings (environment): WORKDIR (default ./mi100-work), JOBS (build parallelism), SPEC (a
 # target spec; default the embedded rules/mi100.yaml), AOTRITON_GIT_URL, BUILD_ARGS (extra
 # arguments of `mi100-codegen build`), SKIP_KERNEL_CHECK=1 (skip `validate --kernels`).
@@ -32,8 +34,18 @@ log() { printf '\n== %s\n' "$*" >&2; }
 done_mark() { [ -e "$WORKDIR/.done/$1" ]; }
 mark() { : >"$WORKDIR/.done/$1"; }
 
-command -v mi100-codegen >/dev/null || { echo "mi100-codegen is not on PATH: pip install it into this environment" >&2; exit 2; }
 PY=$(command -v python3 || command -v python)
+if ! command -v mi100-codegen >/dev/null; then
+  CHECKOUT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if [ ! -f "$CHECKOUT/pyproject.toml" ]; then
+    echo "mi100-codegen is not on PATH and $CHECKOUT is not a checkout of it: pip install it into this environment (from a checkout or a built wheel; it is not on PyPI)" >&2
+    exit 2
+  fi
+  log "0/6 install: mi100-codegen from $CHECKOUT (not on PyPI) into $("$PY" -c 'import sys; print(sys.prefix)')"
+  "$PY" -m pip install "$CHECKOUT" >&2
+  hash -r
+  command -v mi100-codegen >/dev/null || { echo "installed, but mi100-codegen is still not on PATH (is $PY this environment's python?)" >&2; exit 2; }
+fi
 
 # 1. detect ---------------------------------------------------------------------------------------
 log "1/6 detect: the AOTriton release this torch links"

@@ -18,7 +18,13 @@ from codegen.precompile.prune import (
     prune_spec,
 )
 from codegen.precompile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
-from codegen.precompile.resources import Resources, occupancy, parse_resources, text_section_size
+from codegen.precompile.resources import (
+    Resources,
+    occupancy,
+    parse_resources,
+    text_section_size,
+    waves_per_eu_bound,
+)
 from codegen.precompile.sample import stratified_sample
 from codegen.precompile.worker import first_error_line
 from codegen.spec import load_spec
@@ -29,20 +35,31 @@ def loaded():
     return load_spec(None)
 
 
-def _elf(text_size: int) -> bytes:
-    """A minimal ELF64 LE object: null, .text, .shstrtab sections."""
-    names = b"\0.text\0.shstrtab\0"
+def _elf(text_size: int, meta: dict | None = None) -> bytes:
+    """A minimal ELF64 LE code object: null, .text, .shstrtab and (with `meta`) an AMDGPU
+    metadata note (type 32, msgpack) the way LLVM writes it."""
+    import msgpack
+
+    names = b"\0.text\0.shstrtab\0.note\0"
     text = b"\0" * text_size
-    shoff = 64 + len(text) + len(names)
+    note = b""
+    if meta is not None:
+        desc = msgpack.packb(meta)
+        note = struct.pack("<III", 7, len(desc), 32) + b"AMDGPU\0\0" + desc + b"\0" * (-len(desc) % 4)
+    shoff = 64 + len(text) + len(names) + len(note)
+    nsec = 4 if note else 3
     hdr = bytearray(64)
     hdr[:6] = b"\x7fELF\x02\x01"
     struct.pack_into("<Q", hdr, 0x28, shoff)
-    struct.pack_into("<HHH", hdr, 0x3A, 64, 3, 2)
+    struct.pack_into("<HHH", hdr, 0x3A, 64, nsec, 2)
 
-    def sh(name, typ, off, size):
-        return struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off, size, 0, 0, 1, 0)
+    def sh(name, typ, off, size, align=1):
+        return struct.pack("<IIQQQQIIQQ", name, typ, 0, 0, off, size, 0, 0, align, 0)
 
-    return bytes(hdr) + text + names + sh(0, 0, 0, 0) + sh(1, 1, 64, text_size) + sh(7, 3, 64 + text_size, len(names))
+    heads = sh(0, 0, 0, 0) + sh(1, 1, 64, text_size) + sh(7, 3, 64 + text_size, len(names))
+    if note:
+        heads += sh(17, 7, 64 + text_size + len(names), len(note), 4)
+    return bytes(hdr) + text + names + note + heads
 
 
 ASM = """\t.text
@@ -54,30 +71,44 @@ kernel:
 ; Kernel info:
 ; codeLenInByte = 8852
 ; Occupancy: 3
-\t.amdgpu_metadata
----
-amdhsa.kernels:
-  - .agpr_count:     9
-    .group_segment_fixed_size: 0
-    .private_segment_fixed_size: 16
-    .sgpr_count:     104
-    .sgpr_spill_count: 61
-    .vgpr_count:     72
-    .vgpr_spill_count: 0
-\t.end_amdgpu_metadata
 """
+NOTE = {".name": "kernel", ".agpr_count": 9, ".group_segment_fixed_size": 0, ".private_segment_fixed_size": 16,
+        ".sgpr_count": 104, ".sgpr_spill_count": 61, ".vgpr_count": 72, ".vgpr_spill_count": 0,
+        ".wavefront_size": 64}
+LLIR = 'attributes #0 = { "amdgpu-flat-work-group-size"="1,256" "amdgpu-waves-per-eu"="2,2" }'
 
 
 def test_parse_resources_and_text_size():
-    r = parse_resources(ASM, _elf(1234), shared=2048)
+    r = parse_resources(ASM, _elf(1234, {"amdhsa.version": [1, 2], "amdhsa.kernels": [NOTE]}), shared=2048)
     assert r == Resources(vgprs=72, agprs=9, sgprs=104, lds_bytes=2048, scratch_bytes=16, vgpr_spills=0,
-                          sgpr_spills=61, mfma=2, code_bytes=1234, llvm_occupancy=3)
+                          sgpr_spills=61, mfma=2, code_bytes=1234, llvm_occupancy=3, wavefront_size=64)
     assert text_section_size(b"not an elf") == 0
 
 
+def test_parse_resources_without_agpr_file_and_wave32():
+    """gfx906 (no AGPRs: no .agpr_count) and a wave32 arch read the same way."""
+    note = {k: v for k, v in NOTE.items() if k != ".agpr_count"} | {".wavefront_size": 32}
+    r = parse_resources(ASM, _elf(16, {"amdhsa.kernels": [note]}), shared=0, llir=LLIR)
+    assert (r.agprs, r.wavefront_size, r.max_waves_per_eu) == (0, 32, 2)
+
+
 def test_parse_resources_requires_metadata():
-    with pytest.raises(ValueError, match="vgpr_count"):
+    with pytest.raises(ValueError, match="not an ELF"):
         parse_resources("s_endpgm\n", b"", 0)
+    with pytest.raises(ValueError, match="no AMDGPU metadata note"):
+        parse_resources("s_endpgm\n", _elf(4), 0)
+    note = {k: v for k, v in NOTE.items() if k != ".vgpr_count"}
+    with pytest.raises(ValueError, match="vgpr_count"):
+        parse_resources("s_endpgm\n", _elf(4, {"amdhsa.kernels": [note]}), 0)
+
+
+def test_waves_per_eu_bound_as_llvm_reads_it():
+    assert waves_per_eu_bound('"amdgpu-waves-per-eu"="2,2"') == 2      # Triton 3.8
+    assert waves_per_eu_bound('"amdgpu-waves-per-eu"="2,10"') == 10    # Triton 3.5
+    assert waves_per_eu_bound('"amdgpu-waves-per-eu"="1"') is None     # no upper bound
+    assert waves_per_eu_bound('"amdgpu-waves-per-eu"="0"') is None     # invalid: ignored
+    assert waves_per_eu_bound('"amdgpu-waves-per-eu"="3,2"') is None   # invalid: ignored
+    assert waves_per_eu_bound("") is None
 
 
 def _res(**kw) -> Resources:
@@ -96,6 +127,11 @@ def test_occupancy_gfx908_limits(loaded):
     assert occupancy(hw, _res(vgprs=24, agprs=130, sgprs=58, lds_bytes=0), 4) == (1, "AGPRs")
     unified = hw.model_copy(update={"unified_register_file": True, "vgprs_per_lane": 512})
     assert occupancy(unified, _res(vgprs=128, agprs=128, sgprs=58, lds_bytes=0), 4) == (2, "VGPRs")
+    # the kernel's waves-per-eu upper bound caps LLVM's estimate (Triton 3.8 writes "N,N")
+    assert occupancy(hw, _res(vgprs=24, sgprs=58, lds_bytes=0, max_waves_per_eu=2), 4) == (2, "waves_per_eu")
+    assert occupancy(hw, _res(max_waves_per_eu=10), 4) == (3, "VGPRs")
+    # wave32: SGPRs are per wave and do not limit occupancy
+    assert occupancy(hw, _res(vgprs=24, sgprs=104, lds_bytes=0, wavefront_size=32), 4) == (10, "wave slots")
 
 
 def _result(config="attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0", status="ok", wpe=2, occ=3, **res) -> KernelResult:

@@ -126,13 +126,21 @@ def test_check_detects_drift_and_writes_nothing(tmp_path, monkeypatch):
     assert "identical" in runner.invoke(app, ["render", "--out", "ov"]).output
 
 
-def test_render_removes_stale_files_and_refuses_foreign_dirs(tmp_path, monkeypatch):
+def test_render_removes_its_stale_files_and_refuses_foreign_dirs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     runner.invoke(app, ["render", "--out", "ov"])
-    (tmp_path / "ov" / "stale.txt").write_text("x")
+    # a file an earlier render wrote (its MANIFEST lists it) and this one does not: removed;
+    # a file of the user's (NOTES.txt, not in the MANIFEST): kept (issue 11)
+    manifest = json.loads((tmp_path / "ov" / "MANIFEST.json").read_text())
+    manifest["outputs"].append({"id": "old", "path": "old/stale.json", "sha256": "0" * 64, "template": "(old)"})
+    (tmp_path / "ov" / "MANIFEST.json").write_text(json.dumps(manifest))
+    (tmp_path / "ov" / "old").mkdir()
+    (tmp_path / "ov" / "old" / "stale.json").write_text("x")
+    (tmp_path / "ov" / "NOTES.txt").write_text("mine")
     runner.invoke(app, ["render", "--out", "ov"])
-    assert not (tmp_path / "ov" / "stale.txt").exists()
+    assert not (tmp_path / "ov" / "old").exists()
+    assert (tmp_path / "ov" / "NOTES.txt").read_text() == "mine"
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
     result = runner.invoke(app, ["render", "--out", "mine"])

@@ -1,32 +1,42 @@
-"""Resources of a compiled kernel, read from its AMDGCN assembly and code object (pure).
+"""Resources of a compiled kernel, read from its code object (pure).
 
-The assembly Triton returns (`asm['amdgcn']`) carries the code object's metadata notes
-(`.vgpr_count`, `.agpr_count`, `.sgpr_count`, `.group_segment_fixed_size`,
-`.private_segment_fixed_size`, `.vgpr_spill_count`, `.sgpr_spill_count`) and LLVM's kernel-info
-comment (`; Occupancy: N`). Triton allocates its LDS dynamically: the static group segment is 0
-and the real size is Triton's `metadata.shared`. Code size is the `.text` section of the ELF.
+Registers, LDS, scratch and spills come from the code object's AMDGPU metadata note (a msgpack
+map, `amdhsa.kernels[]`: `.vgpr_count`, `.agpr_count`, `.sgpr_count`, `.group_segment_fixed_size`,
+`.private_segment_fixed_size`, `.vgpr_spill_count`, `.sgpr_spill_count`, `.wavefront_size`), read
+with pyelftools + msgpack; code size is the `.text` section. An arch without an AGPR file
+(gfx906) has no `.agpr_count`: 0. Triton allocates its LDS dynamically: the static group segment
+is 0 and the real size is Triton's `metadata.shared`.
+
+Two things only the compiler's text carries: the MFMA instruction count (the assembly) and the
+`amdgpu-waves-per-eu` attribute Triton put on the kernel (its LLVM IR), which LLVM's occupancy
+estimate (the `; Occupancy: N` kernel-info comment, kept as `llvm_occupancy`) is capped by.
 """
 
 from __future__ import annotations
 
+import io
 import re
-import struct
 
+import msgpack
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 from pydantic import BaseModel, ConfigDict
 
 from ..models.target import Hardware
 
 _NOTE_KEYS = {
     "vgprs": ".vgpr_count",
-    "agprs": ".agpr_count",
     "sgprs": ".sgpr_count",
     "group_segment": ".group_segment_fixed_size",
     "scratch_bytes": ".private_segment_fixed_size",
     "vgpr_spills": ".vgpr_spill_count",
     "sgpr_spills": ".sgpr_spill_count",
 }
+_OPTIONAL_KEYS = {"agprs": ".agpr_count"}  # absent on archs without an AGPR file
+_NT_AMDGPU_METADATA = 32
 _MFMA_RE = re.compile(r"^\s*v_mfma\w*", re.M)
 _OCC_RE = re.compile(r"; Kernel info:.*?; Occupancy: (\d+)", re.S)
+_WPE_ATTR_RE = re.compile(r'"amdgpu-waves-per-eu"="\s*(\d+)\s*(?:,\s*(\d+)\s*)?"')
 
 
 class Resources(BaseModel):
@@ -42,45 +52,82 @@ class Resources(BaseModel):
     mfma: int
     code_bytes: int
     llvm_occupancy: int | None = None
+    # the upper bound of the kernel's `amdgpu-waves-per-eu` attribute (None: no upper bound)
+    max_waves_per_eu: int | None = None
+    wavefront_size: int | None = None
 
 
-def _note(text: str, key: str) -> int:
-    block = text
-    start = text.find(".amdgpu_metadata")
-    if start >= 0:
-        block = text[start:]
-    m = re.search(re.escape(key) + r":\s+(\d+)", block)
-    if m is None:
-        raise ValueError(f"no {key} in the kernel's metadata notes")
-    return int(m.group(1))
+def _elf(image: bytes) -> ELFFile | None:
+    try:
+        return ELFFile(io.BytesIO(image))
+    except (ELFError, ValueError, OSError):
+        return None
 
 
-def text_section_size(elf: bytes) -> int:
-    """Size of the .text section of an ELF64 little-endian code object (0 if unreadable)."""
-    if len(elf) < 64 or elf[:4] != b"\x7fELF" or elf[4] != 2 or elf[5] != 1:
+def code_object_metadata(image: bytes, kernel_name: str | None = None) -> dict:
+    """The AMDGPU metadata of one kernel of a code object (its `amdhsa.kernels` entry)."""
+    elf = _elf(image)
+    if elf is None:
+        raise ValueError("the code object is not an ELF file")
+    kernels: list = []
+    try:
+        for sec in elf.iter_sections():
+            if sec.header.sh_type != "SHT_NOTE":
+                continue
+            for note in sec.iter_notes():
+                if note["n_name"] == "AMDGPU" and note["n_type"] in (_NT_AMDGPU_METADATA, "NT_AMDGPU_METADATA"):
+                    meta = msgpack.unpackb(bytes(note["n_descdata"]), raw=False, strict_map_key=False)
+                    kernels.extend(meta.get("amdhsa.kernels", []) if isinstance(meta, dict) else [])
+    except (ELFError, ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"unreadable AMDGPU metadata note: {exc}") from None
+    if not kernels:
+        raise ValueError("no AMDGPU metadata note (amdhsa.kernels) in the code object")
+    if kernel_name is not None:
+        for k in kernels:
+            if k.get(".name") == kernel_name:
+                return k
+    return kernels[0]
+
+
+def text_section_size(image: bytes) -> int:
+    """Size of the .text section of a code object (0 if unreadable)."""
+    elf = _elf(image)
+    if elf is None:
         return 0
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-    if not shoff or shstrndx >= shnum or shoff + shnum * shentsize > len(elf):
+    try:
+        sec = elf.get_section_by_name(".text")
+    except (ELFError, ValueError):
         return 0
-
-    def header(i: int) -> tuple[int, int, int]:
-        name, _typ, _flags, _addr, off, size = struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize)
-        return name, off, size
-
-    _, str_off, str_size = header(shstrndx)
-    names = elf[str_off:str_off + str_size]
-    for i in range(shnum):
-        name, _off, size = header(i)
-        end = names.find(b"\0", name)
-        if names[name:end] == b".text":
-            return size
-    return 0
+    return int(sec.header.sh_size) if sec is not None else 0
 
 
-def parse_resources(amdgcn: str, hsaco: bytes, shared: int) -> Resources:
-    values = {k: _note(amdgcn, key) for k, key in _NOTE_KEYS.items()}
+def waves_per_eu_bound(llir: str) -> int | None:
+    """Upper bound of the kernel's `amdgpu-waves-per-eu` attribute, as LLVM reads it.
+
+    `"min,max"` bounds it by max; `"min"` alone leaves the maximum at the hardware's; an invalid
+    pair (0, or min > max) is ignored by LLVM. Triton 3.5 writes `"N,10"` or `"N"`, 3.8 `"N,N"`.
+    """
+    m = _WPE_ATTR_RE.search(llir or "")
+    if m is None or m.group(2) is None:
+        return None
+    lo, hi = int(m.group(1)), int(m.group(2))
+    if lo < 1 or hi < lo:
+        return None
+    return hi
+
+
+def parse_resources(amdgcn: str, hsaco: bytes, shared: int, llir: str = "",
+                    kernel_name: str | None = None) -> Resources:
+    meta = code_object_metadata(hsaco, kernel_name)
+    values = {}
+    for k, key in _NOTE_KEYS.items():
+        if not isinstance(meta.get(key), int):
+            raise ValueError(f"no {key} in the kernel's metadata note")
+        values[k] = int(meta[key])
+    for k, key in _OPTIONAL_KEYS.items():
+        values[k] = int(meta.get(key) or 0)
     occ = _OCC_RE.findall(amdgcn)
+    wave = meta.get(".wavefront_size")
     return Resources(
         vgprs=values["vgprs"],
         agprs=values["agprs"],
@@ -92,6 +139,8 @@ def parse_resources(amdgcn: str, hsaco: bytes, shared: int) -> Resources:
         mfma=len(_MFMA_RE.findall(amdgcn)),
         code_bytes=text_section_size(hsaco),
         llvm_occupancy=int(occ[-1]) if occ else None,
+        max_waves_per_eu=waves_per_eu_bound(llir),
+        wavefront_size=int(wave) if isinstance(wave, int) else None,
     )
 
 
@@ -99,8 +148,11 @@ def _round_up(x: int, granule: int) -> int:
     return -(-max(x, 1) // granule) * granule
 
 
-def _sgpr_waves(sgprs: int) -> int:
-    # LLVM AMDGPUBaseInfo getOccupancyWithNumSGPRs for GFX8/GFX9 (800 SGPRs per SIMD).
+def _sgpr_waves(sgprs: int, wavefront_size: int) -> int | None:
+    # LLVM AMDGPUBaseInfo getOccupancyWithNumSGPRs for GFX8/GFX9 (800 SGPRs per SIMD). Wave32
+    # archs (GFX10+) have a per-wave SGPR file: SGPRs do not limit their occupancy.
+    if wavefront_size != 64:
+        return None
     if sgprs <= 80:
         return 10
     if sgprs <= 88:
@@ -110,8 +162,15 @@ def _sgpr_waves(sgprs: int) -> int:
     return 7
 
 
-def occupancy(hw: Hardware, r: Resources, num_warps: int) -> tuple[int, str]:
-    """Achievable waves per SIMD under the target's limits, and what limits it."""
+def occupancy(hw: Hardware, r: Resources, num_warps: int, wavefront_size: int = 64) -> tuple[int, str]:
+    """Achievable waves per SIMD under the target's limits, and what limits it.
+
+    The rule of LLVM's own estimate (GCNSubtarget::computeOccupancy): the register files (VGPRs and
+    AGPRs separately, or one unified file), SGPRs, LDS, the wave slots, and the upper bound of the
+    kernel's `amdgpu-waves-per-eu` attribute. LDS counts Triton's dynamic allocation too (LLVM
+    sees only the static segment, 0 for Triton kernels).
+    """
+    wave = r.wavefront_size or wavefront_size
     g = hw.vgpr_alloc_granule
     limits: dict[str, int] = {"wave slots": hw.max_waves_per_simd}
     if hw.unified_register_file:
@@ -120,11 +179,15 @@ def occupancy(hw: Hardware, r: Resources, num_warps: int) -> tuple[int, str]:
         limits["VGPRs"] = hw.vgprs_per_lane // _round_up(r.vgprs, g)
         if r.agprs:
             limits["AGPRs"] = (hw.agprs_per_lane // _round_up(r.agprs, g)) if hw.agprs_per_lane else 0
-    limits["SGPRs"] = min(_sgpr_waves(r.sgprs), hw.max_waves_per_simd)
+    sgpr = _sgpr_waves(r.sgprs, wave)
+    if sgpr is not None:
+        limits["SGPRs"] = min(sgpr, hw.max_waves_per_simd)
     if r.lds_bytes:
         groups = hw.lds_bytes_per_cu // r.lds_bytes
         # a workgroup's waves are spread over the CU's SIMDs; 0 when one workgroup does not fit
         limits["LDS"] = -(-groups * max(num_warps, 1) // hw.simds_per_cu)
+    if r.max_waves_per_eu is not None:
+        limits["waves_per_eu"] = r.max_waves_per_eu
     waves = min(limits.values())
     limiter = min(limits, key=lambda k: (limits[k], k != "wave slots"))
     return waves, limiter

@@ -68,6 +68,7 @@ def compile_kernel(task: dict) -> dict:
         "amdgcn": compiled.asm.get("amdgcn", ""),
         "hsaco": bytes(compiled.kernel),
         "shared": int(getattr(compiled.metadata, "shared", 0) or 0),
+        "llir": compiled.asm.get("llir", ""),
     }
 
 
@@ -107,7 +108,7 @@ def serve(conn, env: dict[str, str]) -> None:
         try:
             raw = compile_kernel(task)
             elapsed = time.perf_counter() - t0
-            res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"])
+            res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"], raw["llir"])
             out = {"ok": True, "id": task["id"], "compile_s": elapsed, "hsaco": raw["hsaco"],
                    "resources": res.model_dump()}
             if task.get("keep_asm"):

@@ -23,6 +23,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
 from .elf import ElfError, read_dynamic
+from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
     IMAGES_DIR,
     PrefixInstall,
@@ -112,6 +113,12 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
             hint=f"build the AOTriton release {want.tag} (git checkout {want.tag}) for this torch, "
             f"or rebuild torch against this prefix: mi100-codegen torch rebuild-recipe --prefix {prefix.root}",
         )
+    theirs = torch_hip(torch.lib_dir, torch.hip_dyn, torch.hip)
+    why = hip_mismatch(library_hip(prefix.dyn), theirs)
+    if why:
+        _refuse(f"{prefix.lib} {why}",
+                hint=f"build AOTriton with the ROCm {theirs.major} HIP that torch {torch.version} uses "
+                f"(torch.version.hip {torch.hip}), or install a torch wheel for the ROCm you built with")
     if have.patch != want.patch:
         notes.append(
             f"note: torch links {want.name}, the prefix holds {have.name}: point releases of one "

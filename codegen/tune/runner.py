@@ -4,6 +4,7 @@ cache in parallel first. Imports torch/triton lazily (through `.kernels`)."""
 from __future__ import annotations
 
 import datetime
+import math
 import multiprocessing as mp
 import os
 import queue
@@ -86,6 +87,8 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
             if ok:
                 t_ms = bench(launch, s.warmup_ms, s.rep_ms)
                 status = "ok"
+                if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
+                    status, errs, t_ms = "bad time", f"benchmark returned {t_ms}", None
             else:
                 status = "numerics"
             del outs, launch

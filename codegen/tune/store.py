@@ -4,6 +4,7 @@ atomically after every grid entry, so an interrupted run loses at most the entry
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def config_columns(cfg: KernelConfig) -> dict:
 def pick_winner(rows: list[dict]) -> dict | None:
     """Fastest row whose status is ok; ties go to the config name (lowest waves_per_eu first,
     as names sort)."""
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("time_ms") not in ("", None)]
+    ok = [r for r in rows if r.get("status") == "ok" and isinstance(r.get("time_ms"), (int, float))
+          and math.isfinite(r["time_ms"])]
     if not ok:
         return None
     return min(ok, key=lambda r: (float(r["time_ms"]), int(r.get("waves_per_eu") or 0), r["config"]))

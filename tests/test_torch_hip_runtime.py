@@ -1,0 +1,105 @@
+"""`torch install` refuses a library built against another ROCm major than torch's HIP runtime
+(real ELF fixtures built with gcc: fake libamdhip64.so.N with their SONAME, a torch whose
+libtorch_hip.so links one, AOTriton libraries that link another), before anything is swapped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from codegen.torch_integration.elf import read_dynamic
+from codegen.torch_integration.hip import HipRuntime, hip_mismatch, library_hip, torch_hip
+from test_torch_install import (
+    SYM_BWD,
+    SYM_CHECK,
+    SYM_FWD,
+    _cc,
+    aot_source,
+    build_prefix,
+    build_torch,
+    cli,
+    need_cc,
+    snapshot,
+)
+
+
+def fake_hip(path: Path, major: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _cc(path, "int hipInit(unsigned f) { return (int)f; }\n", f"-Wl,-soname,libamdhip64.so.{major}")
+    return path
+
+
+def torch_with_hip(site: Path, major: int | None, ship: bool = True, hip: str = "6.4.43482") -> Path:
+    """A fake ROCm torch whose libtorch_hip.so needs libamdhip64.so.<major> (shipped in torch/lib
+    when `ship`, else only named), and the AOTriton it links."""
+    root = build_torch(site, hip=hip)
+    lib = root / "lib"
+    if major is not None:
+        where = lib if ship else site / "system"
+        fake_hip(where / f"libamdhip64.so.{major}", major)
+        src = (
+            f'const char *fwd(void) __asm__("{SYM_FWD}");\n'
+            f'const char *bwd(void) __asm__("{SYM_BWD}");\n'
+            f'const char *chk(void) __asm__("{SYM_CHECK}");\n'
+            "int hipInit(unsigned);\n"
+            "const char *which_aotriton(void) { hipInit(0); bwd(); chk(); return fwd(); }\n"
+        )
+        _cc(lib / "libtorch_hip.so", src, f"-L{lib}", "-l:libaotriton_v2.so.0.11.0", f"-L{where}",
+            f"-l:libamdhip64.so.{major}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed")
+    return root
+
+
+def prefix_with_hip(base: Path, major: int | None) -> Path:
+    prefix = build_prefix(base)
+    if major is not None:
+        hipdir = base.parent / f"rocm{major}"
+        fake_hip(hipdir / f"libamdhip64.so.{major}", major)
+        lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
+        src = aot_source("mi100", [SYM_FWD, SYM_BWD, SYM_CHECK]) + "int hipInit(unsigned);\nint use_hip(void) { return hipInit(0); }\n"
+        _cc(lib, src, "-Wl,-soname,libaotriton_v2.so.0.11.0", f"-L{hipdir}", f"-l:libamdhip64.so.{major}",
+            "-Wl,--no-as-needed")
+    return prefix
+
+
+def test_hip_runtime_names_read_from_fixtures(tmp_path):
+    need_cc()
+    root = torch_with_hip(tmp_path / "site", 6)
+    prefix = prefix_with_hip(tmp_path / "prefix", 5)
+    assert "libamdhip64.so.6" in read_dynamic(root / "lib" / "libtorch_hip.so").needed
+    ours = library_hip(read_dynamic(prefix / "lib" / "libaotriton_v2.so.0.11.0"))
+    assert ours == HipRuntime("libamdhip64.so.5", 5, "DT_NEEDED")
+    theirs = torch_hip(root / "lib", read_dynamic(root / "lib" / "libtorch_hip.so"), "6.4.43482")
+    assert theirs.major == 6 and theirs.source.startswith("ships ")
+    assert "ROCm 5" in hip_mismatch(ours, theirs) and "ROCm 6" in hip_mismatch(ours, theirs)
+    assert hip_mismatch(HipRuntime("libamdhip64.so.6", 6, "DT_NEEDED"), theirs) is None
+
+
+@pytest.mark.parametrize("ship", [True, False])
+def test_install_refuses_a_library_built_for_another_rocm_major(tmp_path, ship):
+    need_cc()
+    site = tmp_path / "site"
+    root = torch_with_hip(site, 6, ship=ship)
+    prefix = prefix_with_hip(tmp_path / "prefix", 5)
+    before = snapshot(site)
+    r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(root))
+    assert r.exit_code == 2, r.output
+    assert "needs the HIP runtime libamdhip64.so.5 (built against ROCm 5)" in r.output
+    assert "libamdhip64.so.6 (ROCm 6" in r.output and "Traceback" not in r.output
+    assert snapshot(site) == before  # nothing swapped, no backup written
+
+
+def test_torch_without_a_hip_dt_needed_falls_back_to_its_hip_version(tmp_path):
+    need_cc()
+    root = torch_with_hip(tmp_path / "site", None, hip="7.0.1")
+    prefix = prefix_with_hip(tmp_path / "prefix", 6)
+    r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(root), "--dry-run")
+    assert r.exit_code == 2 and "torch.version.hip 7.0.1" in r.output, r.output
+
+
+def test_install_accepts_the_same_rocm_major(tmp_path):
+    need_cc()
+    root = torch_with_hip(tmp_path / "site", 6)
+    prefix = prefix_with_hip(tmp_path / "prefix", 6)
+    r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(root), "--dry-run")
+    assert r.exit_code == 0, r.output
