@@ -1,9 +1,11 @@
 """Atomic file writes shared by every stage: write a sibling temp file, then `os.replace`, so a
-reader sees the old bytes or the new ones, never a torn file; a failure leaves no temp behind."""
+reader sees the old bytes or the new ones, never a torn file; a failure leaves no temp behind.
+The one place (with the apply journal) that renames files into place."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -32,3 +34,43 @@ def write_if_changed(path: str | Path, data: bytes | str, *, mode: int = 0o644) 
         return False
     atomic_write(path, raw, mode=mode)
     return True
+
+
+def stage_write(dest: str | Path, data: bytes, *, mode: int = 0o644, suffix: str = ".tmp") -> Path:
+    """Write `data` to a new temporary sibling of `dest` and return its path; `move_into_place`
+    then makes it `dest`. For writers that stage several files before renaming any (render's
+    overlay directory): a failure while staging leaves every destination untouched."""
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix, dir=dest.parent)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)  # mkstemp creates 0600
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return Path(tmp)
+
+
+def move_into_place(src: str | Path, dest: str | Path) -> None:
+    """Rename a staged file (or a staged directory) to `dest` in one step: readers see the old
+    entry or the new one, never a mix."""
+    os.replace(src, dest)
+
+
+def atomic_copy(src: str | Path, dest: str | Path) -> None:
+    """Copy the bytes, mode and mtime of `src` to `dest` through a synced temporary sibling and a
+    rename (the file is never seen half-copied)."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.mi100-tmp")
+    try:
+        shutil.copy2(src, tmp, follow_symlinks=True)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -15,10 +15,10 @@ import errno
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 
 from .errors import CodegenError, SystemFailure, UserError
+from .fsutil import move_into_place, stage_write
 from .render import Overlay
 
 MARKER = "MANIFEST.json"
@@ -89,22 +89,6 @@ def _check_writable(d: Path) -> None:
                         hint="choose another --out, or fix the directory's permissions")
 
 
-def _stage(dest: Path, data: bytes) -> Path:
-    """Write `data` to a temporary sibling of `dest` (0644); return its path."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fchmod(fd, 0o644)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    return Path(tmp)
-
-
 def write_overlay(ov: Overlay, out: Path) -> bool:
     """Write the overlay to `out`; return False when it was already identical (no write)."""
     out = Path(out)
@@ -121,35 +105,50 @@ def write_overlay(ov: Overlay, out: Path) -> bool:
     changed = sorted(p for p in want if have.get(p) != want[p])
     if not changed and not stale:
         return False
+    staged = _stage_all(out, {p: want[p] for p in changed})
+    try:
+        for tmp, dest in staged:
+            move_into_place(tmp, dest)
+        for path in stale:
+            _remove_ours(out, path)
+    except OSError as exc:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise _os_error(f"finish writing the overlay into {out}", exc, out) from None
+    return True
 
+
+def _missing_dirs(d: Path) -> list[Path]:
+    """`d` and its parents that do not exist yet, outermost first."""
+    missing = []
+    while not d.exists():
+        missing.append(d)
+        d = d.parent
+    return list(reversed(missing))
+
+
+def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
+    """Stage every file (MANIFEST last) as a temporary sibling of its destination; on any failure
+    remove what was staged and the directories made, and raise one clear error."""
     created: list[Path] = []  # directories we made, to remove again on failure
     staged: list[tuple[Path, Path]] = []
     try:
-        missing = []
-        d = out
-        while not d.exists():
-            missing.append(d)
-            d = d.parent
-        if missing and d.is_dir():
-            _check_writable(d)
-        for d in reversed(missing):
+        top = _missing_dirs(out)
+        if top and top[0].parent.is_dir():
+            _check_writable(top[0].parent)
+        for d in top:
             d.mkdir()
             created.append(d)
         _check_writable(out)
-        # stage every changed file (MANIFEST last), then rename them all into place
-        for path in sorted(changed, key=lambda p: (p == MARKER, p)):
+        for path in sorted(files, key=lambda p: (p == MARKER, p)):
             dest = out / path
-            parents = []
-            q = dest.parent
-            while not q.exists():
-                parents.append(q)
-                q = q.parent
-            for q in reversed(parents):
+            parents = _missing_dirs(dest.parent)
+            for q in parents:
                 q.mkdir()
                 created.append(q)
             if not parents and dest.parent != out:
                 _check_writable(dest.parent)
-            staged.append((_stage(dest, want[path]), dest))
+            staged.append((stage_write(dest, files[path]), dest))
     except BaseException as exc:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -161,17 +160,13 @@ def write_overlay(ov: Overlay, out: Path) -> bool:
         if isinstance(exc, OSError):
             raise _os_error(f"write the overlay into {out}", exc, out) from None
         raise
-    try:
-        for tmp, dest in staged:
-            os.replace(tmp, dest)
-        for path in stale:
-            (out / path).unlink(missing_ok=True)
-            parent = (out / path).parent
-            while parent != out and parent.is_dir() and not any(parent.iterdir()):
-                parent.rmdir()
-                parent = parent.parent
-    except OSError as exc:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
-        raise _os_error(f"finish writing the overlay into {out}", exc, out) from None
-    return True
+    return staged
+
+
+def _remove_ours(out: Path, path: str) -> None:
+    """Remove a file of our previous render and the folders it leaves empty (below `out`)."""
+    (out / path).unlink(missing_ok=True)
+    parent = (out / path).parent
+    while parent != out and parent.is_dir() and not any(parent.iterdir()):
+        parent.rmdir()
+        parent = parent.parent

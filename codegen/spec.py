@@ -268,10 +268,8 @@ def _expansion_error(doc: Any) -> tuple[tuple[int, int], str] | None:
     return None
 
 
-def load_spec(path: str | Path | None = None) -> LoadedSpec:
-    """Load and validate a spec; raise SpecError with every problem found."""
-    path = Path(path) if path is not None else default_spec_path()
-    display = display_path(path)
+def _read_text(path: Path, display: str) -> str:
+    """The spec's text: bounded in size, UTF-8, not empty; one located error otherwise."""
     try:
         with path.open("rb") as fh:
             raw = fh.read(MAX_SPEC_BYTES + 1)
@@ -296,7 +294,11 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
         not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()
     ):
         raise SpecError([f"{display}:1:1: spec is empty (expected a mapping of target fields)"])
+    return text
 
+
+def _parse_yaml(text: str, display: str) -> CommentedMap:
+    """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded."""
     deep = _nesting_error(text)
     if deep is not None:
         raise SpecError([f"{display}:{deep[0]}:{deep[1]}: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"])
@@ -319,14 +321,20 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     if not isinstance(doc, CommentedMap):
         kind = type(_plain(doc)).__name__ if doc is not None else "nothing"
         raise SpecError([f"{display}:1:1: expected a mapping of target fields, found {kind}"])
-
     expanded = _expansion_error(doc)
     if expanded is not None:
         (line, col), msg = expanded
         raise SpecError([f"{display}:{line}:{col}: YAML: {msg}"])
+    return doc
+
+
+def load_spec(path: str | Path | None = None) -> LoadedSpec:
+    """Load and validate a spec; raise SpecError with every problem found."""
+    path = Path(path) if path is not None else default_spec_path()
+    display = display_path(path)
+    doc = _parse_yaml(_read_text(path, display), display)
     pos = _Positions()
     pos.walk(doc, ())
-    data = _plain(doc)
 
     def located(loc: Loc, msg: str, severity: str = "error") -> str:
         line, col = pos.find(loc)
@@ -334,17 +342,17 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
         return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {printable(msg)}"
 
     try:
-        spec = TargetSpec.model_validate_json(json.dumps(data), strict=True)
+        spec = TargetSpec.model_validate_json(json.dumps(_plain(doc)), strict=True)
     except ValidationError as exc:
         items = sorted(set(_pydantic_lines(exc)), key=lambda t: (pos.find(t[0]), format_loc(t[0])))
         raise SpecError([located(loc, msg) for loc, msg in items]) from None
 
     diags: list[Diagnostic] = check_target(spec)
-    errors = [d for d in diags if d.severity == "error"]
-    warnings = [d for d in diags if d.severity == "warning"]
     order = lambda d: (pos.find(d.path), d.message)  # noqa: E731
+    errors = [d for d in diags if d.severity == "error"]
     if errors:
         raise SpecError([located(d.path, d.message) for d in sorted(errors, key=order)])
+    warnings = [d for d in diags if d.severity == "warning"]
     return LoadedSpec(
         spec=spec,
         path=path,

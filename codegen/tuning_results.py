@@ -141,36 +141,10 @@ def read_csv(path: Path) -> list[dict]:
         return []
     display = display_path(path)
     model, columns = _ROW_MODELS.get(path.name, _ROW_MODELS[MEASUREMENTS_FILE])
-    try:
-        raw_bytes = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{display}: cannot read: {exc.strerror or exc}") from None
-    try:
-        text = raw_bytes.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw_bytes.count(b"\n", 0, exc.start) + 1
-        raise DataFileError([f"{display}:{line}: file is not UTF-8 text "
-                             f"(byte 0x{raw_bytes[exc.start]:02x}): expected a CSV written by tune"]) from None
-    if not text.strip():
-        raise DataFileError([f"{display}:1: file is empty (expected the header: {','.join(columns)})"])
+    reader = csv.reader(io.StringIO(_read_text(path, display, columns), newline=""))
+    _check_header(reader, path, display, columns)
     errors: list[str] = []
     rows: list[dict] = []
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader)
-    except csv.Error as exc:
-        raise DataFileError([f"{display}:1: header: not CSV ({printable(str(exc))})"]) from None
-    if tuple(header) != columns:
-        missing = [c for c in columns if c not in header]
-        if len(missing) == len(columns):
-            raise DataFileError([f"{display}:1: header: not a {path.name} header: found "
-                                 f"{printable(','.join(header))} (expected: {','.join(columns)})"])
-        unknown = [printable(c) for c in header if c not in columns]
-        why = "; ".join(x for x in (
-            f"missing columns: {', '.join(missing)}" if missing else "",
-            f"unknown columns: {', '.join(unknown)}" if unknown else "",
-            "columns out of order" if not (missing or unknown) else "") if x)
-        raise DataFileError([f"{display}:1: header: {why} (expected: {','.join(columns)})"])
     start = reader.line_num + 1
     while True:
         try:
@@ -197,6 +171,43 @@ def read_csv(path: Path) -> list[dict]:
     if errors:
         raise DataFileError(errors)
     return rows
+
+
+def _read_text(path: Path, display: str, columns: tuple[str, ...]) -> str:
+    """The file as UTF-8 text, not empty; one located error otherwise."""
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw_bytes.count(b"\n", 0, exc.start) + 1
+        raise DataFileError([f"{display}:{line}: file is not UTF-8 text "
+                             f"(byte 0x{raw_bytes[exc.start]:02x}): expected a CSV written by tune"]) from None
+    if not text.strip():
+        raise DataFileError([f"{display}:1: file is empty (expected the header: {','.join(columns)})"])
+    return text
+
+
+def _check_header(reader, path: Path, display: str, columns: tuple[str, ...]) -> None:
+    """The first row must be exactly our columns, in order; one message says what differs."""
+    try:
+        header = next(reader)
+    except csv.Error as exc:
+        raise DataFileError([f"{display}:1: header: not CSV ({printable(str(exc))})"]) from None
+    if tuple(header) == columns:
+        return
+    missing = [c for c in columns if c not in header]
+    if len(missing) == len(columns):
+        raise DataFileError([f"{display}:1: header: not a {path.name} header: found "
+                             f"{printable(','.join(header))} (expected: {','.join(columns)})"])
+    unknown = [printable(c) for c in header if c not in columns]
+    why = "; ".join(x for x in (
+        f"missing columns: {', '.join(missing)}" if missing else "",
+        f"unknown columns: {', '.join(unknown)}" if unknown else "",
+        "columns out of order" if not (missing or unknown) else "") if x)
+    raise DataFileError([f"{display}:1: header: {why} (expected: {','.join(columns)})"])
 
 
 def row_key(row: dict) -> tuple:

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # TODO(integrator): these packages are reworked on another branch (apply/render/upstream); once it
 # is merged, empty this tuple so the bars hold for the whole of codegen/.
-NOT_YET = ("codegen/apply/", "codegen/render/", "codegen/upstream/")
+NOT_YET: tuple[str, ...] = ()  # packages exempt from the bars: none
 
 
 def _figures() -> dict:

@@ -349,7 +349,7 @@ def test_failed_install_rolls_back(site, tmp_path, monkeypatch):
 
     prefix = build_prefix(tmp_path / "prefix")
     before = snapshot(site)
-    real = inst._atomic_copy
+    real = inst.atomic_copy
     calls = {"n": 0}
 
     def flaky(src, dest):
@@ -358,7 +358,7 @@ def test_failed_install_rolls_back(site, tmp_path, monkeypatch):
             raise OSError(28, "No space left on device")
         real(src, dest)
 
-    monkeypatch.setattr(inst, "_atomic_copy", flaky)
+    monkeypatch.setattr(inst, "atomic_copy", flaky)
     r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(site / "torch"))
     assert r.exit_code == 3 and "rolled back" in r.output
     assert snapshot(site) == before

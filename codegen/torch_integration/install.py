@@ -13,7 +13,6 @@ not inside it, so that after `restore` the torch folder is byte-identical to bef
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
+from ..fsutil import atomic_copy, atomic_write, move_into_place
 from .elf import ElfError, read_dynamic
 from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
@@ -79,7 +79,22 @@ def _refuse(msg: str, hint: str | None = None) -> None:
 
 def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> list[str]:
     """Every refusal of `install`, as one clear error; returns notes (non-fatal) otherwise."""
+    _check_rocm_torch(torch)
+    _check_library(torch, prefix)
     notes: list[str] = []
+    want, have = torch.aot_needed, prefix.parsed
+    if have.patch != want.patch:
+        notes.append(
+            f"note: torch links {want.name}, the prefix holds {have.name}: point releases of one "
+            f"line are ABI-compatible; installing it under the name torch links ({want.name})"
+        )
+    _check_symbols(torch, prefix)
+    _check_images(prefix, arch)
+    return notes
+
+
+def _check_rocm_torch(torch: TorchInstall) -> None:
+    """A ROCm torch that links AOTriton as a shared library (the only kind a swap can change)."""
     if torch.hip_lib is None or torch.hip is None:
         kind = f"a CUDA build (CUDA {torch.cuda})" if torch.cuda else "not a ROCm build"
         why = "no lib/libtorch_hip.so" if torch.hip_lib is None else "torch.version.hip is unset"
@@ -93,8 +108,11 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
             "this torch links AOTriton statically or not at all, a file swap cannot change it",
             hint="rebuild torch against the prefix instead: mi100-codegen torch rebuild-recipe --prefix PREFIX",
         )
-    want = torch.aot_needed
-    have = prefix.parsed
+
+
+def _check_library(torch: TorchInstall, prefix: PrefixInstall) -> None:
+    """Our library: unsuffixed symbols, the release line torch links, the HIP runtime torch loads."""
+    want, have = torch.aot_needed, prefix.parsed
     ns = aotriton_namespaces(prefix.dyn.defined)
     suffixed = sorted(n for n in ns if n != "aotriton")
     if have.suffix or (suffixed and "aotriton" not in ns):
@@ -119,13 +137,12 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
         _refuse(f"{prefix.lib} {why}",
                 hint=f"build AOTriton with the ROCm {theirs.major} HIP that torch {torch.version} uses "
                 f"(torch.version.hip {torch.hip}), or install a torch wheel for the ROCm you built with")
-    if have.patch != want.patch:
-        notes.append(
-            f"note: torch links {want.name}, the prefix holds {have.name}: point releases of one "
-            f"line are ABI-compatible; installing it under the name torch links ({want.name})"
-        )
+
+
+def _check_symbols(torch: TorchInstall, prefix: PrefixInstall) -> None:
+    """Every AOTriton symbol libtorch_hip needs is defined by our library."""
     original = None
-    orig_path = torch.lib_dir / want.name
+    orig_path = torch.lib_dir / torch.aot_needed.name
     if orig_path.is_file():
         try:
             original = read_dynamic(orig_path)
@@ -138,8 +155,12 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
         _refuse(
             f"{prefix.lib} lacks {len(missing)} of the {len(needed)} AOTriton symbols "
             f"{torch.hip_lib.name} needs (import torch would fail with 'undefined symbol'):\n{shown}",
-            hint=f"build the exact release torch expects ({want.tag}) with the default options",
+            hint=f"build the exact release torch expects ({torch.aot_needed.tag}) with the default options",
         )
+
+
+def _check_images(prefix: PrefixInstall, arch: str) -> None:
+    """The prefix holds kernel images for the arch."""
     img = prefix.lib_dir / IMAGES_DIR / f"amd-{arch}"
     if not img.is_dir() or not any(p.is_file() for p in img.rglob("*")):
         present = sorted(d.name for d in (prefix.lib_dir / IMAGES_DIR).glob("amd-*") if d.is_dir()) \
@@ -150,7 +171,6 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
             "run nothing (or return zeros)",
             hint=f"build AOTriton for {arch} (-DAOTRITON_TARGET_ARCH={arch}) without AOTRITON_NOIMAGE_MODE",
         )
-    return notes
 
 
 # --- plan ----------------------------------------------------------------------------------------
@@ -222,19 +242,8 @@ def _locked(torch: TorchInstall):
             pass
 
 
-def _atomic_copy(src: Path, dest: Path) -> None:
-    """Copy bytes, mode and mtime of src to dest through a temporary name and a rename."""
-    tmp = dest.with_name(f".{dest.name}.mi100-tmp")
-    shutil.copy2(src, tmp, follow_symlinks=True)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, dest)
-
-
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
@@ -267,7 +276,7 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
             ],
         }
         _write_json_atomic(staging / MANIFEST, manifest)
-        os.replace(staging, backup_dir)  # from here on the original files are safe
+        move_into_place(staging, backup_dir)  # from here on the original files are safe
         done: list[Action] = []
         try:
             for d in plan.created_dirs:
@@ -277,7 +286,7 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
                 if a.kind == "remove":
                     dest.unlink()
                 else:
-                    _atomic_copy(a.src, dest)
+                    atomic_copy(a.src, dest)
                 done.append(a)
         except BaseException as exc:
             try:
@@ -341,7 +350,7 @@ def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: dict, force: 
             if sha256_file(src) != e["sha256_before"]:
                 raise UserError(f"{src}: the backup copy is damaged (sha256 differs from the manifest)")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_copy(src, dest)
+            atomic_copy(src, dest)
     for d in sorted(manifest.get("created_dirs", []), key=lambda d: (-d.count("/"), d)):
         p = torch.root / d
         try:
