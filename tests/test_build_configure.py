@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build.configure import (RELEASE_IDS, BuildRequest, commit_ids, plan_configure,
+from codegen.upstream import RELEASE_IDS, by_release
+from codegen.build.configure import (BuildRequest, commit_ids, plan_configure,
                                      write_support_files)
 from codegen.build.prereq import Toolchain
 
@@ -33,7 +34,7 @@ def _clean_env(monkeypatch):
 
 
 def test_cache_entries(tmp_path):
-    plan = plan_configure(_req(tmp_path), _tc(), "0.11b", (0, 11, 0))
+    plan = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"))
     cache = {n: v for n, _t, v in plan.cache}
     assert cache["AOTRITON_GPU_BUILD_TIMEOUT"] == "0"
     assert cache["AOTRITON_NAME_SUFFIX"] == ""
@@ -50,22 +51,22 @@ def test_cache_entries(tmp_path):
     args = plan.cmake_args(tmp_path / "tree", tmp_path / "build")
     assert args[:6] == ["-S", str(tmp_path / "tree"), "-B", str(tmp_path / "build"), "-G", "Ninja"]
     # 0.10b has no AOTRITON_INHERIT_SYSTEM_SITE_TRITON option
-    plan10 = plan_configure(_req(tmp_path), _tc(), "0.10b", (0, 10, 0))
+    plan10 = plan_configure(_req(tmp_path), _tc(), by_release("0.10b"))
     assert "AOTRITON_INHERIT_SYSTEM_SITE_TRITON" not in {n for n, _, _ in plan10.cache}
 
 
 def test_modes(tmp_path):
-    plan = plan_configure(_req(tmp_path, noimage=True, python_binding=True, fp32=True), _tc(), "0.11b", (0, 11, 0))
+    plan = plan_configure(_req(tmp_path, noimage=True, python_binding=True, fp32=True), _tc(), by_release("0.11b"))
     cache = {n: v for n, _t, v in plan.cache}
     assert (cache["AOTRITON_NOIMAGE_MODE"], cache["AOTRITON_NO_PYTHON"], cache["AOTRITON_ENABLE_FP32_INPUTS"]) == (
         "ON", "OFF", "ON")
-    tun = {n: v for n, _t, v in plan_configure(_req(tmp_path, for_tuning=True), _tc(), "0.11b", (0, 11, 0)).cache}
+    tun = {n: v for n, _t, v in plan_configure(_req(tmp_path, for_tuning=True), _tc(), by_release("0.11b")).cache}
     assert tun["AOTRITON_BUILD_FOR_TUNING"] == "ON"
 
 
 def test_hip_compat_only_for_old_hip(tmp_path):
-    old = plan_configure(_req(tmp_path), _tc((5, 2, 0)), "0.11b", (0, 11, 0))
-    new = plan_configure(_req(tmp_path), _tc((6, 2, 0)), "0.11b", (0, 11, 0))
+    old = plan_configure(_req(tmp_path), _tc((5, 2, 0)), by_release("0.11b"))
+    new = plan_configure(_req(tmp_path), _tc((6, 2, 0)), by_release("0.11b"))
     assert any(p.endswith("hip_compat.h") for p, _, _ in old.files)
     assert not any(p.endswith("hip_compat.h") for p, _, _ in new.files)
     assert dict((n, v) for n, _, v in new.cache)["CMAKE_CXX_FLAGS"] == ""
@@ -78,28 +79,31 @@ def test_hip_compat_only_for_old_hip(tmp_path):
     ("0.10b", set()),
     ("0.11b", {"AOTRITON_CI_SUPPLIED_SHA1"}),
     ("0.11.1b", {"AOTRITON_CI_SUPPLIED_SHA1"}),
+    ("0.11.2b", {"AOTRITON_CI_SUPPLIED_SHA1"}),
     ("0.12b", {"AOTRITON_CI_SUPPLIED_SHA1", "AOTRITON_GIT_TREESHA1"}),
+    ("0.12.1b", {"AOTRITON_CI_SUPPLIED_SHA1", "AOTRITON_GIT_TREESHA1"}),
 ])
 def test_commit_ids_per_release(tmp_path, release, expect):
-    ids = commit_ids(tmp_path, release, None)
+    adapter = by_release(release)
+    ids = commit_ids(tmp_path, adapter, None)
     assert set(ids) == expect
     if ids:
-        assert ids["AOTRITON_CI_SUPPLIED_SHA1"] == RELEASE_IDS[release][0]
+        assert ids["AOTRITON_CI_SUPPLIED_SHA1"] == RELEASE_IDS[adapter.version][0]
     if "AOTRITON_GIT_TREESHA1" in ids:
-        assert ids["AOTRITON_GIT_TREESHA1"] == RELEASE_IDS[release][1]
+        assert ids["AOTRITON_GIT_TREESHA1"] == RELEASE_IDS[adapter.version][1]
 
 
 def test_commit_ids_git_tree_and_env(tmp_path, monkeypatch):
     (tmp_path / ".git").mkdir()
-    assert commit_ids(tmp_path, "0.12b", None) == {}
+    assert commit_ids(tmp_path, by_release("0.12b"), None) == {}
     (tmp_path / ".git").rmdir()
     monkeypatch.setenv("AOTRITON_CI_SUPPLIED_SHA1", "a" * 40)
-    assert commit_ids(tmp_path, "0.11b", "b" * 40) == {"AOTRITON_CI_SUPPLIED_SHA1": "a" * 40}
+    assert commit_ids(tmp_path, by_release("0.11b"), "b" * 40) == {"AOTRITON_CI_SUPPLIED_SHA1": "a" * 40}
 
 
 def test_knobs_persisted_and_deterministic(tmp_path):
-    a = plan_configure(_req(tmp_path), _tc(), "0.12b", (0, 12, 0))
-    b = plan_configure(_req(tmp_path), _tc(), "0.12b", (0, 12, 0))
+    a = plan_configure(_req(tmp_path), _tc(), by_release("0.12b"))
+    b = plan_configure(_req(tmp_path), _tc(), by_release("0.12b"))
     assert a == b and a.fingerprint == b.fingerprint
     knobs = dict(a.knobs)
     assert knobs["AOTRITON_FLASH_BLOCK_DMODEL"] == "64"
@@ -107,16 +111,16 @@ def test_knobs_persisted_and_deterministic(tmp_path):
     files = dict((p, d) for p, d, _ in a.files)
     env_cmake = files["mi100-codegen/env.cmake"].decode()
     assert 'set(ENV{AOTRITON_FLASH_BLOCK_DMODEL} "64")' in env_cmake
-    assert f'set(ENV{{AOTRITON_GIT_TREESHA1}} "{RELEASE_IDS["0.12b"][1]}")' in env_cmake
+    assert f'set(ENV{{AOTRITON_GIT_TREESHA1}} "{RELEASE_IDS[(0, 12, 0)][1]}")' in env_cmake
     assert str(tmp_path) not in env_cmake and str(tmp_path) not in files["mi100-codegen/build.env"].decode()
     for data in files.values():
         assert data.endswith(b"\n") and not data.endswith(b"\n\n") and b"\r" not in data
-    c = plan_configure(_req(tmp_path, head_dims=(32, 64)), _tc(), "0.12b", (0, 12, 0))
+    c = plan_configure(_req(tmp_path, head_dims=(32, 64)), _tc(), by_release("0.12b"))
     assert c.fingerprint != a.fingerprint
 
 
 def test_support_files_and_wrapper(tmp_path):
-    plan = plan_configure(_req(tmp_path), _tc(), "0.11b", (0, 11, 0))
+    plan = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"))
     build = tmp_path / "build"
     assert sorted(write_support_files(plan, build)) == sorted(p for p, _, _ in plan.files)
     assert write_support_files(plan, build) == []  # write-if-changed
@@ -133,7 +137,7 @@ def test_env_cmake_sets_environment_for_configure(tmp_path):
     cmake = subprocess.run(["sh", "-c", "command -v cmake"], capture_output=True, text=True).stdout.strip()
     if not cmake:
         pytest.skip("needs cmake")
-    plan = plan_configure(_req(tmp_path), _tc(), "0.11b", (0, 11, 0))
+    plan = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"))
     build = tmp_path / "build"
     write_support_files(plan, build)
     proj = tmp_path / "proj"
@@ -146,10 +150,10 @@ def test_env_cmake_sets_environment_for_configure(tmp_path):
                           f"-DCMAKE_PROJECT_INCLUDE_BEFORE={build / 'mi100-codegen' / 'env.cmake'}"],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    assert f"SHA={RELEASE_IDS['0.11b'][0]} HD=64" in out.stdout
+    assert f"SHA={RELEASE_IDS[(0, 11, 0)][0]} HD=64" in out.stdout
     # A re-configure (what ninja runs) gets them from the cache entry alone.
     out2 = subprocess.run([cmake, str(tmp_path / "b")], capture_output=True, text=True, env=env)
-    assert f"SHA={RELEASE_IDS['0.11b'][0]} HD=64" in out2.stdout
+    assert f"SHA={RELEASE_IDS[(0, 11, 0)][0]} HD=64" in out2.stdout
 
 
 def test_tree_inputs_change_the_fingerprint(tmp_path):
@@ -161,10 +165,10 @@ def test_tree_inputs_change_the_fingerprint(tmp_path):
     db = tree / "v3python" / "rules" / "tuning_database.sqlite3.tar.xz"
     db.write_bytes(b"one")
     watched = [".mi100-codegen.lock.json", "v3python/rules/tuning_database.sqlite3.tar.xz", "v3python/database/amd"]
-    a = plan_configure(_req(tmp_path), _tc(), "0.11b", (0, 11, 0), inputs=configure_inputs(tree, watched))
+    a = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"), inputs=configure_inputs(tree, watched))
     assert [p for p, _ in a.inputs] == ["v3python/rules/tuning_database.sqlite3.tar.xz"]
     db.write_bytes(b"two")
-    b = plan_configure(_req(tmp_path), _tc(), "0.11b", (0, 11, 0), inputs=configure_inputs(tree, watched))
+    b = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"), inputs=configure_inputs(tree, watched))
     assert a.fingerprint != b.fingerprint
     (tree / "v3python" / "database" / "amd" / "gfx908" / "flash").mkdir(parents=True)
     (tree / "v3python" / "database" / "amd" / "gfx908" / "flash" / "attn_fwd.sqlite3.tar.xz").write_bytes(b"x")

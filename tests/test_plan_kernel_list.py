@@ -9,7 +9,6 @@ import pytest
 from codegen.errors import UpstreamError, UserError
 from codegen.plan.kernel_list import (
     KernelEntry,
-    arch_of,
     config_of,
     kernel_arg_names,
     parse_compile_list,
@@ -138,7 +137,11 @@ def test_summarize_counts(tmp_path):
     assert s.head_dims == [32, 64] and s.gpu == "gfx908_mod0"
 
 
-def test_arch_of():
-    assert arch_of(["gfx908_mod0"]) == "gfx908"
-    with pytest.raises(UserError):
-        arch_of(["gfx908_mod0", "gfx90a_mod0"])
+def test_gpu_names_have_one_parser():
+    from codegen.models.target import gpu_arch, gpu_mod
+
+    assert (gpu_arch("gfx908_mod0"), gpu_mod("gfx908_mod0")) == ("gfx908", 0)
+    assert (gpu_arch("gfx90a_mod1"), gpu_mod("gfx90a_mod1")) == ("gfx90a", 1)
+    for bad in ("gfx908", "gfx908_mod", "mi100"):
+        with pytest.raises(ValueError):
+            gpu_arch(bad)

@@ -49,7 +49,7 @@ def test_planned_configs_are_clean_or_listed(fresh_tree):
                 listed.update(st["compile_unmeasured"])
     assert checked, "apply did not check the rows against the compile report"
 
-    entries = generate_kernel_list(tree, list(loaded.spec.gpus), sys.executable, tuning=False)
+    entries = generate_kernel_list(tree, list(loaded.spec.gpus), sys.executable, arch=loaded.spec.arch, tuning=False)
     row_kernels = [e.config.name for e in entries if e.config.family in FAMILIES]
     assert row_kernels
     uncovered = sorted({name for name in row_kernels

@@ -49,6 +49,7 @@ from ..models.dtypes import DTYPE_INFO, by_torch
 from ..models.limits import cap_waves_per_eu, variant_status
 from ..models.rows import RowsPlan, RowTile, Winner
 from ..models.space import KernelConfig
+from ..models.target import gpu_arch
 from ..upstream import Adapter
 from ..upstream import tuning_db as db
 
@@ -169,7 +170,7 @@ def _unique_key(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
 
 def _donor_arch(gpu: str) -> str:
     """The donor's arch, where its shards live (the spec names the donor by GPU only)."""
-    return gpu.split("_mod")[0]
+    return gpu_arch(gpu)
 
 
 # ----------------------------------------------------------------------------- derivation --

@@ -146,7 +146,7 @@ def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
             raise UserError(f"{loaded.display}: a tuning build compiles every dtype upstream builds (fp16, bf16), "
                             f"but the spec's tuning space has no {', '.join(lacking)} configs")
     triton_src = tree / "third_party" / "triton"
-    if (adapter.version < (0, 11, 0) and not opts.noimage
+    if (adapter.builds_own_triton and not opts.noimage
             and not any(triton_src.iterdir() if triton_src.is_dir() else [])):
         raise UserError(
             f"{tree}: AOTriton {adapter.release} image builds compile Triton from the third_party/triton "
@@ -174,7 +174,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)
     watched = [".mi100-codegen.lock.json", adapter.tuning_db] + ([adapter.op_db] if adapter.op_db else []) \
         + ([adapter.shard_root] if adapter.shard_root else [])
-    plan = plan_configure(req, tc, adapter.release, adapter.version, state.upstream_commit,
+    plan = plan_configure(req, tc, adapter, state.upstream_commit,
                           inputs=configure_inputs(tree, watched))
     report = BuildReport(
         tree=str(tree), release=adapter.release, arch=spec.arch, spec=loaded.display, spec_sha256=loaded.sha256,
@@ -182,13 +182,14 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
         mode="noimage" if opts.noimage else ("tuning" if opts.for_tuning else "images"),
         toolchain=tc.summary(), hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
     )
-    if adapter.version >= (0, 12, 0) and not opts.noimage and not (build_dir / "v3src" / "aiter").is_dir():
-        report.warnings.append("AOTriton 0.12b+ clones https://github.com/ROCm/aiter.git at configure time "
+    if adapter.clones_aiter and not opts.noimage and not (build_dir / "v3src" / "aiter").is_dir():
+        report.warnings.append(f"AOTriton {adapter.release} clones https://github.com/ROCm/aiter.git at configure time "
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
     _configure_and_build(opts, build_dir, plan, tc, report, console)
-    ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, images=not opts.noimage)
+    ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
+                         images=not opts.noimage)
     report.verification = ver.summary()
     report.wall_seconds = time.monotonic() - t_start
     return report

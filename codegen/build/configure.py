@@ -21,22 +21,14 @@ from pathlib import Path
 
 from ..errors import UpstreamError, UserError
 from ..fsutil import write_if_changed
+from ..upstream import Adapter
+from ..upstream.knobs import COMMIT_ENV, HEAD_DIMS_ENV, TREE_SHA_ENV
 from .prereq import Toolchain
 
 SUPPORT_DIR = "mi100-codegen"  # inside the build directory
 VENV_NAME = "venv"  # build-owned virtual environment (VENV_DIR)
 PTH_NAME = "_mi100_codegen_env.pth"
 
-# Commit and tree ids of the releases (github.com/ROCm/aotriton tags), for trees without .git:
-# 0.11b+ read AOTRITON_CI_SUPPLIED_SHA1 (fatal when missing from 0.11.1b), 0.12b+ also
-# AOTRITON_GIT_TREESHA1 (fatal when missing); 0.10b reads neither (always `git log`).
-RELEASE_IDS: dict[str, tuple[str, str]] = {
-    "0.10b": ("6fca155f4deeb8d9529326f7b69f350aeeb93477", "f2c099e3dc10d6458c7c74c9e272541632743439"),
-    "0.11b": ("972223c501ffc22068bb035ac5d64cf54318d895", "c0bd86c32752dadf9aa64e65a3a554b7990c3d66"),
-    "0.11.1b": ("98371989e8a23267e284c94e95156a139e4b33c4", "0b316c47ac37c46065bb72f66e4f4b7200e29517"),
-    "0.11.2b": ("dd1b68b604b5258ee7a9f7b66ad95e7a82c18065", "d4b4bf094ce2701afd1bfb099358e8103b733f1a"),
-    "0.12b": ("269036897bcee4292f4e928767df1e3dd0e3c8bd", "35bfbd0ebe2fd774e97cdc12421592c23f59abfe"),
-}
 
 
 @dataclass(frozen=True)
@@ -85,24 +77,23 @@ def _render(template: str, **ctx) -> bytes:
     return (text.replace("\r\n", "\n").rstrip("\n") + "\n").encode()
 
 
-def commit_ids(tree: Path, release: str, locked_commit: str | None) -> dict[str, str]:
-    """Environment knobs that tell CMake the commit when the tree has no .git."""
-    if (tree / ".git").exists() or release == "0.10b":
+def commit_ids(tree: Path, adapter: Adapter, locked_commit: str | None) -> dict[str, str]:
+    """Environment knobs that tell CMake the commit when the tree has no .git (which knobs a
+    release reads, and its tag's ids, come from its adapter)."""
+    if (tree / ".git").exists() or not adapter.commit_knobs:
         return {}
-    env_sha = os.environ.get("AOTRITON_CI_SUPPLIED_SHA1")
-    env_tree = os.environ.get("AOTRITON_GIT_TREESHA1")
-    known = RELEASE_IDS.get(release)
-    sha = env_sha or locked_commit or (known[0] if known else None)
+    known = adapter.commit_ids
+    sha = os.environ.get(COMMIT_ENV) or locked_commit or (known[0] if known else None)
     if not sha:
-        raise UserError(f"{tree}: no .git and no known commit id for AOTriton {release}",
-                        hint="export AOTRITON_CI_SUPPLIED_SHA1=<commit> (and AOTRITON_GIT_TREESHA1 for 0.12b+)")
-    out = {"AOTRITON_CI_SUPPLIED_SHA1": sha}
-    if release not in ("0.11b", "0.11.1b", "0.11.2b"):
-        tree_sha = env_tree or (known[1] if known and sha == known[0] else None)
+        raise UserError(f"{tree}: no .git and no known commit id for AOTriton {adapter.release}",
+                        hint=f"export {' and '.join(f'{k}=<...>' for k in adapter.commit_knobs)}")
+    out = {COMMIT_ENV: sha}
+    if TREE_SHA_ENV in adapter.commit_knobs:
+        tree_sha = os.environ.get(TREE_SHA_ENV) or (known[1] if known and sha == known[0] else None)
         if not tree_sha:
             raise UserError(f"{tree}: no .git and no known tree id for commit {sha}",
-                            hint="export AOTRITON_GIT_TREESHA1=<tree sha1>")
-        out["AOTRITON_GIT_TREESHA1"] = tree_sha
+                            hint=f"export {TREE_SHA_ENV}=<tree sha1>")
+        out[TREE_SHA_ENV] = tree_sha
     return out
 
 
@@ -121,7 +112,7 @@ def configure_inputs(tree: Path, paths: list[str]) -> tuple[tuple[str, str], ...
     return tuple(out)
 
 
-def plan_configure(req: BuildRequest, tc: Toolchain, release: str, version: tuple[int, int, int],
+def plan_configure(req: BuildRequest, tc: Toolchain, adapter: Adapter,
                    locked_commit: str | None = None,
                    inputs: tuple[tuple[str, str], ...] = ()) -> ConfigurePlan:
     b = req.build_dir
@@ -133,8 +124,8 @@ def plan_configure(req: BuildRequest, tc: Toolchain, release: str, version: tupl
         "PYTHONHASHSEED": "0",
         # Head dims the generator builds; also the overlay's default, but a stray value in the
         # user's shell would override it.
-        "AOTRITON_FLASH_BLOCK_DMODEL": ", ".join(str(h) for h in req.head_dims),
-        **commit_ids(req.tree, release, locked_commit),
+        HEAD_DIMS_ENV: ", ".join(str(h) for h in req.head_dims),
+        **commit_ids(req.tree, adapter, locked_commit),
     }
     knob_items = tuple(sorted(knobs.items()))
     files: list[tuple[str, bytes, bool]] = [
@@ -166,13 +157,14 @@ def plan_configure(req: BuildRequest, tc: Toolchain, release: str, version: tupl
         "AOTRITON_BUILD_FOR_TUNING": ("BOOL", onoff[req.for_tuning]),
         "AOTRITON_ENABLE_FP32_INPUTS": ("BOOL", onoff[req.fp32]),
     }
-    if version >= (0, 11, 0):  # absent in 0.10b (which always builds Triton into its own venv)
+    if adapter.inherits_site_triton:
         cache["AOTRITON_INHERIT_SYSTEM_SITE_TRITON"] = ("BOOL", "ON")
     if tc.hip_dir:
         cache["hip_DIR"] = ("PATH", tc.hip_dir)
     return ConfigurePlan(
         cache=tuple(sorted((n, t, v) for n, (t, v) in cache.items())),
-        knobs=knob_items, files=tuple(sorted(files)), release=release, version=version, inputs=inputs,
+        knobs=knob_items, files=tuple(sorted(files)), release=adapter.release, version=adapter.version,
+        inputs=inputs,
     )
 
 
@@ -252,7 +244,7 @@ def configure_env(plan: ConfigurePlan) -> dict[str, str]:
     return env
 
 
-__all__ = ["BuildRequest", "ConfigurePlan", "RELEASE_IDS", "SUPPORT_DIR", "check_generator", "commit_ids",
+__all__ = ["BuildRequest", "ConfigurePlan", "SUPPORT_DIR", "check_generator", "commit_ids",
            "configure_inputs",
            "configure_env", "configured_fingerprint", "plan_configure", "prepare_venv", "record_fingerprint",
            "write_support_files"]

@@ -61,7 +61,7 @@ def defined_symbols(lib: Path) -> set[str]:
 
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
-                   images: bool) -> Verification:
+                   images: bool, v3_api: bool = True) -> Verification:
     libdir = prefix / "lib"
     lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
     v = Verification(library=str(lib))
@@ -71,7 +71,7 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     else:
         syms = defined_symbols(lib)
         wanted = dict(REQUIRED_SYMBOLS)
-        if version >= (0, 11, 0):
+        if v3_api:
             wanted.update(V3_SYMBOLS)
         for name, prefix_ in wanted.items():
             v.symbols[name] = any(s.startswith(prefix_) for s in syms)

@@ -21,7 +21,23 @@ DTYPES: tuple[str, ...] = tuple(DTYPE_INFO)
 DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 
 ARCH_RE = re.compile(r"^gfx[0-9]{2,4}[a-z]?$")
-GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod[0-9]+$")
+GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod([0-9]+)$")
+
+
+def gpu_arch(gpu: str) -> str:
+    """'gfx90a_mod0' -> 'gfx90a' (the one parser of AOTriton's GPU names; ValueError otherwise)."""
+    m = GPU_RE.match(gpu)
+    if not m:
+        raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
+    return m.group(1)
+
+
+def gpu_mod(gpu: str) -> int:
+    """'gfx908_mod1' -> 1."""
+    m = GPU_RE.match(gpu)
+    if not m:
+        raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
+    return int(m.group(2))
 RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$")
 
 PowerOfTwoTile = Annotated[int, Field(ge=16, le=256)]

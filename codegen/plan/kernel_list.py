@@ -26,11 +26,12 @@ from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
 from ..errors import UpstreamError, UserError
 from ..models import KernelConfig
+from ..models.dtypes import by_signature
 from ..upstream import parse_constexpr as _constexpr
 from ..upstream.database import compose_database
 from ..upstream.database import last_line as _last_line
 from ..upstream.database import python_hint as _python_hint
-from ..models.target import GPU_RE
+
 from .tree import (
     check_registered,
     generator_env,
@@ -41,8 +42,6 @@ COMPILE_LIST = "Bare.compile"
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
-# TODO(dtypes): Triton signature spelling
-_DTYPES = {"*fp16:16": "fp16", "*bf16:16": "bf16", "*fp32:16": "fp32"}
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
 
@@ -79,18 +78,12 @@ class KernelEntry(BaseModel):
             "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
 
 
-def arch_of(gpus: list[str]) -> str:
-    archs = sorted({m.group(1) for m in (GPU_RE.match(g) for g in gpus) if m})
-    if len(archs) != 1 or any(not GPU_RE.match(g) for g in gpus):
-        raise UserError(f"target GPUs {gpus} must be names like gfx908_mod0 of one arch")
-    return archs[0]
-
-
 def generate_kernel_list(
     tree: str | Path,
     gpus: list[str],
     python: str = sys.executable,
     *,
+    arch: str,
     tuning: bool = False,
     keep_build_dir: Path | None = None,
     env: dict[str, str] | None = None,
@@ -104,7 +97,6 @@ def generate_kernel_list(
     and generator)."""
     tree = Path(tree).resolve()
     info = release_of(tree)
-    arch = arch_of(list(gpus))
     check_registered(info, list(gpus), arch)
     genv = generator_env(env)
     if keep_build_dir is not None:
@@ -190,7 +182,8 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     block_m = consts.get("BLOCK_M") if isinstance(consts.get("BLOCK_M"), int) else None
     block_n = consts.get("BLOCK_N") if isinstance(consts.get("BLOCK_N"), int) else None
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
-    dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
+    known = by_signature(dtype_sig)
+    dtype = known.short if known else (dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
         id=name[: -len(".hsaco")],
         config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from .. import preflight
 from ..spec import load_spec
+from ..upstream.knobs import ENABLE_FP32_ENV
 from .kernel_list import generate_kernel_list
 from .summary import NO_HEAD_DIM, PlanSummary, summarize
 from .tree import release_of
@@ -58,8 +59,8 @@ def run_plan(opts: PlanOptions, timing: dict | None = None):
     spec = loaded.spec
     info = release_of(opts.tree)
     # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
-    fp32 = {"AOTRITON_ENABLE_FP32": "1" if "fp32" in spec.dtypes else "0"}
-    entries = generate_kernel_list(opts.tree, list(spec.gpus), opts.python, tuning=opts.tuning, env=fp32,
+    fp32 = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
+    entries = generate_kernel_list(opts.tree, list(spec.gpus), opts.python, arch=spec.arch, tuning=opts.tuning, env=fp32,
                                    timing=timing)
     return loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning else "normal")
 

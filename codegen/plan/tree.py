@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import UpstreamError, UserError
 from ..upstream import Adapter, detect
 from ..upstream.registration import registration_gaps
+from ..upstream.knobs import ENABLE_FP32_ENV
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def generator_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.update({
         "PYTHONHASHSEED": "0",
         "PYTHONDONTWRITEBYTECODE": "1",
-        "AOTRITON_ENABLE_FP32": env.get("AOTRITON_ENABLE_FP32", "1"),  # CMake default ON
+        ENABLE_FP32_ENV: env.get(ENABLE_FP32_ENV, "1"),  # CMake default ON
     })
     env.update(extra or {})
     return env

@@ -22,12 +22,11 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..models import FAMILIES, KernelConfig, TargetSpec
+from ..models.dtypes import by_torch
 from .grid import SEQLEN_BINS, GridEntry
 from .store import Provenance, config_columns, entry_columns
 
 HEAD_DIM_BINS = (16, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256, 512)
-# TODO(dtypes): torch name -> short name
-DTYPE_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def _round_up(x: int, bins: tuple[int, ...]) -> int:
@@ -42,6 +41,12 @@ def _first(d: dict, *keys, default=None):
         if k in d:
             return d[k]
     return default
+
+
+def _short_dtype(value) -> str | None:
+    """'torch.float16' (or 'float16') -> 'fp16'; None for a dtype we do not tune."""
+    known = by_torch(str(value))
+    return known.short if known else None
 
 
 @dataclass
@@ -74,7 +79,7 @@ def _record(j: dict, path: Path, lineno: int) -> dict:
         inp, tk, co = j["inputs"], j["tuned_kernel"] or {}, j["compiler_options"] or {}
         return {
             "family": fam, "arch": str(j["arch"]),
-            "dtype": DTYPE_NAMES.get(str(inp["Q_dtype"]).removeprefix("torch.")),  # TODO(dtypes)
+            "dtype": _short_dtype(inp["Q_dtype"]),
             "head_dim": _round_up(int(_first(inp, "D_HEAD", "BLOCK_DMODEL")), HEAD_DIM_BINS),
             "seqlen_q": _round_up(int(_first(inp, "Max_seqlen_q", "max_seqlen_q", "seqlen_q")), SEQLEN_BINS),
             "seqlen_k": _round_up(int(_first(inp, "Max_seqlen_k", "max_seqlen_k", "seqlen_k")), SEQLEN_BINS),

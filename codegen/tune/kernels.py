@@ -22,8 +22,10 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-# TODO(dtypes): the torch spelling of the one dtype table
-TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from ..models.dtypes import DTYPE_INFO  # noqa: E402
+
+# the torch dtypes of the one dtype table (codegen.models.dtypes)
+TORCH_DTYPES = {k: getattr(torch, d.torch_attr) for k, d in DTYPE_INFO.items()}
 CAUSAL_TYPE_WINDOWED = 3  # what the tree's launcher uses for causal=True (top-left)
 
 # Tolerances, after upstream's test harness: an output passes when its max abs error against

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from .knobs import COMMIT_ENV, TREE_SHA_ENV
 
 VERSION_RE = {
     k: re.compile(rf"^\s*set\(AOTRITON_VERSION_{k}_INT\s+(\d+)\s*\)", re.M)
@@ -79,11 +80,44 @@ class Adapter:
     db_compose_module: str | None = None
     build_db_dir: str = "."
     required_files: tuple[str, ...] = field(default_factory=tuple)
+    # Which environment knobs its CMake reads to learn the commit of a tree without .git, and the
+    # tag's own commit and tree ids (github.com/ROCm/aotriton) to give them.
+    commit_knobs: tuple[str, ...] = ()
+    commit_ids: tuple[str, str] | None = None
+    # CMake option AOTRITON_INHERIT_SYSTEM_SITE_TRITON exists (0.11b+; 0.10b always builds its
+    # own Triton into its venv)
+    inherits_site_triton: bool = True
+    # The build compiles Triton from the third_party/triton submodule (0.10b)
+    builds_own_triton: bool = False
+    # The library exports aotriton::v3::flash entry points too (0.11b+)
+    exports_v3_api: bool = True
+    # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
+    clones_aiter: bool = False
 
     def shard_path(self, arch: str, kernel: str, family: str = "flash") -> str:
         if self.shard_root is None:
             raise ValueError(f"release {self.release} has no sharded tuning database")
         return f"{self.shard_root}/{arch}/{family}/{kernel}.sqlite3.tar.xz"
+
+
+# Commit and tree ids of each release tag (for trees without .git).
+RELEASE_IDS: dict[tuple[int, int, int], tuple[str, str]] = {
+    (0, 10, 0): ("6fca155f4deeb8d9529326f7b69f350aeeb93477", "f2c099e3dc10d6458c7c74c9e272541632743439"),
+    (0, 11, 0): ("972223c501ffc22068bb035ac5d64cf54318d895", "c0bd86c32752dadf9aa64e65a3a554b7990c3d66"),
+    (0, 11, 1): ("98371989e8a23267e284c94e95156a139e4b33c4", "0b316c47ac37c46065bb72f66e4f4b7200e29517"),
+    (0, 11, 2): ("dd1b68b604b5258ee7a9f7b66ad95e7a82c18065", "d4b4bf094ce2701afd1bfb099358e8103b733f1a"),
+    (0, 12, 0): ("269036897bcee4292f4e928767df1e3dd0e3c8bd", "35bfbd0ebe2fd774e97cdc12421592c23f59abfe"),
+    (0, 12, 1): ("8fdb4a4353f95b88c9542f5e5637efc1e1e0e530", "d912dfe9683287670a30fef0ba8a72ff557c5a35"),
+    (0, 13, 0): ("6e00ef3e335b45dfb49065259533b59c68995bfe", "0a9c220761603465c794bc6522564452d43ebc23"),
+}
+
+
+def _commit_knobs(version: tuple[int, int, int]) -> tuple[str, ...]:
+    """0.10b reads no commit knob (always `git log`); 0.11b+ the commit (fatal when missing
+    from 0.11.1b); 0.12b+ also the tree id (fatal when missing)."""
+    if version < (0, 11, 0):
+        return ()
+    return (COMMIT_ENV,) if version < (0, 12, 0) else (COMMIT_ENV, TREE_SHA_ENV)
 
 
 def _central(version: tuple[int, int, int], op_db: bool) -> Adapter:
@@ -94,6 +128,9 @@ def _central(version: tuple[int, int, int], op_db: bool) -> Adapter:
         layout="v3python", tuning_db_layout="central", tuning_db=tdb, op_db=odb, shard_root=None,
         build_db_dir=".",
         required_files=COMMON_FILES + (tdb,) + ((odb,) if odb else ()),
+        commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
+        inherits_site_triton=version >= (0, 11, 0), builds_own_triton=version < (0, 11, 0),
+        exports_v3_api=version >= (0, 11, 0),
     )
 
 
@@ -106,6 +143,8 @@ def _sharded(version: tuple[int, int, int]) -> Adapter:
         shard_root="v3python/database/amd", db_compose_module="v3python.database_compose",
         build_db_dir="database",
         required_files=COMMON_FILES + (tdb, odb, "v3python/database_compose.py"),
+        commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
+        clones_aiter=version >= (0, 12, 0),
     )
 
 
@@ -119,6 +158,14 @@ ADAPTERS: dict[tuple[int, int, int], Adapter] = {
     (0, 12, 1): _sharded((0, 12, 1)),  # point release of 0.12b: same layout (docs/releases.md)
 }
 SUPPORTED_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values())
+
+
+def by_release(tag: str) -> Adapter:
+    """The adapter of a supported release tag ('0.11b'); KeyError otherwise."""
+    for a in ADAPTERS.values():
+        if a.release == tag:
+            return a
+    raise KeyError(tag)
 
 
 class UnsupportedTree(UserError):
@@ -181,8 +228,8 @@ def detect(tree: Path | str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "SUPPORTED_RELEASES", "UnsupportedTree", "detect", "read_version",
-           "release_name"]
+__all__ = ["ADAPTERS", "Adapter", "RELEASE_IDS", "SUPPORTED_RELEASES", "UnsupportedTree", "by_release", "detect",
+           "read_version", "release_name"]
 
 
 def parse_constexpr(text: str):

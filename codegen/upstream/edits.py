@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from ..models import TargetSpec
+from ..models.target import gpu_mod
 from .knobs import HEAD_DIMS_ENV
 
 # The provenance label of edits.json and of each edit in it: the module that builds the records.
@@ -87,7 +88,7 @@ def _cpp_tables(spec: TargetSpec, p: EditPaths) -> list[EditRecord]:
     like_hex, arch_hex = "0x" + like[3:], "0x" + arch[3:]
     out = []
     for gpu in spec.gpus:
-        mod = gpu.split("_mod")[1]
+        mod = gpu_mod(gpu)
         out.append(EditRecord(
             f"util_h.gpu_enum.{gpu}", p.util_h, "text.clone_line", "enum Gpu", f"GPU_AMD_ARCH_{like.upper()}_MOD0 ",
             {"substitute": [[f"{like.upper()}_MOD0", f"{arch.upper()}_MOD{mod}"],

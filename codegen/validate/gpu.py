@@ -13,12 +13,13 @@ from pathlib import Path
 import torch
 
 from ..errors import EnvironmentMissing
+from ..models.dtypes import DTYPE_INFO
 from ..torch_integration.layout import IMAGES_DIR, images_signature, sha256_file
 from .cases import Case, Shape, tolerance
 
 DEVICE = "cuda"  # tests and CPU dry runs switch it
-# TODO(dtypes): the torch spelling
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+# the torch dtypes of the one dtype table (codegen.models.dtypes)
+DTYPES = {k: getattr(torch, d.torch_attr) for k, d in DTYPE_INFO.items()}
 
 
 @dataclass(frozen=True)
