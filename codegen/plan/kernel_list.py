@@ -30,6 +30,7 @@ from ..upstream import parse_constexpr as _constexpr
 from ..upstream.database import compose_database
 from ..upstream.database import last_line as _last_line
 from ..upstream.database import python_hint as _python_hint
+from ..upstream.generator import importable
 from ..models.target import GPU_RE
 from .tree import (
     check_registered,
@@ -118,12 +119,14 @@ def generate_kernel_list(
         cleanup = True
     try:
         start = time.perf_counter()
-        compose_database(info.adapter, info.root, build, python, genv)
-        cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
-               "--target_gpus", *gpus, "--build_dir", str(build)]
-        if tuning:
-            cmd.append("--build_for_tuning")
-        proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+        with importable(info.adapter, tree) as pkg_env:
+            genv.update(pkg_env)
+            compose_database(info.adapter, info.root, build, python, genv)
+            cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
+                   "--target_gpus", *gpus, "--build_dir", str(build)]
+            if tuning:
+                cmd.append("--build_for_tuning")
+            proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
         if timing is not None:
             timing["upstream_s"] = time.perf_counter() - start
         if proc.returncode:
