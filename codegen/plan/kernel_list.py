@@ -193,6 +193,8 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     block_m = consts.get("BLOCK_M") if isinstance(consts.get("BLOCK_M"), int) else None
     block_n = consts.get("BLOCK_N") if isinstance(consts.get("BLOCK_N"), int) else None
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
+    if not dtype_sig:  # 0.13b names images by a hash: the dtype is Q's type in the signature
+        dtype_sig = _q_type(os.path.join(str(tree), source), kname, sig)
     dtype = _DTYPES.get(dtype_sig, dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
         id=name[: -len(".hsaco")],
@@ -214,6 +216,15 @@ def config_of(family: str, arch: str, dtype: str, head_dim: int | None, block_m:
     if cfg.tunable and family != "attn_fwd":
         cfg = cfg.vary(pre_load_v=None)  # PRE_LOAD_V is an attn_fwd axis only
     return cfg
+
+
+def _q_type(source: str, kname: str, sig: str) -> str:
+    """The Triton type of the kernel's Q argument (else of its first tensor of a known dtype)."""
+    values = [v.strip() for v in sig.split(",")]
+    names = kernel_arg_names(source, kname)
+    if names is not None and len(names) == len(values) and "Q" in names:
+        return values[names.index("Q")]
+    return next((v for v in values if v in _DTYPES), "")
 
 
 _AXIS_ARGS = (*_HEAD_DIM_ARGS, "BLOCK_M", "BLOCK_N", "PRE_LOAD_V")  # the constants a config needs
