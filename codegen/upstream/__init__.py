@@ -25,6 +25,8 @@ Stable API (other stages call it; keep it compatible):
                                     # `codegen.upstream.generator.importable`, never installed
     adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
                                     # '.' (central) or 'database' (sharded)
+    adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate:
+                                    # 'tritonsrc' or 'modules/flash/kernel' (0.13b)
     adapter.required_files          # files whose presence identifies the layout
     adapter.foreign_paths           # paths whose presence means another layout (refused)
 
@@ -87,6 +89,7 @@ class Adapter:
     build_db_dir: str = "."
     required_files: tuple[str, ...] = field(default_factory=tuple)
     package_dir: str | None = None
+    kernel_dir: str = "tritonsrc"
     foreign_paths: tuple[str, ...] = ("python/generate.py", "modules")
 
     def shard_path(self, arch: str, kernel: str, family: str = "flash") -> str:
@@ -143,7 +146,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         layout="aotriton-python", tuning_db_layout="sharded", tuning_db=tdb, op_db=odb,
         shard_root="modules/database/amd", generator_module="aotriton.generate",
         db_compose_module="aotriton.database_compose", build_db_dir="database",
-        required_files=PYTHON_FILES + (tdb, odb), package_dir="python",
+        required_files=PYTHON_FILES + (tdb, odb), package_dir="python", kernel_dir="modules/flash/kernel",
         foreign_paths=("v3python/generate.py",),
     )
 
@@ -213,8 +216,28 @@ def detect(tree: Path | str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "SUPPORTED_RELEASES", "UnsupportedTree", "detect", "read_version",
-           "release_name"]
+KERNEL_DIRS: tuple[str, ...] = tuple(dict.fromkeys(a.kernel_dir for a in ADAPTERS.values()))
+
+
+def kernel_source_dir(tree: Path | str) -> Path | None:
+    """The folder of the tree's Triton kernels (tune and validate import them flat from there):
+    the detected release's `kernel_dir`; for a tree `detect` refuses (e.g. a bare kernel
+    checkout), the first known kernel folder that holds flash.py; None when there is none."""
+    root = Path(tree)
+    try:
+        return root / detect(root).kernel_dir
+    except UnsupportedTree:
+        pass
+    return next((root / d for d in KERNEL_DIRS if (root / d / "flash.py").is_file()), None)
+
+
+def kernel_dirs_text() -> str:
+    """'tritonsrc/flash.py nor modules/flash/kernel/flash.py', for messages."""
+    return " nor ".join(f"{d}/flash.py" for d in KERNEL_DIRS)
+
+
+__all__ = ["ADAPTERS", "Adapter", "KERNEL_DIRS", "SUPPORTED_RELEASES", "UnsupportedTree", "detect",
+           "kernel_dirs_text", "kernel_source_dir", "read_version", "release_name"]
 
 
 def parse_constexpr(text: str):
