@@ -21,6 +21,7 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from ..upstream import kernel_dirs_text, kernel_source_dir
 
 # TODO(dtypes): the torch spelling of the one dtype table
 TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
@@ -45,8 +46,6 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def load_tree_module(aotriton_dir: Path):
-    from ..upstream import kernel_dirs_text, kernel_source_dir
-
     src = kernel_source_dir(aotriton_dir)
     if src is None or not (src / "flash.py").is_file():
         raise FileNotFoundError(f"{aotriton_dir} has no {kernel_dirs_text()}: not an AOTriton source tree")

@@ -21,6 +21,7 @@ from . import runner
 from .grid import GridFilter, plan_tuning, validate_filter
 from .importer import parse_records
 from .store import ResultStore
+from ..upstream import kernel_dirs_text, kernel_source_dir
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -75,8 +76,6 @@ def _out_dir(out: Path | None, arch: str) -> Path:
 
 
 def _check_tree(aotriton_dir: Path) -> None:
-    from ..upstream import kernel_dirs_text, kernel_source_dir
-
     src = kernel_source_dir(aotriton_dir)
     if src is None or not (src / "flash.py").is_file():
         raise UserError(

@@ -33,6 +33,7 @@ from typing import Callable
 from ..errors import UpstreamError, UserError
 from ..models import KernelConfig, expand_family
 from .cases import KERNEL_SHAPES, Shape, block_dmodel
+from ..upstream import KERNEL_DIRS, kernel_source_dir
 
 FAMILY_MODULES = {
     "attn_fwd": ("fwd_kernel", "attn_fwd"),
@@ -45,8 +46,6 @@ FAMILIES = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 
 
 def tree_source_dir(tree: Path) -> Path:
-    from ..upstream import KERNEL_DIRS, kernel_source_dir
-
     tree = Path(tree)
     src = kernel_source_dir(tree)
     if src is not None and (src / "fwd_kernel.py").is_file():
