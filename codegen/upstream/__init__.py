@@ -27,6 +27,8 @@ Stable API (other stages call it; keep it compatible):
                                     # '.' (central) or 'database' (sharded)
     adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate:
                                     # 'tritonsrc' or 'modules/flash/kernel' (0.13b)
+    adapter.image_format            # how an install lays out kernel images: 'aks2' (one file per
+                                    # kernel) or 'zip' (0.13b: flash/<kernel>.zip per arch folder)
     adapter.required_files          # files whose presence identifies the layout
     adapter.foreign_paths           # paths whose presence means another layout (refused)
 
@@ -90,6 +92,7 @@ class Adapter:
     required_files: tuple[str, ...] = field(default_factory=tuple)
     package_dir: str | None = None
     kernel_dir: str = "tritonsrc"
+    image_format: str = "aks2"
     foreign_paths: tuple[str, ...] = ("python/generate.py", "modules")
 
     def shard_path(self, arch: str, kernel: str, family: str = "flash") -> str:
@@ -147,6 +150,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         shard_root="modules/database/amd", generator_module="aotriton.generate",
         db_compose_module="aotriton.database_compose", build_db_dir="database",
         required_files=PYTHON_FILES + (tdb, odb), package_dir="python", kernel_dir="modules/flash/kernel",
+        image_format="zip",
         foreign_paths=("v3python/generate.py",),
     )
 
