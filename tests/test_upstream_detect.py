@@ -93,3 +93,24 @@ def test_detect_013b_python_layout(pristine_tree):
     assert a.layout == "aotriton-python"
     assert not (tree / a.shard_root / "gfx908").exists()
     assert (tree / a.shard_root / "gfx90a" / "flash" / "attn_fwd.sqlite3.tar.xz").is_file()
+
+
+def test_python_layout_overlay_module_and_edits():
+    """0.13b's layout: the module sits where the kdesc hook's relative import finds it, imports
+    Config from aotriton.autotune, and every edit names a 0.13b path; the head-dims edit targets
+    the env read inside block_dmodel_values()."""
+    from codegen.overlay_inputs import render_overlay
+    from codegen.spec import load_spec
+
+    ov = render_overlay(load_spec(None), ADAPTERS[(0, 13, 0)].layout)
+    module = ov.files["tree/" + ov.module_dest].content.decode()
+    assert ov.module_dest == "python/template_instantiation/mi100_codegen_space.py"
+    assert "\nfrom aotriton.autotune import Config\n" in module
+    hook = next(e for e in ov.edits if e.id == "kdesc.tuning_space_hook")
+    assert hook.path == "python/template_instantiation/ir/kdesc.py"
+    assert hook.payload["lines"][0].startswith("from ..mi100_codegen_space import ")
+    hd = next(e for e in ov.edits if e.id == "op_attn_fwd.head_dims")
+    assert (hd.path, hd.op, hd.symbol, hd.payload) == (
+        "modules/flash/aot/_common.py", "python.set_getenv_default_in_function", "block_dmodel_values", "'32, 64'")
+    assert all(e.path.startswith(("python/", "modules/", "include/", "v3src/", "CMakeLists.txt")) for e in ov.edits)
+    assert not any(e.path.startswith("v3python/") for e in ov.edits)
