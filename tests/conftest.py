@@ -10,7 +10,7 @@
 Tests that need a tree skip with the reason only when none of the three is available. The list of
 releases is not repeated here: `SUPPORTED_TAGS` is the upstream adapter table
 (`codegen.upstream.SUPPORTED_RELEASES`), `ARCHIVE_TAGS` the archive's `TAGS` file (which also holds
-releases we do not support yet, e.g. 0.13b, for the refusal tests)."""
+releases we do not support, if any, for the refusal tests)."""
 
 from __future__ import annotations
 

@@ -80,6 +80,30 @@ def test_set_getenv_default_ignores_later_reassignment():
         apply_edit(text, E(op="python.set_getenv_default", symbol="X", neighbour="'Y'", payload="'32'"))
 
 
+FUNC = ("import os\n\n\ndef block_dmodel_values():\n    \"\"\"doc\"\"\"\n"
+        "    env = os.getenv('X',\n                    default='16, 32, 64')\n"
+        "    return [int(d) for d in env.split(',')]\n\n\nY = os.getenv('X', '8')\n")
+
+
+def test_set_getenv_default_in_function_changes_only_that_call():
+    e = E(op="python.set_getenv_default_in_function", symbol="block_dmodel_values", neighbour="'X'",
+          payload="'32, 64'")
+    out = apply_edit(FUNC, e)
+    assert out == FUNC.replace("default='16, 32, 64'", "default='32, 64'")  # layout kept, Y untouched
+    assert apply_edit(out, replace(e, payload="'16, 32, 64'")) == FUNC
+    with pytest.raises(EditConflict, match="changes nothing"):
+        apply_edit(out, e)
+    with pytest.raises(EditConflict, match="no os.getenv\\('Y'\\) calls in block_dmodel_values"):
+        apply_edit(FUNC, replace(e, neighbour="'Y'"))
+    with pytest.raises(EditConflict, match="no module-level function other"):
+        apply_edit(FUNC, replace(e, symbol="other"))
+    with pytest.raises(EditSkipped):
+        apply_edit(FUNC, replace(e, symbol="other", optional=True))
+    twice = FUNC.replace("    return [int", "    env = os.getenv('X', default='1')\n    return [int")
+    with pytest.raises(EditConflict, match="2 os.getenv"):
+        apply_edit(twice, e)
+
+
 CPP = ("enum AOTRITON_API Gpu : uint64_t {\n"
        "  GPU_AMD_ARCH_GFX90A_MOD0  = TRICAT(GpuVendor::kAMD,  0x90a, 0),\n"
        "};\n"

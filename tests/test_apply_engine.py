@@ -191,12 +191,13 @@ def test_failure_leaves_tree_unchanged(tmp_path, spec, monkeypatch, fail_at):
     assert snapshot(tree) == before
 
 
-def test_cli_refuses_newer_layout_with_one_message(tmp_path):
-    tree = make_fake_tree(tmp_path / "t", (0, 13, 0))
+def test_cli_refuses_newer_release_with_one_message(tmp_path):
+    tree = make_fake_tree(tmp_path / "t", (0, 14, 0))
     (tree / "modules").mkdir()
     before = snapshot(tree)
     res = CliRunner().invoke(app, ["apply", str(tree)])
     assert res.exit_code == 2
-    assert "0.13b uses the python/ + modules/ layout" in res.stderr
+    assert len([l for l in res.stderr.splitlines() if l.strip()]) == 1
+    assert "AOTriton 0.14b is not supported; supported releases: " in res.stderr
     assert "Traceback" not in res.stderr
     assert snapshot(tree) == before

@@ -17,7 +17,9 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.plan.kernel_list import parse_compile_list
 from codegen.upstream.database import compose_database
+from codegen.upstream.generator import importable
 from fake_tree import snapshot
 from codegen.cli import app
 from codegen.upstream import SUPPORTED_RELEASES, detect
@@ -77,7 +79,9 @@ def _compiled(build: Path) -> dict[str, list[tuple]]:
     for line in (build / "Bare.compile").read_text(encoding="utf-8").splitlines():
         hs = next(Path(x).name for x in line.split(";") if x.endswith(".hsaco"))
         m = HSACO.match(hs)
-        assert m, hs
+        if m is None:  # 0.13b: <kernel>-<sha256>.hsaco
+            assert re.fullmatch(r"[a-z_]+-[0-9a-f]{64}\.hsaco", hs), hs
+            return {}
         out.setdefault(m["k"], []).append((m["f"], m["p"], int(m["w"]), int(m["n"]), int(m["s"]), m["a"]))
     return out
 
@@ -110,19 +114,25 @@ def test_release_apply_idempotent_generate_revert(pristine_tree, fresh_tree, tmp
         gen_tree, build = tmp_path / "gen", tmp_path / "build"
         shutil.copytree(tree, gen_tree)
         adapter = detect(gen_tree)
-        compose_database(adapter, gen_tree, build, py)
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        proc = subprocess.run([py, "-X", "utf8", "-m", adapter.generator_module, "--target_gpus", "gfx908_mod0",
-                               "--build_dir", str(build)], cwd=gen_tree, env=env, capture_output=True, text=True)
+        with importable(adapter, gen_tree) as pkg_env:  # 0.13b: python/ imported as `aotriton`
+            env = dict(os.environ, PYTHONHASHSEED="0", **pkg_env)
+            compose_database(adapter, gen_tree, build, py, env)
+            proc = subprocess.run([py, "-X", "utf8", "-m", adapter.generator_module, "--target_gpus",
+                                   "gfx908_mod0", "--build_dir", str(build)],
+                                  cwd=gen_tree, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "MissingLutEntry" not in proc.stdout + proc.stderr
-        kernels = _compiled(build)
-        fwd = kernels["attn_fwd"]
-        functionals = {k[0] for k in fwd}
-        assert len(fwd) > len(functionals)  # not one default kernel per functional
-        got = {(int(p.split("_")[2]), int(p.split("_")[3]), w, n, s) for _, p, w, n, s, _ in fwd}
+        entries = parse_compile_list(build / "Bare.compile", gen_tree, build)
+        fwd = [e.config for e in entries if e.config.family == "attn_fwd"]
+        got = {(c.block_m, c.block_n, c.waves_per_eu, c.num_warps, c.num_stages) for c in fwd}
+        assert len(got) > 1  # not one default kernel per functional
         assert got == _target_configs(tree, adapter)  # exactly the seeded (donor-derived) configs
-        assert {a for v in kernels.values() for *_, a in v} == {"gfx908"}
+        assert {e.config.arch for e in entries} == {"gfx908"}
+        kernels = _compiled(build)
+        if kernels:  # up to 0.12.1b the image names spell functional and perf tokens (0.13b: a hash)
+            fwd_named = kernels["attn_fwd"]
+            assert len(fwd_named) > len({k[0] for k in fwd_named})
+            assert {(int(p.split("_")[2]), int(p.split("_")[3]), w, n, s) for _, p, w, n, s, _ in fwd_named} == got
 
     res = _cli("revert", str(tree))
     assert res.exit_code == 0, res.stderr
@@ -146,16 +156,8 @@ def test_local_edit_at_anchor_refused_real(fresh_tree, tag):
         ["include/aotriton/util.h", "v3python/gpu_targets.py"]
     assert snapshot(tree) == before
 
-
-def test_013b_refused_cleanly(fresh_tree):
-    tree = fresh_tree("0.13b")
-    before = snapshot(tree)
-    res = _cli("apply", str(tree))
-    assert res.exit_code == 2
-    lines = [l for l in res.stderr.splitlines() if l.strip()]
-    assert len(lines) == 1 and "0.13b uses the python/ + modules/ layout" in lines[0]
-    assert "supported releases: " + ", ".join(SUPPORTED_RELEASES) in lines[0]
-    assert snapshot(tree) == before
+# A newer release (a 0.13b copy claiming 0.14.0) refused cleanly by apply and every other stage:
+# tests/test_releases_real.py.
 
 
 @pytest.mark.slow

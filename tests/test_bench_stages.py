@@ -45,7 +45,7 @@ def test_tree_free_rows_are_measured(tmp_path):
 
 
 def test_refusals():
-    r = _run("--releases", "0.13b", "--dry-run")
-    assert r.returncode == 2 and "not a supported release: 0.13b" in r.stderr
+    r = _run("--releases", "0.14b", "--dry-run")
+    assert r.returncode == 2 and "not a supported release: 0.14b" in r.stderr
     r = _run("--stages", "compile", "--dry-run")
     assert r.returncode == 2 and "unknown stage: compile" in r.stderr

@@ -86,6 +86,20 @@ def test_plan_applied_tree_lists_spec_head_dims(fresh_tree, tag):
     assert again == plan  # deterministic (apart from the timing)
 
 
+# 0.13b's own gen_autotune_configs yield single-config placeholders: a tuning build gets the spec's
+# space only through the kdesc hook (earlier releases' own spaces are checked by the render tests).
+@pytest.mark.parametrize("tag", ["0.13b"])
+def test_plan_tuning_build_lists_spec_space(fresh_tree, tag):
+    _need_generator_requirements()
+    tree = fresh_tree(tag)
+    _apply(tree)
+    plan = _plan(tree, "--tuning")
+    space = json.loads((REPO / "aotriton_overlay" / "space.json").read_text(encoding="utf-8"))["configs"]
+    want = {c for configs in space.values() for c in configs}
+    got = {c for c in plan["by_config"] if c.split(".")[0] in space}
+    assert len(want) > len(space) and got == want
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tag", SUPPORTED_TAGS)
 def test_plan_follows_spec_head_dims_after_reapply(fresh_tree, tmp_path, tag):

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.torch_integration.layout import (TORCH_LINES, TORCH_TO_AOTRITON, build_release_for_line,
-                                              library_name, parse_tag, tag_line)
+from codegen.torch_integration.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON,
+                                              build_release_for_line, library_name, parse_tag, tag_line)
 from codegen.upstream import SUPPORTED_RELEASES
 
 from test_torch_install import build_torch, need_cc
@@ -24,7 +24,7 @@ LINES = {
     "2.11": ("0.11.2b", "libaotriton_v2.so.0.11.2", "0.11.2b"),
     "2.12": ("0.11.2b", "libaotriton_v2.so.0.11.2", "0.11.2b"),
     "2.13": ("0.12b", "libaotriton_v2.so.0.12.0", "0.12.1b"),
-    "2.14": ("0.13b", "libaotriton_v2.so.0.13.0", None),  # PyTorch main; 0.13b not supported yet
+    "2.14": ("0.13b", "libaotriton_v2.so.0.13.0", None),  # PyTorch main; 0.13b's zip images: not for torch yet
 }
 
 
@@ -39,8 +39,9 @@ def test_table_covers_every_line():
         assert library_name(tag) == lib
         assert build_release_for_line(tag_line(tag)) == build, line
     assert parse_tag("0.12.1b") == (0, 12, 1) and parse_tag("0.13b") == (0, 13, 0) and parse_tag("x") is None
-    # every supported release is reachable from some torch line
+    # every supported release is reachable from some torch line; torch builds all but 0.13b (zip images)
     assert {tag_line(t) for t in SUPPORTED_RELEASES} <= {tag_line(v[0]) for v in LINES.values()}
+    assert TORCH_RELEASES == tuple(t for t in SUPPORTED_RELEASES if t != "0.13b")
 
 
 @pytest.mark.parametrize("line", sorted(LINES))
@@ -65,8 +66,8 @@ def test_status_and_recipe_per_torch_line(tmp_path, line):
         assert "not support the 0.13 release line yet" in s["build_release_problem"]
         assert "build with:       none: AOTriton 0.13b (PyTorch 2.14)" in text
         assert r.exit_code == 2
-        assert "does not support the 0.13 release line yet; supported releases: " + ", ".join(SUPPORTED_RELEASES) \
-            in r.output
+        assert "does not support the 0.13 release line yet; releases it builds for PyTorch: " \
+            + ", ".join(TORCH_RELEASES) in r.output
         return
     assert f"build with:       AOTriton {build}" in text
     assert r.exit_code == 0, r.output
@@ -83,7 +84,7 @@ def test_rebuild_recipe_release_lines():
     assert r.exit_code == 0 and "--branch release/2.13" in r.stdout
     r = _cli("torch", "rebuild-recipe", "--release", "0.13b")
     assert r.exit_code == 2
-    assert "AOTriton 0.13b (PyTorch 2.14): mi100-codegen does not support the 0.13 release line yet" in r.output
+    assert "AOTriton 0.13b (PyTorch 2.14): mi100-codegen's torch integration does not support the 0.13 release line yet" in r.output
     r = _cli("torch", "rebuild-recipe", "--release", "0.14b")
     assert r.exit_code == 2 and "no known PyTorch release links AOTriton 0.14b" in r.output
 

@@ -91,7 +91,7 @@ def _kernel_params(tree, family):
 
 
 @pytest.mark.aotriton
-@pytest.mark.parametrize("tag", [*SUPPORTED_RELEASES, "0.13b"])  # 0.13b: kernels in modules/flash/kernel/
+@pytest.mark.parametrize("tag", SUPPORTED_RELEASES)  # 0.13b: kernels in modules/flash/kernel/
 def test_harness_supplies_every_kernel_parameter(pristine_tree, tag):
     tree = pristine_tree(tag)
     t = {n: _T() for n in ("q", "k", "v", "do", "o", "L", "delta", "dq", "dk", "dv", "db", "b",
@@ -218,3 +218,14 @@ def test_report_compares_the_gpus_compute_units_with_the_spec():
     assert f"this GPU has {cus - 8} compute units, the spec's hardware {cus}" in render_markdown(rep)
     proxy = Platform("cuda", "H100", "sm_90", "sm_90", "2.8", None, "12.8", 132)
     assert build_report(loaded, mode, proxy, None)["compute_units_match_spec"] is None
+
+
+@pytest.mark.aotriton
+@pytest.mark.parametrize("tag, folder", [("0.12.1b", "tritonsrc"), ("0.13b", "modules/flash/kernel")])
+def test_kernel_folder_comes_from_the_adapter(pristine_tree, tag, folder):
+    """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel)."""
+    from codegen.tune.run import _check_tree
+
+    tree = pristine_tree(tag)
+    assert tree_source_dir(tree) == tree / folder
+    _check_tree(tree)  # accepted: flash.py is there

@@ -228,6 +228,59 @@ def _set_getenv_default(module: cst.Module, edit: EditRecord) -> cst.Module:
     return _replace_value(module, (i, j), assign.with_changes(value=call.with_changes(args=args)))
 
 
+def _getenv_default_slot(module: cst.Module, call: cst.Call, edit: EditRecord, where: str) -> int:
+    args = list(call.args)
+    slot = [n for n, a in enumerate(args) if a.keyword is not None and a.keyword.value == "default"]
+    if not slot and len(args) >= 2 and args[1].keyword is None:
+        slot = [1]
+    if len(slot) != 1:
+        raise EditConflict(f"{edit.path}: {where}: os.getenv(...) has no default argument to change")
+    return slot[0]
+
+
+class _GetenvCalls(cst.CSTVisitor):
+    """The os.getenv(NEIGHBOUR, ...) calls below a node."""
+
+    def __init__(self, module: cst.Module, neighbour: str):
+        self.module, self.neighbour, self.hits = module, neighbour.strip(), []
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if (_code(self.module, node.func).strip() in GETENV_FUNCS and node.args
+                and _code(self.module, node.args[0].value).strip() == self.neighbour):
+            self.hits.append(node)
+
+
+class _ReplaceNode(cst.CSTTransformer):
+    def __init__(self, old: cst.CSTNode, new: cst.CSTNode):
+        self.old, self.new = old, new
+
+    def on_leave(self, original_node, updated_node):
+        return self.new if original_node is self.old else updated_node
+
+
+def _set_getenv_default_in_function(module: cst.Module, edit: EditRecord) -> cst.Module:
+    """Change the default of the one `os.getenv(NEIGHBOUR, default=...)` call inside the
+    module-level function SYMBOL (0.13b reads the head dims inside `block_dmodel_values()`)."""
+    path, symbol = edit.path, edit.symbol
+    funcs = [st for st in module.body if isinstance(st, cst.FunctionDef) and st.name.value == symbol]
+    if not funcs:
+        if edit.optional:
+            raise EditSkipped(f"{symbol} is absent (optional edit)")
+        raise EditConflict(f"{path}: no module-level function {symbol}()")
+    if len(funcs) > 1:
+        raise EditConflict(f"{path}: {symbol}() is defined {len(funcs)} times (ambiguous anchor)")
+    finder = _GetenvCalls(module, edit.neighbour)
+    funcs[0].visit(finder)
+    if len(finder.hits) != 1:
+        what = "no" if not finder.hits else f"{len(finder.hits)}"
+        raise EditConflict(f"{path}: {what} os.getenv({edit.neighbour}) calls in {symbol}()")
+    call = finder.hits[0]
+    args = list(call.args)
+    n = _getenv_default_slot(module, call, edit, f"{symbol}()")
+    args[n] = args[n].with_changes(value=_expr(edit.payload, f"edit {edit.id} payload"))
+    return module.visit(_ReplaceNode(call, call.with_changes(args=args)))
+
+
 # --------------------------------------------------------------------------------------- text --
 
 
@@ -325,6 +378,7 @@ OPS: dict[str, Callable[[str, EditRecord], str]] = {
     "python.seq_insert": _python_op(lambda m, e: _insert_element(m, e, "seq")),
     "python.dict_insert": _python_op(lambda m, e: _insert_element(m, e, "dict")),
     "python.set_getenv_default": _python_op(_set_getenv_default),
+    "python.set_getenv_default_in_function": _python_op(_set_getenv_default_in_function),
     "text.clone_line": _text_op,
     "text.substitute": _text_op,
     "text.replace_line": _text_op,

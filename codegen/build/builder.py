@@ -14,6 +14,7 @@ from ..overlay_inputs import render_overlay
 from ..resources import data_dir, default_spec_path
 from ..spec import load_spec
 from ..upstream import detect
+from ..upstream.layouts import DEFAULT_LAYOUT
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
 from ..apply.lock import read_lock
@@ -73,14 +74,14 @@ def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
     return out
 
 
-def resolve_spec(tree: Path, explicit: Path | None):
+def resolve_spec(tree: Path, explicit: Path | None, layout: str = DEFAULT_LAYOUT):
     """The spec to build: --spec, else the one (embedded default, bundled examples)
     whose sha256 is the one the tree's overlay was applied from."""
     if explicit is not None:
         return load_spec(explicit)
     lock = read_lock(tree)
     applied = lock.spec_sha256 if lock else None
-    applied = applied or module_spec_sha(tree)
+    applied = applied or module_spec_sha(tree, layout)
     first = None
     for cand in _spec_candidates(tree, None):
         try:
@@ -161,7 +162,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
     tree, prefix = opts.tree.resolve(), opts.prefix.resolve()
     build_dir = (opts.build_dir or tree / "build").resolve()
     adapter = detect(tree)
-    loaded = resolve_spec(tree, opts.spec_path)
+    loaded = resolve_spec(tree, opts.spec_path, adapter.layout)
     spec = loaded.spec
     _refuse_request(opts, tree, loaded, adapter)
     manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None

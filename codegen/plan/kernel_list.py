@@ -31,7 +31,7 @@ from ..upstream import parse_constexpr as _constexpr
 from ..upstream.database import compose_database
 from ..upstream.database import last_line as _last_line
 from ..upstream.database import python_hint as _python_hint
-
+from ..upstream.generator import importable
 from .tree import (
     check_registered,
     generator_env,
@@ -110,12 +110,14 @@ def generate_kernel_list(
         cleanup = True
     try:
         start = time.perf_counter()
-        compose_database(info.adapter, info.root, build, python, genv)
-        cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
-               "--target_gpus", *gpus, "--build_dir", str(build)]
-        if tuning:
-            cmd.append("--build_for_tuning")
-        proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+        with importable(info.adapter, tree) as pkg_env:
+            genv.update(pkg_env)
+            compose_database(info.adapter, info.root, build, python, genv)
+            cmd = [python, "-X", "utf8", "-m", info.adapter.generator_module,
+                   "--target_gpus", *gpus, "--build_dir", str(build)]
+            if tuning:
+                cmd.append("--build_for_tuning")
+            proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
         if timing is not None:
             timing["upstream_s"] = time.perf_counter() - start
         if proc.returncode:
@@ -182,6 +184,8 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     block_m = consts.get("BLOCK_M") if isinstance(consts.get("BLOCK_M"), int) else None
     block_n = consts.get("BLOCK_N") if isinstance(consts.get("BLOCK_N"), int) else None
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
+    if not dtype_sig:  # 0.13b names images by a hash: the dtype is Q's type in the signature
+        dtype_sig = _q_type(os.path.join(str(tree), source), kname, sig)
     known = by_signature(dtype_sig)
     dtype = known.short if known else (dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
@@ -204,6 +208,15 @@ def config_of(family: str, arch: str, dtype: str, head_dim: int | None, block_m:
     if cfg.tunable and family != "attn_fwd":
         cfg = cfg.vary(pre_load_v=None)  # PRE_LOAD_V is an attn_fwd axis only
     return cfg
+
+
+def _q_type(source: str, kname: str, sig: str) -> str:
+    """The Triton type of the kernel's Q argument (else of its first tensor of a known dtype)."""
+    values = [v.strip() for v in sig.split(",")]
+    names = kernel_arg_names(source, kname)
+    if names is not None and len(names) == len(values) and "Q" in names:
+        return values[names.index("Q")]
+    return next((v for v in values if by_signature(v)), "")
 
 
 _AXIS_ARGS = (*_HEAD_DIM_ARGS, "BLOCK_M", "BLOCK_N", "PRE_LOAD_V")  # the constants a config needs

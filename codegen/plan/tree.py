@@ -14,6 +14,8 @@ from pathlib import Path
 
 from ..errors import UpstreamError, UserError
 from ..upstream import Adapter, detect
+from ..upstream.generator import package_name
+from ..upstream.layouts import layout_of
 from ..upstream.registration import registration_gaps
 from ..upstream.knobs import ENABLE_FP32_ENV
 
@@ -29,15 +31,15 @@ class TreeInfo:
 
     @property
     def package(self) -> str:
-        return self.adapter.generator_module.split(".")[0]
+        return package_name(self.adapter)
 
     @property
     def gpu_targets(self) -> Path:
-        return self.root / self.package / "gpu_targets.py"
+        return self.root / layout_of(self.adapter.layout).edit_paths.gpu_targets
 
     @property
     def compiler(self) -> Path:
-        return self.root / self.package / "compile.py"
+        return self.root / layout_of(self.adapter.layout).edit_paths.compile
 
 
 def release_of(tree: Path) -> TreeInfo:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..upstream import SUPPORTED_RELEASES
+from ..upstream import ADAPTERS
 from .elf import DynamicInfo, read_dynamic
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
@@ -32,6 +32,13 @@ class TorchLine:
     aotriton: str  # AOTriton tag its wheels link, '0.12b'
     branch: str  # PyTorch branch for `torch rebuild-recipe`
     note: str = ""
+
+
+# Image formats `torch install` was checked against on a real install tree: 'aks2' (up to
+# 0.12.1b). 0.13b's zip images ('zip') are not yet, so its release line builds nothing for torch
+# although `apply`/`plan`/`precompile` support the release.
+TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2",)
+TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values() if a.image_format in TORCH_IMAGE_FORMATS)
 
 
 TORCH_LINES: tuple[TorchLine, ...] = (
@@ -90,10 +97,10 @@ def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None
 
 
 def build_release_for_line(line: str) -> str | None:
-    """The newest release of an AOTriton release line ('0.12') that mi100-codegen supports
-    ('0.12.1b'); None when it supports none of that line (e.g. '0.13')."""
+    """The newest release of an AOTriton release line ('0.12') that mi100-codegen builds for
+    PyTorch ('0.12.1b'); None when it builds none of that line (e.g. '0.13': TORCH_IMAGE_FORMATS)."""
     best = None
-    for tag in SUPPORTED_RELEASES:
+    for tag in TORCH_RELEASES:
         v = parse_tag(tag)
         if v and release_line(v[0], v[1]) == line and (best is None or v > parse_tag(best)):
             best = tag
@@ -101,12 +108,12 @@ def build_release_for_line(line: str) -> str | None:
 
 
 def unsupported_line_message(tag: str) -> str:
-    """One sentence for a release line mi100-codegen cannot build yet."""
+    """One sentence for a release line mi100-codegen cannot build for PyTorch yet."""
     line = tag_line(tag) or tag
     torch = [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
     who = f" (PyTorch {', '.join(torch)})" if torch else ""
-    return (f"AOTriton {tag}{who}: mi100-codegen does not support the {line} release line yet; "
-            f"supported releases: {', '.join(SUPPORTED_RELEASES)}")
+    return (f"AOTriton {tag}{who}: mi100-codegen's torch integration does not support the {line} release "
+            f"line yet; releases it builds for PyTorch: {', '.join(TORCH_RELEASES)}")
 
 
 def sha256_file(path: Path) -> str:

@@ -21,6 +21,7 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 
 import torch  # noqa: E402
 import triton  # noqa: E402
+from ..upstream import kernel_dirs_text, kernel_source_dir
 
 from ..models.dtypes import DTYPE_INFO  # noqa: E402
 
@@ -47,9 +48,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def load_tree_module(aotriton_dir: Path):
-    src = Path(aotriton_dir) / "tritonsrc"
-    if not (src / "flash.py").is_file():
-        raise FileNotFoundError(f"{src}/flash.py not found: not an AOTriton 0.10b-0.12b tree")
+    src = kernel_source_dir(aotriton_dir)
+    if src is None or not (src / "flash.py").is_file():
+        raise FileNotFoundError(f"{aotriton_dir} has no {kernel_dirs_text()}: not an AOTriton source tree")
     if str(src) not in sys.path:
         sys.path.insert(0, str(src))
     import flash  # noqa: PLC0415  (the tree's own module)

@@ -21,6 +21,7 @@ from . import runner
 from .grid import GridFilter, plan_tuning, validate_filter
 from .importer import parse_records
 from .store import ResultStore
+from ..upstream import kernel_dirs_text, kernel_source_dir
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -75,9 +76,10 @@ def _out_dir(out: Path | None, arch: str) -> Path:
 
 
 def _check_tree(aotriton_dir: Path) -> None:
-    if not (aotriton_dir / "tritonsrc" / "flash.py").is_file():
+    src = kernel_source_dir(aotriton_dir)
+    if src is None or not (src / "flash.py").is_file():
         raise UserError(
-            f"{aotriton_dir} has no tritonsrc/flash.py: not an AOTriton source tree (0.10b-0.12b)",
+            f"{aotriton_dir} has no {kernel_dirs_text()}: not an AOTriton source tree",
             hint="pass the root of an extracted AOTriton release, e.g. /work/scratch/aotriton-0.11b",
         )
 

@@ -6,26 +6,37 @@ raises `UnsupportedTree` (a `UserError`: exit code 2, one message) *before anyth
 Stable API (other stages call it; keep it compatible):
 
     adapter = detect(tree)          # -> Adapter (frozen)
-    adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b', '0.12b' or '0.12.1b'
+    adapter.release                 # '0.10b', '0.11b', '0.11.1b', '0.11.2b', '0.12b', '0.12.1b' or '0.13b'
     adapter.version                 # (0, 11, 1)
-    adapter.id                      # 'v3python-central-db' | 'v3python-sharded-db'
-    adapter.layout                  # 'v3python' (codegen.upstream.layouts: module path, edit paths)
+    adapter.id                      # 'v3python-central-db' | 'v3python-sharded-db' | 'aotriton-python'
+    adapter.layout                  # 'v3python' | 'aotriton-python' (codegen.upstream.layouts: module
+                                    # path, Config import, edit paths)
     adapter.tuning_db_layout        # 'central' (0.10b, 0.11b) | 'sharded' (0.11.1b and later)
     adapter.tuning_db               # 'v3python/rules/tuning_database.sqlite3.tar.xz' (central)
                                     # or the schema-only central DB of a sharded release
     adapter.op_db                   # op-DB tarball path, None for 0.10b
     adapter.shard_root              # 'v3python/database/amd' (sharded) or None
     adapter.shard_path(arch, kernel)   # 'v3python/database/amd/gfx908/flash/attn_fwd.sqlite3.tar.xz'
-    adapter.generator_module        # 'v3python.generate' (run from the tree root)
+    adapter.generator_module        # 'v3python.generate' / 'aotriton.generate' (run from the tree root)
     adapter.db_compose_module       # 'v3python.database_compose' (sharded) or None
+    adapter.package_dir             # None: the generator's package is a folder of the tree root
+                                    # (v3python/); 'python': the tree folder that is imported as
+                                    # the package (0.13b: python/ -> aotriton), made importable by
+                                    # `codegen.upstream.generator.importable`, never installed
     adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
                                     # '.' (central) or 'database' (sharded)
+    adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate:
+                                    # 'tritonsrc' or 'modules/flash/kernel' (0.13b)
+    adapter.image_format            # how an install lays out kernel images: 'aks2' (one file per
+                                    # kernel) or 'zip' (0.13b: flash/<kernel>.zip per arch folder)
     adapter.required_files          # files whose presence identifies the layout
+    adapter.foreign_paths           # paths whose presence means another layout (refused)
 
 Release knowledge beside the adapter table, one module each: `layouts` (where a layout family
 keeps its files), `edits` (the anchored edits as typed records), `tuning_db` (table and column
-names, winner -> row), `database` (composing the DB as CMake does), `registration` (is the
-target registered; may a spec be applied to this release).
+names, winner -> row), `database` (composing the DB as CMake does), `generator` (the
+environment the tree's own Python tools run in), `registration` (is the target registered; may a
+spec be applied to this release).
 
 How detection works: the top CMakeLists.txt's `set(AOTRITON_VERSION_{MAJOR,MINOR,PATCH}_INT n)`
 lines give the version (there is no `project(... VERSION ...)`); the version picks the adapter
@@ -93,6 +104,10 @@ class Adapter:
     exports_v3_api: bool = True
     # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
     clones_aiter: bool = False
+    package_dir: str | None = None
+    kernel_dir: str = "tritonsrc"
+    image_format: str = "aks2"
+    foreign_paths: tuple[str, ...] = ("python/generate.py", "modules")
 
     def shard_path(self, arch: str, kernel: str, family: str = "flash") -> str:
         if self.shard_root is None:
@@ -148,6 +163,39 @@ def _sharded(version: tuple[int, int, int]) -> Adapter:
     )
 
 
+PYTHON_FILES = (
+    "CMakeLists.txt",
+    "include/aotriton/util.h",
+    "v3src/util.cc",
+    "python/__init__.py",
+    "python/gpu_targets.py",
+    "python/compile.py",
+    "python/generate.py",
+    "python/database_compose.py",
+    "python/autotune/__init__.py",
+    "python/template_instantiation/ir/kdesc.py",
+    "modules/flash/aot/_common.py",
+)
+
+
+def _python_pkg(version: tuple[int, int, int]) -> Adapter:
+    """0.13b: the generator is the package `aotriton` (source python/), kernels and rules under
+    modules/, per-arch DB shards under modules/database/amd (docs/releases.md, data sheet)."""
+    tdb = "modules/database/tuning_database.sqlite3.tar.xz"
+    odb = "modules/database/op_database.sqlite3.tar.xz"
+    return Adapter(
+        id="aotriton-python", release=release_name(version), version=version,
+        layout="aotriton-python", tuning_db_layout="sharded", tuning_db=tdb, op_db=odb,
+        shard_root="modules/database/amd", generator_module="aotriton.generate",
+        db_compose_module="aotriton.database_compose", build_db_dir="database",
+        required_files=PYTHON_FILES + (tdb, odb), package_dir="python", kernel_dir="modules/flash/kernel",
+        image_format="zip",
+        foreign_paths=("v3python/generate.py",),
+        commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
+        clones_aiter=True,
+    )
+
+
 # The explicit table: version -> adapter. Nothing is guessed for versions not listed here.
 ADAPTERS: dict[tuple[int, int, int], Adapter] = {
     (0, 10, 0): _central((0, 10, 0), op_db=False),
@@ -156,6 +204,7 @@ ADAPTERS: dict[tuple[int, int, int], Adapter] = {
     (0, 11, 2): _sharded((0, 11, 2)),
     (0, 12, 0): _sharded((0, 12, 0)),
     (0, 12, 1): _sharded((0, 12, 1)),  # point release of 0.12b: same layout (docs/releases.md)
+    (0, 13, 0): _python_pkg((0, 13, 0)),
 }
 SUPPORTED_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values())
 
@@ -195,9 +244,8 @@ def detect(tree: Path | str) -> Adapter:
     """Detect the AOTriton release of `tree` and return its adapter.
 
     Raises UnsupportedTree (exit 2) for: a path that is not a directory; a tree without the
-    three CMake version lines; a release not in the table (0.13b and later get a message naming
-    their new python/ + modules/ layout); a known version whose expected files are missing.
-    Reads only; never writes."""
+    three CMake version lines; a release not in the table; a known version whose expected files
+    are missing or that holds files of another layout. Reads only; never writes."""
     root = Path(tree)
     if not root.is_dir():
         raise UnsupportedTree(f"{tree}: not a directory")
@@ -208,18 +256,11 @@ def detect(tree: Path | str) -> Adapter:
             f"in CMakeLists.txt); supported releases: {_supported()}"
         )
     rel = release_name(version)
-    new_layout = (root / "python" / "generate.py").is_file() or (root / "modules").is_dir()
     adapter = ADAPTERS.get(version)
     if adapter is None:
-        if new_layout or version >= (0, 13, 0):
-            raise UnsupportedTree(
-                f"{tree}: AOTriton {rel} uses the python/ + modules/ layout, which mi100-codegen "
-                f"does not support yet; supported releases: {_supported()}"
-            )
         raise UnsupportedTree(f"{tree}: AOTriton {rel} is not supported; supported releases: {_supported()}")
     missing = [p for p in adapter.required_files if not (root / p).is_file()]
-    if new_layout:
-        missing.append("(has python/generate.py or modules/: newer layout)")
+    missing += [f"(has {p}: another layout)" for p in adapter.foreign_paths if (root / p).exists()]
     if missing:
         raise UnsupportedTree(
             f"{tree}: says AOTriton {rel} but does not look like it (missing: {', '.join(missing)}); "
@@ -228,8 +269,28 @@ def detect(tree: Path | str) -> Adapter:
     return adapter
 
 
-__all__ = ["ADAPTERS", "Adapter", "RELEASE_IDS", "SUPPORTED_RELEASES", "UnsupportedTree", "by_release", "detect",
-           "read_version", "release_name"]
+KERNEL_DIRS: tuple[str, ...] = tuple(dict.fromkeys(a.kernel_dir for a in ADAPTERS.values()))
+
+
+def kernel_source_dir(tree: Path | str) -> Path | None:
+    """The folder of the tree's Triton kernels (tune and validate import them flat from there):
+    the detected release's `kernel_dir`; for a tree `detect` refuses (e.g. a bare kernel
+    checkout), the first known kernel folder that holds flash.py; None when there is none."""
+    root = Path(tree)
+    try:
+        return root / detect(root).kernel_dir
+    except UnsupportedTree:
+        pass
+    return next((root / d for d in KERNEL_DIRS if (root / d / "flash.py").is_file()), None)
+
+
+def kernel_dirs_text() -> str:
+    """'tritonsrc/flash.py nor modules/flash/kernel/flash.py', for messages."""
+    return " nor ".join(f"{d}/flash.py" for d in KERNEL_DIRS)
+
+
+__all__ = ["ADAPTERS", "Adapter", "KERNEL_DIRS", "RELEASE_IDS", "SUPPORTED_RELEASES", "UnsupportedTree", "by_release",
+           "detect", "kernel_dirs_text", "kernel_source_dir", "read_version", "release_name"]
 
 
 def parse_constexpr(text: str):

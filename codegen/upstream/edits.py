@@ -57,7 +57,8 @@ class EditPaths:
     util_cc: str
     cmake: str
     kdesc: str
-    op_attn_fwd: str
+    op_attn_fwd: str  # the file that reads the head-dims env var
+    head_dims_function: str | None = None  # None: a module-level assignment reads it; else this function
 
 
 def _python_tables(spec: TargetSpec, p: EditPaths) -> list[EditRecord]:
@@ -115,8 +116,9 @@ def edit_records(spec: TargetSpec, paths: EditPaths, hook_lines: list[str]) -> l
         EditRecord("kdesc.tuning_space_hook", paths.kdesc, "text.replace_line", "def gen_signatures_for_tuning",
                    "for cfg in self.gen_autotune_configs(f):", {"lines": list(hook_lines)},
                    "the target's tuning space comes from the generated module; other archs unchanged"),
-        EditRecord("op_attn_fwd.head_dims", paths.op_attn_fwd, "python.set_getenv_default",
-                   HEAD_DIMS_ENV, f"'{HEAD_DIMS_ENV}'",
+        EditRecord("op_attn_fwd.head_dims", paths.op_attn_fwd,
+                   "python.set_getenv_default_in_function" if paths.head_dims_function else "python.set_getenv_default",
+                   paths.head_dims_function or HEAD_DIMS_ENV, f"'{HEAD_DIMS_ENV}'",
                    "'" + ", ".join(str(h) for h in spec.head_dims) + "'",
                    "a plain cmake && ninja install builds the spec's head dims; the env var still overrides"),
     ]

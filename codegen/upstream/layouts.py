@@ -32,6 +32,20 @@ LAYOUTS: dict[str, Layout] = {
             kdesc="v3python/kernel/kdesc.py", op_attn_fwd="v3python/rules/flash/op_attn_fwd.py",
         ),
     ),
+    # 0.13b: the package `aotriton` (source python/); the kdesc hook imports the module relatively
+    # from aotriton.template_instantiation.ir.kdesc, so it sits in python/template_instantiation/.
+    "aotriton-python": Layout(
+        name="aotriton-python",
+        module_path=f"python/template_instantiation/{MODULE_NAME}.py",
+        config_import="aotriton.autotune",
+        module_template="v3python/tuning_space.py.j2",  # the same emitted code; only the import differs
+        edit_paths=EditPaths(
+            gpu_targets="python/gpu_targets.py", compile="python/compile.py",
+            util_h="include/aotriton/util.h", util_cc="v3src/util.cc", cmake="CMakeLists.txt",
+            kdesc="python/template_instantiation/ir/kdesc.py", op_attn_fwd="modules/flash/aot/_common.py",
+            head_dims_function="block_dmodel_values",
+        ),
+    ),
 }
 DEFAULT_LAYOUT = "v3python"
 

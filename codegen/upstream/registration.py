@@ -24,6 +24,7 @@ SHIPPED_ARCHS: dict[tuple[int, int, int], tuple[str, ...]] = {
     (0, 11, 2): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
     (0, 12, 0): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
     (0, 12, 1): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
+    (0, 13, 0): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
 }
 
 

@@ -2,8 +2,9 @@
 ships, JIT-compiled and run on the current GPU (AMD or NVIDIA) against a float64 reference.
 
 This works before anything is built: it checks the kernel sources and the spec's tuning space,
-not a compiled library. The tree's modules are imported at run time from `TREE/tritonsrc`
-(releases 0.10b–0.12b); nothing of them is copied. Kernel parameters are passed by name, looked
+not a compiled library. The tree's modules are imported at run time from its kernel folder
+(`codegen.upstream.kernel_source_dir`: `TREE/tritonsrc` up to 0.12.1b, `TREE/modules/flash/kernel`
+for 0.13b); nothing of them is copied. Kernel parameters are passed by name, looked
 up in the kernel's own signature, so small signature changes between releases are handled and
 unknown required parameters are reported clearly.
 
@@ -32,6 +33,7 @@ from typing import Callable
 from ..errors import UpstreamError, UserError
 from ..models import KernelConfig, expand_family
 from .cases import KERNEL_SHAPES, Shape, block_dmodel
+from ..upstream import KERNEL_DIRS, kernel_source_dir
 
 FAMILY_MODULES = {
     "attn_fwd": ("fwd_kernel", "attn_fwd"),
@@ -45,13 +47,10 @@ FAMILIES = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 
 def tree_source_dir(tree: Path) -> Path:
     tree = Path(tree)
-    src = tree / "tritonsrc"
-    if (src / "fwd_kernel.py").is_file():
+    src = kernel_source_dir(tree)
+    if src is not None and (src / "fwd_kernel.py").is_file():
         return src
-    if (tree / "modules" / "flash" / "kernel").is_dir():
-        raise UserError(f"{tree}: 0.13b+ layout (modules/flash/kernel/) is not supported by validate --kernels yet",
-                        hint="use a 0.10b–0.12b tree (tritonsrc/)")
-    raise UserError(f"{tree}: not an AOTriton source tree (no tritonsrc/fwd_kernel.py)",
+    raise UserError(f"{tree}: not an AOTriton source tree (no {' nor '.join(d + '/fwd_kernel.py' for d in KERNEL_DIRS)})",
                     hint="pass the root of an AOTriton release checkout, e.g. aotriton-0.11b/")
 
 
