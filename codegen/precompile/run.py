@@ -92,7 +92,7 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     for col, just in (("", "left"), ("n", "right"), ("fail", "right"), ("spill", "right"),
                       ("VGPR", "right"), ("AGPR", "right"), ("SGPR", "right"),
                       ("LDS", "right"), ("scratch", "right"), ("waves", "right"),
-                      ("MFMA", "right"), ("verdict", "left")):
+                      ("MFMA", "right"), ("dot", "left"), ("verdict", "left")):
         t.add_column(col or axis.replace("by_", "").replace("_", " "), justify=just, no_wrap=True)
     style = {"ok": "green", "failed": "bold red", "spills": "red", "low occupancy": "yellow",
              "no matrix cores": "magenta"}
@@ -105,9 +105,9 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     for k, s in shown:
         t.add_row(k, c(s["kernels"]), c(s["failed"]), c(s["spilling"]), c(s["max_vgprs"]), c(s["max_agprs"]),
                   c(s["max_sgprs"]), c(s["max_lds_bytes"]), c(s["max_scratch_bytes"]), c(s["min_occupancy"]),
-                  c(s["min_mfma"]), f"[{style.get(s['verdict'], '')}]{s['verdict']}[/]")
+                  c(s["min_mfma"]), c(s.get("dot_instructions")), f"[{style.get(s['verdict'], '')}]{s['verdict']}[/]")
     if len(shown) < len(items):
-        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 11)
+        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 12)
     return t
 
 
