@@ -307,3 +307,25 @@ def test_first_error_line():
     assert first_error_line(exc) == "RuntimeError: NameError('y is not defined')"
     assert first_error_line(RuntimeError("at 1:2:\nboom\nmore")) == "RuntimeError: boom"
     assert first_error_line(ValueError("")) == "ValueError"
+
+
+def test_toolchain_refuses_a_triton_outside_the_spec(monkeypatch):
+    """precompile/build/tune: one message naming the spec's Triton and the build-venv fix (exit 3)."""
+    from codegen.errors import EnvironmentMissing
+    from codegen.precompile import engine
+    from codegen.spec import load_spec
+    from codegen.toolchain import require_triton, triton_mismatch
+
+    gfx906, gfx908 = load_spec("rules/mi50.yaml").spec, load_spec("rules/mi100.yaml").spec
+    assert triton_mismatch(gfx908, "3.5.1") is None and triton_mismatch(gfx906, "3.8.0") is None
+    assert "does not compile AOTriton's kernels for gfx906" in triton_mismatch(gfx906, "3.5.1")
+    assert "no Triton installed" in triton_mismatch(gfx906, None)
+    with pytest.raises(EnvironmentMissing) as ei:
+        require_triton(gfx906, "3.5.0+rocm7.1", "precompile", "/opt/torch/bin/python")
+    assert ei.value.exit_code == 3
+    assert "'>=3.8.0,<3.9'" in str(ei.value) and "/opt/torch/bin/python" in str(ei.value)
+    assert "python3 -m venv" in ei.value.hint and "never pip install triton into the torch environment" in ei.value.hint
+    monkeypatch.setattr(engine, "installed_triton", lambda: "3.5.1")
+    with pytest.raises(EnvironmentMissing, match="gfx906"):
+        engine.require_spec_triton(gfx906)
+    assert engine.require_spec_triton(gfx908) == "3.5.1"

@@ -17,6 +17,7 @@ from ..errors import EXIT_UPSTREAM, CodegenError
 from ..fsutil import atomic_write
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import release_of
+from ..spec import load_spec
 from . import engine
 from .bench import run_bench
 from .cache import CompileCache, default_cache_dir
@@ -170,7 +171,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.triton_version()  # fail early without Triton
+    engine.require_spec_triton(load_spec(opts.spec).spec)  # fail early without the spec's Triton
     loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, opts.tuning))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
@@ -256,7 +257,7 @@ def run_bench_command(opts: BenchOptions) -> None:
     """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
     preflight.interpreter(opts.python)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.triton_version()
+    engine.require_spec_triton(load_spec(opts.spec).spec, "precompile bench")
     loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
