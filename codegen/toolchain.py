@@ -9,6 +9,8 @@ fork (pytorch-triton-rocm) that torch.compile needs (docs/build.md, "Which Trito
 
 from __future__ import annotations
 
+import importlib.metadata
+
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
@@ -27,8 +29,6 @@ TRITON_DISTRIBUTIONS = ("triton", "pytorch-triton-rocm", "pytorch-triton")
 
 def installed_triton_version() -> str | None:
     """The version of the distribution that provides `triton` in this Python (None: none)."""
-    import importlib.metadata
-
     for dist in TRITON_DISTRIBUTIONS:
         try:
             return importlib.metadata.version(dist)

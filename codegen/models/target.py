@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .dtypes import DTYPE_INFO
@@ -246,8 +247,6 @@ class Toolchain(_Model):
     def _specifier(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from packaging.specifiers import InvalidSpecifier, SpecifierSet
-
         try:
             SpecifierSet(v)
         except InvalidSpecifier:

@@ -14,21 +14,18 @@ from typing import Callable
 from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
+from ..toolchain import installed_triton_version, require_triton
 from .cache import CompileCache, cache_key
 from .pool import WorkerPool
 from .report import KernelResult, kernel_result
 
 
 def installed_triton() -> str | None:
-    from ..toolchain import installed_triton_version
-
     return installed_triton_version()
 
 
 def require_spec_triton(spec, stage: str = "precompile") -> str:
     """The Triton this Python compiles with, refused unless the spec's toolchain allows it."""
-    from ..toolchain import require_triton
-
     version = installed_triton()
     require_triton(spec, version, stage, sys.executable)
     return version
