@@ -22,7 +22,7 @@ def test_sample_compile_per_release(fresh_tree, tmp_path, tag):
     for mod in ("pandas", "triton"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"needs {mod} in this Python")
-    from codegen.apply import apply_overlay
+    from codegen.apply.engine import apply_overlay
     from codegen.spec import load_spec
 
     tree = fresh_tree(tag)
