@@ -145,3 +145,45 @@ def test_local_comment_on_neighbour_line_conflicts():
     with pytest.raises(EditConflict, match="changed locally"):
         apply_edit(text, E(op="python.dict_insert", symbol="AOTRITON_ARCH_TO_PACK", neighbour="'gfx90a'",
                            payload={"key": "'gfx908'", "value": "'gfx908'"}))
+
+
+def test_seq_insert_first_anchors_on_the_list_not_an_arch():
+    """compile.known_targets: the arch goes first into its wave size's list, whatever that holds."""
+    text = TABLES + "KNOWN_TARGETS_32 = ['gfx1100', 'gfx1101']\n"
+    out = apply_edit(text, E(op="python.seq_insert_first", symbol="KNOWN_TARGETS_32", neighbour="[0]",
+                             payload="'gfx1030'"))
+    assert "KNOWN_TARGETS_32 = ['gfx1030', 'gfx1100', 'gfx1101']\n" in out
+    multi = apply_edit(TABLES, E(op="python.seq_insert_first", symbol="AOTRITON_SUPPORTED_GPUS", neighbour="[0]",
+                                 payload="'gfx906_mod0'"))
+    assert "(\n    'gfx906_mod0',\n    'gfx90a_mod0',\n" in multi
+    with pytest.raises(EditConflict, match="already contains"):
+        apply_edit(out, E(op="python.seq_insert_first", symbol="KNOWN_TARGETS_32", neighbour="[0]",
+                          payload="'gfx1030'"))
+    with pytest.raises(EditConflict, match="non-empty"):
+        apply_edit("KNOWN_TARGETS_32 = []\n", E(op="python.seq_insert_first", symbol="KNOWN_TARGETS_32",
+                                                neighbour="[0]", payload="'gfx1030'"))
+
+
+def test_list_insert_in_a_quoted_cmake_list():
+    """cmake.target_arch: second element of the list, whichever arch comes first."""
+    cmake = 'x\nset(AOTRITON_TARGET_ARCH "gfx90a;gfx942;gfx1100" CACHE STRING "Target GPU")\n'
+    rec = E(op="text.list_insert", path="CMakeLists.txt", symbol="AOTRITON_TARGET_ARCH",
+            neighbour='set(AOTRITON_TARGET_ARCH "', payload={"item": "gfx1030", "index": 1, "sep": ";"})
+    out = apply_edit(cmake, rec)
+    assert 'set(AOTRITON_TARGET_ARCH "gfx90a;gfx1030;gfx942;gfx1100" CACHE STRING "Target GPU")\n' in out
+    with pytest.raises(EditConflict, match="already contains 'gfx1030'"):
+        apply_edit(out, rec)
+    first = apply_edit(cmake, replace(rec, payload={"item": "gfx906", "index": 0, "sep": ";"}))
+    assert '"gfx906;gfx90a;gfx942;gfx1100"' in first
+    with pytest.raises(EditConflict, match="not found"):
+        apply_edit("set(OTHER \"a\")\n", replace(rec, symbol="OTHER"))
+
+
+def test_strip_mentions_undoes_the_list_edits():
+    from codegen.apply.mentions import strip_mentions
+
+    recs = [E(op="text.list_insert", path="CMakeLists.txt", symbol="AOTRITON_TARGET_ARCH",
+              neighbour='set(AOTRITON_TARGET_ARCH "', payload={"item": "gfx1030", "index": 1, "sep": ";"}),
+            E(op="python.seq_insert_first", symbol="KNOWN_TARGETS_32", neighbour="[0]", payload="'gfx1030'")]
+    text = 'set(AOTRITON_TARGET_ARCH "gfx90a;gfx1030;gfx942")\nKNOWN_TARGETS_32 = [\'gfx1030\', \'gfx1100\']\n'
+    assert strip_mentions(text, "gfx1030", recs) == 'set(AOTRITON_TARGET_ARCH "gfx90a;gfx942")\nKNOWN_TARGETS_32 = [\'gfx1100\']\n'

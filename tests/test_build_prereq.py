@@ -39,6 +39,25 @@ def test_triton_version_window(tmp_path, monkeypatch):
     try:
         check_prerequisites(tmp_path, sys.executable, need_triton=True)
     except PrerequisiteError as exc:
-        assert "compatible Triton" in str(exc) and "triton==3.5.1" in str(exc)
+        assert "compatible Triton" in str(exc) and "'triton>=3.5.1,<3.9'" in str(exc)
+        assert "build venv" in str(exc) and "never pip install triton into the torch environment" in str(exc)
     else:
         pytest.fail("triton 3.9.0 accepted")
+
+
+def test_triton_version_from_the_spec(tmp_path, monkeypatch):
+    """gfx906's toolchain is Triton 3.8 only: 3.5.1 refused, 3.8.0 accepted (also AMD's fork's
+    local version 3.8.0+rocm)."""
+    from codegen.spec import load_spec
+
+    gfx906 = load_spec("rules/mi50.yaml").spec
+    for version, ok in (("3.5.1", False), ("3.8.0", True), ("3.8.0+rocm7.1", True), ("3.9.0", False)):
+        monkeypatch.setattr(prereq, "probe_python", lambda _py, names, v=version: {
+            "found": {n: (v if n == "triton" else "1") for n in names}, "site": [], "version": [3, 11, 7]})
+        monkeypatch.setattr(prereq, "_check_tools", lambda *_a: dict(cmake="c", cmake_version="3.28", ninja="n", ninja_version="1.11", cxx="g++", cc="gcc"))
+        monkeypatch.setattr(prereq, "_check_hip", lambda *_a: (None, None))
+        if ok:
+            assert check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906).triton_version == version
+        else:
+            with pytest.raises(PrerequisiteError, match=r"gfx906.*'>=3.8.0,<3.9'"):
+                check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906)

@@ -130,8 +130,36 @@ def test_occupancy_gfx908_limits(loaded):
     # the kernel's waves-per-eu upper bound caps LLVM's estimate (Triton 3.8 writes "N,N")
     assert occupancy(hw, _res(vgprs=24, sgprs=58, lds_bytes=0, max_waves_per_eu=2), 4) == (2, "waves_per_eu")
     assert occupancy(hw, _res(max_waves_per_eu=10), 4) == (3, "VGPRs")
-    # wave32: SGPRs are per wave and do not limit occupancy
-    assert occupancy(hw, _res(vgprs=24, sgprs=104, lds_bytes=0, wavefront_size=32), 4) == (10, "wave slots")
+    # no SGPR table (gfx10+: SGPRs are per wave) -> SGPRs do not limit occupancy
+    no_sgpr_limit = hw.model_copy(update={"sgpr_occupancy": None})
+    assert occupancy(no_sgpr_limit, _res(vgprs=24, sgprs=104, lds_bytes=0, wavefront_size=32), 4) == (10, "wave slots")
+
+
+def test_occupancy_reads_the_arch_traits():
+    from codegen.spec import load_spec
+
+    gfx906 = load_spec("rules/mi50.yaml").spec.hardware
+    gfx1030 = load_spec("rules/rdna2.yaml").spec.hardware
+    # gfx906: no AGPR file (agprs 0), gfx9 SGPR steps, 10 slots, granule 4
+    assert occupancy(gfx906, _res(vgprs=24, agprs=0, sgprs=58, lds_bytes=0), 4) == (10, "wave slots")
+    assert occupancy(gfx906, _res(vgprs=24, agprs=0, sgprs=86, lds_bytes=0), 4) == (9, "SGPRs")
+    assert occupancy(gfx906, _res(vgprs=100, agprs=0, sgprs=58, lds_bytes=0), 4) == (2, "VGPRs")
+    # gfx1030 wave32: a 1024-VGPR file, granule 16, 16 slots, SGPRs never limit
+    assert occupancy(gfx1030, _res(vgprs=24, agprs=0, sgprs=106, lds_bytes=0), 8) == (16, "wave slots")
+    assert occupancy(gfx1030, _res(vgprs=100, agprs=0, sgprs=106, lds_bytes=0), 8) == (9, "VGPRs")  # 1024 // 112
+    assert occupancy(gfx1030, _res(vgprs=256, agprs=0, sgprs=106, lds_bytes=0), 8) == (4, "VGPRs")
+    # a workgroup asking more LDS than one workgroup may allocate does not fit at all
+    assert occupancy(gfx1030, _res(vgprs=24, agprs=0, lds_bytes=70000), 8) == (0, "LDS")
+
+
+def test_vgpr_budget_is_capped_by_what_one_wave_addresses():
+    from codegen.precompile.descend import vgpr_budget
+    from codegen.spec import load_spec
+
+    gfx1030 = load_spec("rules/rdna2.yaml").spec.hardware
+    gfx906 = load_spec("rules/mi50.yaml").spec.hardware
+    assert [vgpr_budget(gfx1030, w) for w in (1, 4, 5, 8)] == [256, 256, 192, 128]
+    assert [vgpr_budget(gfx906, w) for w in (1, 2, 3)] == [256, 128, 84]
 
 
 def _result(config="attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0", status="ok", wpe=2, occ=3, **res) -> KernelResult:
@@ -150,6 +178,30 @@ def test_verdicts():
     assert _result(status="failed").verdict == "failed"
     assert _result(occ=1, vgpr_spills=2).verdicts == ["low occupancy", "spills"]
     assert _result(wpe=0, occ=1).verdicts == ["ok"]  # no occupancy request, nothing to miss
+
+
+def test_dot_instruction_mix_and_matrix_core_expectation():
+    from codegen.precompile.report import expected_matrix, summaries
+    from codegen.spec import load_spec
+
+    asm = "\tv_dot2_f32_f16 v1, v2, v3, v1\n\tv_dot2c_f32_f16 v1, v2, v3\n\tv_fmac_f32_e32 v4, v5, v6\n" \
+          "\tv_fma_f32 v4, v5, v6, v7\n\tv_pk_fma_f32 v[0:1], v[2:3], v[4:5], v[0:1]\n\tv_wmma_f32_16x16x16_f16 v[0:7], v[8:15], v[16:23], v[0:7]\n"
+    note = {k: v for k, v in NOTE.items() if k != ".agpr_count"}
+    r = parse_resources(asm, _elf(16, {"amdhsa.kernels": [note]}), shared=0)
+    assert (r.mfma, r.wmma, r.dot2, r.fma, r.dot_instruction) == (0, 1, 2, 3, "wmma")
+    assert _res(mfma=0).dot_instruction == "none"
+    assert _res(mfma=0, dot2=5, fma=9).dot_instruction == "dot2"
+    gfx906 = load_spec("rules/mi50.yaml").spec.hardware
+    gfx908 = load_spec("rules/mi100.yaml").spec.hardware
+    assert expected_matrix(gfx906, "fp16") is None and expected_matrix(gfx908, "bf16") == "mfma"
+    # no matrix cores on the arch: a kernel without MFMA is not flagged
+    plain = _result(mfma=0, dot2=12).model_copy(update={"expected_matrix": None})
+    assert plain.verdicts == ["ok"]
+    # a WMMA arch expects v_wmma*: MFMA count is beside the point
+    assert _result(mfma=0, wmma=3).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["ok"]
+    assert _result(mfma=4, wmma=0).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["no matrix cores"]
+    mix = summaries([plain, _result(mfma=0, fma=7).model_copy(update={"expected_matrix": None})])
+    assert mix["by_family"]["attn_fwd"]["dot_instructions"] == "dot2:1 fma:1"
 
 
 def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
@@ -255,3 +307,25 @@ def test_first_error_line():
     assert first_error_line(exc) == "RuntimeError: NameError('y is not defined')"
     assert first_error_line(RuntimeError("at 1:2:\nboom\nmore")) == "RuntimeError: boom"
     assert first_error_line(ValueError("")) == "ValueError"
+
+
+def test_toolchain_refuses_a_triton_outside_the_spec(monkeypatch):
+    """precompile/build/tune: one message naming the spec's Triton and the build-venv fix (exit 3)."""
+    from codegen.errors import EnvironmentMissing
+    from codegen.precompile import engine
+    from codegen.spec import load_spec
+    from codegen.toolchain import require_triton, triton_mismatch
+
+    gfx906, gfx908 = load_spec("rules/mi50.yaml").spec, load_spec("rules/mi100.yaml").spec
+    assert triton_mismatch(gfx908, "3.5.1") is None and triton_mismatch(gfx906, "3.8.0") is None
+    assert "does not compile AOTriton's kernels for gfx906" in triton_mismatch(gfx906, "3.5.1")
+    assert "no Triton installed" in triton_mismatch(gfx906, None)
+    with pytest.raises(EnvironmentMissing) as ei:
+        require_triton(gfx906, "3.5.0+rocm7.1", "precompile", "/opt/torch/bin/python")
+    assert ei.value.exit_code == 3
+    assert "'>=3.8.0,<3.9'" in str(ei.value) and "/opt/torch/bin/python" in str(ei.value)
+    assert "python3 -m venv" in ei.value.hint and "never pip install triton into the torch environment" in ei.value.hint
+    monkeypatch.setattr(engine, "installed_triton", lambda: "3.5.1")
+    with pytest.raises(EnvironmentMissing, match="gfx906"):
+        engine.require_spec_triton(gfx906)
+    assert engine.require_spec_triton(gfx908) == "3.5.1"

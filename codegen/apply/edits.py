@@ -16,6 +16,7 @@ Lines that already mention the target arch are found by `codegen.apply.mentions`
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Callable
 
@@ -192,6 +193,17 @@ def _insert_element(module: cst.Module, edit: EditRecord, kind: str) -> cst.Modu
     return _replace_value(module, (i, j), assign.with_changes(value=value.with_changes(elements=elems)))
 
 
+def _insert_first(module: cst.Module, edit: EditRecord) -> cst.Module:
+    """Insert before the first element of the list literal assigned to edit.symbol: anchored on
+    the list itself, whichever archs it holds (the neighbour is whatever element comes first)."""
+    _, _, assign = _one_assignment(module, edit)
+    value = assign.value
+    if not isinstance(value, (cst.Tuple, cst.List, cst.Set)) or not value.elements:
+        raise EditConflict(f"{edit.path}: {edit.symbol} is not a non-empty tuple/list/set literal")
+    first = _code(module, value.elements[0].value).strip()
+    return _insert_element(module, replace(edit, neighbour=first, position="before"), "seq")
+
+
 GETENV_FUNCS = ("os.getenv", "getenv", "os.environ.get")
 
 
@@ -363,6 +375,26 @@ def _text_op(text: str, edit: EditRecord) -> str:
     return "".join(lines)
 
 
+def _list_insert(text: str, edit: EditRecord) -> str:
+    """Insert payload['item'] at payload['index'] of the quoted, payload['sep']-separated list that
+    follows the anchor on its (unique) line, e.g. CMake's `set(AOTRITON_TARGET_ARCH "a;b;c" ...)`:
+    anchored on the list, not on any arch's place in it."""
+    lines = _lines(text)
+    n = _unique_line(lines, edit)
+    line = lines[n]
+    item, sep, index = str(edit.payload["item"]), str(edit.payload.get("sep", ";")), int(edit.payload["index"])
+    start = line.index(edit.neighbour) + len(edit.neighbour)
+    end = line.find('"', start)
+    if end < 0:
+        raise EditConflict(f"{edit.path}: no closing quote after {edit.neighbour!r}: {line.strip()!r}")
+    items = line[start:end].split(sep) if line[start:end] else []
+    if item in items:
+        raise EditConflict(f"{edit.path}: {edit.symbol} already contains {item!r}")
+    items.insert(min(index, len(items)), item)
+    lines[n] = line[:start] + sep.join(items) + line[end:]
+    return "".join(lines)
+
+
 def _python_op(fn: Callable[[cst.Module, EditRecord], cst.Module]) -> Callable[[str, EditRecord], str]:
     def run(text: str, edit: EditRecord) -> str:
         module = fn(_parse(text, edit.path), edit)
@@ -379,6 +411,8 @@ OPS: dict[str, Callable[[str, EditRecord], str]] = {
     "python.dict_insert": _python_op(lambda m, e: _insert_element(m, e, "dict")),
     "python.set_getenv_default": _python_op(_set_getenv_default),
     "python.set_getenv_default_in_function": _python_op(_set_getenv_default_in_function),
+    "python.seq_insert_first": _python_op(_insert_first),
+    "text.list_insert": _list_insert,
     "text.clone_line": _text_op,
     "text.substitute": _text_op,
     "text.replace_line": _text_op,

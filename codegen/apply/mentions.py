@@ -29,7 +29,11 @@ def strip_mentions(text: str, arch: str, edits: list[EditRecord]) -> str:
     file holds exactly our edits (the caller checks that)."""
     rx = _arch_re(arch)
     undo = [(e.payload["new"], e.payload["old"]) for e in edits if e.op == "text.substitute"]
-    undo += [(f"{e.payload}, ", "") for e in edits if e.op == "python.seq_insert"]
+    undo += [(f"{e.payload}, ", "") for e in edits if e.op in ("python.seq_insert", "python.seq_insert_first")]
+    undo += [(f"{e.payload.get('sep', ';')}{e.payload['item']}", "") for e in edits
+             if e.op == "text.list_insert" and int(e.payload["index"]) > 0]
+    undo += [(f"{e.payload['item']}{e.payload.get('sep', ';')}", "") for e in edits
+             if e.op == "text.list_insert" and int(e.payload["index"]) == 0]
     out = []
     for line in text.splitlines(keepends=True):
         for new, old in undo:

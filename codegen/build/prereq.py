@@ -14,12 +14,12 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from ..errors import EnvironmentMissing
+from ..models import TargetSpec
+from ..spec import load_spec
+from ..toolchain import build_venv_recipe, triton_mismatch
 
-# Triton releases that compile AOTriton's kernels for gfx908 on CPU (AOTRITON.md, verified):
-# 3.5.1 .. 3.8.x; 3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail.
-TRITON_MIN = Version("3.5.1")
-TRITON_BELOW = Version("3.9")
-TRITON_PIN = "triton==3.5.1"
+# The Triton that compiles the kernels comes from the spec (toolchain.triton; codegen.toolchain):
+# for gfx908 3.5.1 .. 3.8.x (3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail), gfx906 3.8 only.
 CMAKE_MIN = Version("3.18")
 
 HIP_PACKAGES = "hipcc libamdhip64-dev rocm-device-libs libhsa-runtime-dev libamd-comgr-dev"
@@ -228,7 +228,7 @@ def _check_hip(missing: list[str]) -> tuple[Path | None, str | None]:
 
 
 def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bool, missing: list[str],
-                  warnings: list[str]) -> dict:
+                  warnings: list[str], spec: TargetSpec | None = None) -> dict:
     """The interpreter's version, the tree's requirements and (for images) a compatible Triton."""
     skip = NOT_NEEDED - ({"pybind11"} if python_binding else set())
     names = [n for n in requirement_names(tree) if n.lower() not in skip]
@@ -242,31 +242,29 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
                        f"{python} -m pip install {' '.join(absent)}")
     triton_v = probe["found"].get("triton")
     if need_triton:
-        if triton_v is None:
-            missing.append(f"Triton (compiles the kernels) in {python}'s environment: "
-                           f"{python} -m pip install '{TRITON_PIN}'")
-        else:
-            try:
-                tv = Version(triton_v)
-                if not (TRITON_MIN <= tv < TRITON_BELOW):
-                    missing.append(f"a compatible Triton (3.5.1 <= version < 3.9; found {triton_v}): "
-                                   f"{python} -m pip install '{TRITON_PIN}'")
-            except InvalidVersion:
-                warnings.append(f"cannot read Triton's version '{triton_v}'")
+        target = spec or load_spec(None).spec
+        why = triton_mismatch(target, triton_v)
+        if why is not None:
+            missing.append(f"a compatible Triton in {python}'s environment ({why}): --python a build venv "
+                           f"of it: {build_venv_recipe(target)}")
     return {"site_packages": tuple(probe["site"]), "triton_version": triton_v}
 
 
-def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False) -> Toolchain:
-    """Find every tool the build needs; raise one PrerequisiteError listing all that are missing."""
+def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False,
+                        spec: TargetSpec | None = None) -> Toolchain:
+    """Find every tool the build needs; raise one PrerequisiteError listing all that are missing.
+    The Triton in `python`'s environment must be one the spec's toolchain names (default: the
+    embedded gfx908 spec's)."""
     missing: list[str] = []
     warnings: list[str] = []
     tools = _check_tools(missing, warnings)
     hip_dir, hip_version = _check_hip(missing)
-    py = _check_python(tree, python, need_triton, python_binding, missing, warnings)
+    py = _check_python(tree, python, need_triton, python_binding, missing, warnings, spec)
     if missing:
         raise PrerequisiteError(
             "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
-            hint=f"on Debian 12 everything system-wide: {APT_ALL}; then {python} -m pip install '{TRITON_PIN}'",
+            hint=f"on Debian 12 everything system-wide: {APT_ALL}; Triton in a build venv of its own, "
+                 f"passed as --python (never into the torch environment)",
         )
     return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
                      python=python, **py, warnings=tuple(warnings))

@@ -55,8 +55,22 @@ def _check_arch(spec: TargetSpec, err, warn) -> None:
     if spec.warp_size != expected_warp:
         err(("warp_size",), f"{spec.production_line} GPUs run wave{expected_warp}, not {spec.warp_size}")
     hw = spec.hardware
-    if not hw.unified_register_file and hw.agprs_per_lane == 0 and "fp16" in hw.matrix_core_dtypes:
-        warn(("hardware", "agprs_per_lane"), "a split register file with matrix cores normally has AGPRs")
+    if (hw.matrix_instructions == "mfma" and not hw.unified_register_file and hw.agprs_per_lane == 0
+            and "fp16" in hw.matrix_core_dtypes):
+        warn(("hardware", "agprs_per_lane"), "a split register file with MFMA normally has AGPRs")
+    if hw.matrix_instructions == "none" and hw.matrix_core_dtypes:
+        err(("hardware", "matrix_core_dtypes"),
+            "matrix_instructions is 'none' (no matrix cores): matrix_core_dtypes must be []")
+    if hw.matrix_instructions != "none" and not hw.matrix_core_dtypes:
+        err(("hardware", "matrix_instructions"),
+            f"'{hw.matrix_instructions}' names matrix cores but matrix_core_dtypes is empty "
+            "(set matrix_instructions: none for an arch without them)")
+    if hw.max_vgprs_per_wave is not None and hw.max_vgprs_per_wave > hw.vgprs_per_lane:
+        err(("hardware", "max_vgprs_per_wave"),
+            f"{hw.max_vgprs_per_wave} VGPRs per wave exceed the file of {hw.vgprs_per_lane} per lane")
+    if hw.lds_bytes_per_workgroup is not None and hw.lds_bytes_per_workgroup > hw.lds_bytes_per_cu:
+        err(("hardware", "lds_bytes_per_workgroup"),
+            f"{hw.lds_bytes_per_workgroup} bytes of LDS per workgroup exceed the {hw.lds_bytes_per_cu} per CU")
 
 
 def _check_head_dims_and_dtypes(spec: TargetSpec, err, warn) -> None:
@@ -120,11 +134,11 @@ def _check_tiles(spec: TargetSpec, family: str, err) -> None:
         for dt in spec.dtypes:
             hd = max(spec.head_dims)
             need = _lds_lower_bound(m, n, hd, dt)
-            if need > spec.hardware.lds_bytes_per_cu:
+            if need > spec.hardware.workgroup_lds_bytes:
                 err(
                     base + ("block_sizes", i),
                     f"tile [{m}, {n}] cannot fit the LDS at head dim {hd}, {dt}: needs at "
-                    f"least {need} bytes > {spec.hardware.lds_bytes_per_cu}",
+                    f"least {need} bytes > {spec.hardware.workgroup_lds_bytes}",
                 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .dtypes import DTYPE_INFO
@@ -66,6 +67,28 @@ class Hardware(_Model):
     matrix_core_dtypes: list[DType] = Field(
         description="Dtypes with matrix-core (MFMA/WMMA) instructions; others run on plain ALUs."
     )
+    matrix_instructions: Literal["mfma", "wmma", "none"] = Field(
+        "mfma",
+        description="The matrix-core instruction family tl.dot should lower to for "
+        "matrix_core_dtypes (v_mfma* on CDNA, v_wmma* on RDNA3+); 'none' when the arch has no "
+        "matrix cores (tl.dot then runs on v_dot2*/v_fma* ALU instructions).",
+    )
+    max_vgprs_per_wave: int | None = Field(
+        None, ge=32, le=1024,
+        description="VGPRs one wave can address, when smaller than the file (vgprs_per_lane): "
+        "256 on gfx10+ in wave32, whose file holds 1024 per lane. Default: vgprs_per_lane.",
+    )
+    sgpr_occupancy: list[tuple[Annotated[int, Field(ge=1, le=128)], Annotated[int, Field(ge=1, le=32)]]] | None = Field(
+        None,
+        description="Waves per SIMD as the SGPR count allows, as [max_sgprs, waves] steps in "
+        "ascending SGPR order (more SGPRs than the last step: its waves), as LLVM's "
+        "getOccupancyWithNumSGPRs. gfx9: [[80, 10], [88, 9], [100, 8], [128, 7]]. "
+        "Unset: SGPRs do not limit occupancy (gfx10+ have a per-wave SGPR file).",
+    )
+    lds_bytes_per_workgroup: int | None = Field(
+        None, ge=1024, le=1 << 20,
+        description="LDS one workgroup can allocate. Default: lds_bytes_per_cu.",
+    )
 
     @field_validator("matrix_core_dtypes")
     @classmethod
@@ -73,6 +96,37 @@ class Hardware(_Model):
         if len(set(v)) != len(v):
             raise ValueError("duplicate dtype")
         return v
+
+    @field_validator("sgpr_occupancy")
+    @classmethod
+    def _sgpr_steps(cls, v):
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("empty table (leave it out when SGPRs do not limit occupancy)")
+        sg = [s for s, _ in v]
+        wv = [w for _, w in v]
+        if sg != sorted(set(sg)) or wv != sorted(wv, reverse=True):
+            raise ValueError("steps must rise in SGPRs and fall in waves")
+        return v
+
+    @property
+    def vgprs_per_wave(self) -> int:
+        """VGPRs one wave can address (the per-wave register budget at one wave per SIMD)."""
+        return min(self.max_vgprs_per_wave or self.vgprs_per_lane, self.vgprs_per_lane)
+
+    @property
+    def workgroup_lds_bytes(self) -> int:
+        return self.lds_bytes_per_workgroup or self.lds_bytes_per_cu
+
+    def sgpr_waves(self, sgprs: int) -> int | None:
+        """Waves per SIMD the SGPR count allows (None: SGPRs do not limit occupancy)."""
+        if not self.sgpr_occupancy:
+            return None
+        for max_sgprs, waves in self.sgpr_occupancy:
+            if sgprs <= max_sgprs:
+                return waves
+        return self.sgpr_occupancy[-1][1]
 
 
 class Features(_Model):
@@ -195,6 +249,27 @@ class Registration(_Model):
         return v
 
 
+class Toolchain(_Model):
+    """The compiler versions that compile for the arch (checked by precompile, build and tune)."""
+
+    triton: str | None = Field(
+        None,
+        description="pip Triton versions that compile AOTriton's kernels for the arch, as a "
+        "version specifier set (PEP 440), e.g. '>=3.8.0,<3.9'. Unset: not checked.",
+    )
+
+    @field_validator("triton")
+    @classmethod
+    def _specifier(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            SpecifierSet(v)
+        except InvalidSpecifier:
+            raise ValueError(f"'{v}' is not a version specifier set like '>=3.8.0,<3.9'") from None
+        return v
+
+
 class Upstream(_Model):
     releases: list[str] = Field(min_length=1, description="AOTriton release tags the spec is for.")
 
@@ -227,6 +302,7 @@ class TargetSpec(_Model):
     rows: Rows
     registration: Registration
     upstream: Upstream
+    toolchain: Toolchain = Toolchain()
 
     @field_validator("arch")
     @classmethod

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..fsutil import atomic_write as _atomic_write
 
-CACHE_FORMAT = 2  # 2: resources read from the metadata note, waves-per-eu bound
+CACHE_FORMAT = 3  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts
 ENV_CACHE = "MI100_CODEGEN_CACHE"
 
 

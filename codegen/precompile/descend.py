@@ -8,8 +8,8 @@ holds for it) again at a lower waves_per_eu:
 
 - the one apply will choose when the report already knows a clean lower variant
   (`limits.cap_waves_per_eu`), so the capped kernels are measured as well;
-- else the largest waves_per_eu whose per-wave VGPR budget (`vgprs_per_lane / w`, rounded down
-  to the allocation granule) holds the kernel's VGPRs plus its spills.
+- else the largest waves_per_eu whose per-wave VGPR budget (`vgprs_per_lane / w`, at most
+  the VGPRs one wave addresses, rounded down to the allocation granule) holds the kernel's VGPRs plus its spills.
 
 The new variant's verdict covers every kernel apply will move there; if it still spills, the
 next round goes lower, down to 1. Kernels already compiled (same source, signature, options)
@@ -27,7 +27,9 @@ from .report import KernelResult, worst
 
 
 def vgpr_budget(hw: Hardware, waves_per_eu: int) -> int:
-    per_wave = hw.vgprs_per_lane // max(1, waves_per_eu)
+    # the file shared by `waves_per_eu` waves, but never more than one wave can address
+    # (gfx10+ wave32: a 1024-VGPR file, 256 per wave)
+    per_wave = min(hw.vgprs_per_wave, hw.vgprs_per_lane // max(1, waves_per_eu))
     return per_wave - per_wave % hw.vgpr_alloc_granule
 
 

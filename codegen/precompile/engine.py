@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -14,19 +14,31 @@ from typing import Callable
 from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
+from ..toolchain import installed_triton_version, require_triton
 from .cache import CompileCache, cache_key
 from .pool import WorkerPool
 from .report import KernelResult, kernel_result
 
 
+def installed_triton() -> str | None:
+    return installed_triton_version()
+
+
+def require_spec_triton(spec, stage: str = "precompile") -> str:
+    """The Triton this Python compiles with, refused unless the spec's toolchain allows it."""
+    version = installed_triton()
+    require_triton(spec, version, stage, sys.executable)
+    return version
+
+
 def triton_version() -> str:
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
+    version = installed_triton()
+    if version is None:
         raise EnvironmentMissing(
             "precompile needs pip triton in this Python",
-            hint="pip install triton==3.5.1 (3.5.x-3.8.x compile AOTriton's kernels for AMD targets)",
-        ) from None
+            hint="run it from a build venv holding the spec's Triton (toolchain.triton; docs/precompile.md)",
+        )
+    return version
 
 
 def worker_env(triton_cache: Path) -> dict[str, str]:

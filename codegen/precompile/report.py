@@ -36,6 +36,9 @@ class KernelResult(BaseModel):
     occupancy_limiter: str | None = None
     compile_s: float = 0.0
     cached: bool = False
+    # the matrix instructions the spec expects for this kernel's dtype (hardware.matrix_instructions
+    # when the dtype is in matrix_core_dtypes); None: the arch has none for it, nothing to flag
+    expected_matrix: Literal["mfma", "wmma"] | None = "mfma"
 
     @property
     def verdict(self) -> str:
@@ -50,7 +53,7 @@ class KernelResult(BaseModel):
         out = []
         if self.occupancy is not None and self.waves_per_eu > 0 and self.occupancy < self.waves_per_eu:
             out.append("low occupancy")
-        if self.family in FAMILIES and r.mfma == 0:
+        if self.family in FAMILIES and self.expected_matrix and getattr(r, self.expected_matrix) == 0:
             out.append("no matrix cores")
         if r.vgpr_spills > 0:
             out.append("spills")
@@ -61,18 +64,32 @@ def worst(verdicts) -> str:
     return max(verdicts, key=VERDICTS.index, default="ok")
 
 
+def expected_matrix(hw: Hardware, dtype: str) -> str | None:
+    """The matrix instructions a kernel of `dtype` should use on the target (None: no matrix cores)."""
+    if hw.matrix_instructions == "none" or dtype not in hw.matrix_core_dtypes:
+        return None
+    return hw.matrix_instructions
+
+
 def kernel_result(entry: KernelEntry, raw: dict, hw: Hardware, cached: bool) -> KernelResult:
     cfg = entry.config
     common = dict(id=entry.id, config=cfg.name, family=cfg.family, dtype=cfg.dtype,
                   head_dim=cfg.head_dim, waves_per_eu=cfg.waves_per_eu, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, compile_s=round(float(raw.get("compile_s", 0.0)), 3),
-                  cached=cached)
+                  cached=cached, expected_matrix=expected_matrix(hw, cfg.dtype))
     if not raw.get("ok"):
         status = "timeout" if raw.get("timeout") else "failed"
         return KernelResult(status=status, error=raw.get("error") or "unknown error", **common)
     res = Resources.model_validate(raw["resources"])
     waves, limiter = occupancy(hw, res, cfg.num_warps)
     return KernelResult(status="ok", resources=res, occupancy=waves, occupancy_limiter=limiter, **common)
+
+
+def _dot_mix(results) -> str | None:
+    counts: dict[str, int] = defaultdict(int)
+    for r in results:
+        counts[r.resources.dot_instruction] += 1
+    return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or None
 
 
 def _group_stats(results: list[KernelResult]) -> dict:
@@ -99,6 +116,8 @@ def _group_stats(results: list[KernelResult]) -> dict:
         "min_occupancy": min((r.occupancy for r in ok if r.occupancy is not None), default=None),
         # MFMA use only means something for the matrix-product families (not pre/postprocess)
         "min_mfma": min((r.resources.mfma for r in ok if r.family in FAMILIES), default=None),
+        # which instruction the products run on, per kernel (mfma, wmma, dot2, fma or none)
+        "dot_instructions": _dot_mix(r for r in ok if r.family in FAMILIES),
         "mean_compile_s": round(statistics.fmean(r.compile_s for r in results if not r.cached), 2)
         if any(not r.cached for r in results) else None,
         "verdict": worst(verdicts),
@@ -184,7 +203,8 @@ def report_markdown(report: dict) -> str:
         "",
     ]
     cols = ["kernels", "failed", "spilling", "low_occupancy", "no_matrix_cores", "max_vgprs", "max_agprs",
-            "max_sgprs", "max_lds_bytes", "max_scratch_bytes", "min_occupancy", "mean_compile_s", "verdict"]
+            "max_sgprs", "max_lds_bytes", "max_scratch_bytes", "min_occupancy", "dot_instructions",
+            "mean_compile_s", "verdict"]
     for axis, title in (("by_family", "family"), ("by_head_dim", "head dim"), ("by_dtype", "dtype"),
                         ("by_config", "config")):
         lines += [f"## By {title}", "", "| " + title + " | " + " | ".join(c.replace("_", " ") for c in cols) + " |",

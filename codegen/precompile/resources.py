@@ -7,7 +7,8 @@ with pyelftools + msgpack; code size is the `.text` section. An arch without an 
 (gfx906) has no `.agpr_count`: 0. Triton allocates its LDS dynamically: the static group segment
 is 0 and the real size is Triton's `metadata.shared`.
 
-Two things only the compiler's text carries: the MFMA instruction count (the assembly) and the
+Two things only the compiler's text carries: the dot instruction counts (MFMA, WMMA, v_dot2,
+v_fma: the assembly) and the
 `amdgpu-waves-per-eu` attribute Triton put on the kernel (its LLVM IR), which LLVM's occupancy
 estimate (the `; Occupancy: N` kernel-info comment, kept as `llvm_occupancy`) is capped by.
 """
@@ -35,6 +36,15 @@ _NOTE_KEYS = {
 _OPTIONAL_KEYS = {"agprs": ".agpr_count"}  # absent on archs without an AGPR file
 _NT_AMDGPU_METADATA = 32
 _MFMA_RE = re.compile(r"^\s*v_mfma\w*", re.M)
+# the instructions tl.dot lowers to: matrix cores (MFMA on CDNA, WMMA on RDNA3+), else packed
+# dot products (v_dot2*: fp16 on gfx906/gfx10+) or plain fused multiply-adds (v_fma*, v_fmac*,
+# v_pk_fma*: bf16 and fp32 without matrix cores)
+_DOT_RES = {
+    "wmma": re.compile(r"^\s*v_wmma\w*", re.M),
+    "dot2": re.compile(r"^\s*v_dot2\w*", re.M),
+    "fma": re.compile(r"^\s*v_(?:pk_)?fmac?_\w*", re.M),
+}
+DOT_KINDS = ("mfma", "wmma", "dot2", "fma")
 _OCC_RE = re.compile(r"; Kernel info:.*?; Occupancy: (\d+)", re.S)
 _WPE_ATTR_RE = re.compile(r'"amdgpu-waves-per-eu"="\s*(\d+)\s*(?:,\s*(\d+)\s*)?"')
 
@@ -51,10 +61,19 @@ class Resources(BaseModel):
     sgpr_spills: int
     mfma: int
     code_bytes: int
+    wmma: int = 0
+    dot2: int = 0
+    fma: int = 0
     llvm_occupancy: int | None = None
     # the upper bound of the kernel's `amdgpu-waves-per-eu` attribute (None: no upper bound)
     max_waves_per_eu: int | None = None
     wavefront_size: int | None = None
+
+    @property
+    def dot_instruction(self) -> str:
+        """The instruction kind the kernel's products run on: the first of mfma, wmma, dot2, fma
+        it uses (matrix cores first), or 'none'."""
+        return next((k for k in DOT_KINDS if getattr(self, k)), "none")
 
 
 def _elf(image: bytes) -> ELFFile | None:
@@ -137,6 +156,7 @@ def parse_resources(amdgcn: str, hsaco: bytes, shared: int, llir: str = "",
         vgpr_spills=values["vgpr_spills"],
         sgpr_spills=values["sgpr_spills"],
         mfma=len(_MFMA_RE.findall(amdgcn)),
+        **{k: len(rx.findall(amdgcn)) for k, rx in _DOT_RES.items()},
         code_bytes=text_section_size(hsaco),
         llvm_occupancy=int(occ[-1]) if occ else None,
         max_waves_per_eu=waves_per_eu_bound(llir),
@@ -148,29 +168,15 @@ def _round_up(x: int, granule: int) -> int:
     return -(-max(x, 1) // granule) * granule
 
 
-def _sgpr_waves(sgprs: int, wavefront_size: int) -> int | None:
-    # LLVM AMDGPUBaseInfo getOccupancyWithNumSGPRs for GFX8/GFX9 (800 SGPRs per SIMD). Wave32
-    # archs (GFX10+) have a per-wave SGPR file: SGPRs do not limit their occupancy.
-    if wavefront_size != 64:
-        return None
-    if sgprs <= 80:
-        return 10
-    if sgprs <= 88:
-        return 9
-    if sgprs <= 100:
-        return 8
-    return 7
-
-
 def occupancy(hw: Hardware, r: Resources, num_warps: int, wavefront_size: int = 64) -> tuple[int, str]:
     """Achievable waves per SIMD under the target's limits, and what limits it.
 
-    The rule of LLVM's own estimate (GCNSubtarget::computeOccupancy): the register files (VGPRs and
-    AGPRs separately, or one unified file), SGPRs, LDS, the wave slots, and the upper bound of the
-    kernel's `amdgpu-waves-per-eu` attribute. LDS counts Triton's dynamic allocation too (LLVM
+    The rule of LLVM's own estimate (GCNSubtarget::computeOccupancy), every limit from the spec's
+    traits: the register files (VGPRs and AGPRs separately, or one unified file; the VGPR file and
+    granule of the arch), SGPRs (`hardware.sgpr_occupancy`; none on gfx10+), LDS, the wave slots,
+    and the upper bound of the kernel's `amdgpu-waves-per-eu` attribute. LDS counts Triton's dynamic allocation too (LLVM
     sees only the static segment, 0 for Triton kernels).
     """
-    wave = r.wavefront_size or wavefront_size
     g = hw.vgpr_alloc_granule
     limits: dict[str, int] = {"wave slots": hw.max_waves_per_simd}
     if hw.unified_register_file:
@@ -179,11 +185,12 @@ def occupancy(hw: Hardware, r: Resources, num_warps: int, wavefront_size: int = 
         limits["VGPRs"] = hw.vgprs_per_lane // _round_up(r.vgprs, g)
         if r.agprs:
             limits["AGPRs"] = (hw.agprs_per_lane // _round_up(r.agprs, g)) if hw.agprs_per_lane else 0
-    sgpr = _sgpr_waves(r.sgprs, wave)
+    sgpr = hw.sgpr_waves(r.sgprs)
     if sgpr is not None:
         limits["SGPRs"] = min(sgpr, hw.max_waves_per_simd)
     if r.lds_bytes:
-        groups = hw.lds_bytes_per_cu // r.lds_bytes
+        # 0 when one workgroup's LDS exceeds what a workgroup may allocate
+        groups = hw.lds_bytes_per_cu // r.lds_bytes if r.lds_bytes <= hw.workgroup_lds_bytes else 0
         # a workgroup's waves are spread over the CU's SIMDs; 0 when one workgroup does not fit
         limits["LDS"] = -(-groups * max(num_warps, 1) // hw.simds_per_cu)
     if r.max_waves_per_eu is not None:

@@ -17,6 +17,7 @@ from ..errors import EXIT_UPSTREAM, CodegenError
 from ..fsutil import atomic_write
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import release_of
+from ..spec import load_spec
 from . import engine
 from .bench import run_bench
 from .cache import CompileCache, default_cache_dir
@@ -92,7 +93,7 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     for col, just in (("", "left"), ("n", "right"), ("fail", "right"), ("spill", "right"),
                       ("VGPR", "right"), ("AGPR", "right"), ("SGPR", "right"),
                       ("LDS", "right"), ("scratch", "right"), ("waves", "right"),
-                      ("MFMA", "right"), ("verdict", "left")):
+                      ("MFMA", "right"), ("dot", "left"), ("verdict", "left")):
         t.add_column(col or axis.replace("by_", "").replace("_", " "), justify=just, no_wrap=True)
     style = {"ok": "green", "failed": "bold red", "spills": "red", "low occupancy": "yellow",
              "no matrix cores": "magenta"}
@@ -105,9 +106,9 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     for k, s in shown:
         t.add_row(k, c(s["kernels"]), c(s["failed"]), c(s["spilling"]), c(s["max_vgprs"]), c(s["max_agprs"]),
                   c(s["max_sgprs"]), c(s["max_lds_bytes"]), c(s["max_scratch_bytes"]), c(s["min_occupancy"]),
-                  c(s["min_mfma"]), f"[{style.get(s['verdict'], '')}]{s['verdict']}[/]")
+                  c(s["min_mfma"]), c(s.get("dot_instructions")), f"[{style.get(s['verdict'], '')}]{s['verdict']}[/]")
     if len(shown) < len(items):
-        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 11)
+        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 12)
     return t
 
 
@@ -170,7 +171,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.triton_version()  # fail early without Triton
+    engine.require_spec_triton(load_spec(opts.spec).spec)  # fail early without the spec's Triton
     loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, opts.tuning))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
@@ -256,7 +257,7 @@ def run_bench_command(opts: BenchOptions) -> None:
     """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
     preflight.interpreter(opts.python)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.triton_version()
+    engine.require_spec_triton(load_spec(opts.spec).spec, "precompile bench")
     loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()

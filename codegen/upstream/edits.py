@@ -78,8 +78,9 @@ def _python_tables(spec: TargetSpec, p: EditPaths) -> list[EditRecord]:
         table("gpu_targets.warpsize", "AOTRITON_ARCH_WARPSIZE", str(spec.warp_size), "wave size of the arch"),
         table("gpu_targets.production_line", "AOTRITON_ARCH_PRODUCTION_LINE", f"'{spec.production_line}'",
               "read by the kernel rules' tuning spaces (0.10b/0.11.x; removed in 0.12b)", optional=True),
-        EditRecord("compile.known_targets", p.compile, "python.seq_insert", f"KNOWN_TARGETS_{spec.warp_size}",
-                   f"'{like}'", f"'{arch}'", "argparse choices of the per-kernel compiler"),
+        # anchored on the list of the arch's wave size, not on `like` (which may sit in the other list)
+        EditRecord("compile.known_targets", p.compile, "python.seq_insert_first", f"KNOWN_TARGETS_{spec.warp_size}",
+                   "[0]", f"'{arch}'", "argparse choices of the per-kernel compiler"),
     ]
     return out
 
@@ -104,9 +105,10 @@ def _cpp_tables(spec: TargetSpec, p: EditPaths) -> list[EditRecord]:
             "util_cc.experimental", p.util_cc, "text.clone_line", "isArchExperimentallySupported",
             "vendor_arch == CAT32(GpuVendor::kAMD, 0x1101) ||", {"substitute": [["0x1101", arch_hex]]},
             "policy from the spec (registration.experimental)"))
+    # second in the list, whichever arch comes first (anchored on the list, not on `like`'s place)
     out.append(EditRecord(
-        "cmake.target_arch", p.cmake, "text.substitute", "AOTRITON_TARGET_ARCH", 'set(AOTRITON_TARGET_ARCH "',
-        {"old": f'"{like};', "new": f'"{like};{arch};'}, "default arch list of a plain cmake configure"))
+        "cmake.target_arch", p.cmake, "text.list_insert", "AOTRITON_TARGET_ARCH", 'set(AOTRITON_TARGET_ARCH "',
+        {"item": arch, "index": 1, "sep": ";"}, "default arch list of a plain cmake configure"))
     return out
 
 
