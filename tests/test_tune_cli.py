@@ -186,3 +186,21 @@ def test_one_worker_process_per_gpu_plumbing(tmp_path):
                        worker=_fake_gpu_worker)
     assert sorted(n for n, _, _ in got) == sorted(e.name for e in plan.entries)
     assert all(k == len(plan.configs_for(plan.entries[0])) and not err for _, k, err in got)
+
+
+@pytest.mark.aotriton
+def test_tune_refuses_a_release_whose_kernels_it_cannot_launch(pristine_tree, tmp_path):
+    """0.12b's kernels take parameters tune's launchers do not supply: one message before any
+    GPU work, naming the releases tune can use (a 0.11.2b tree tunes)."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+    from codegen.upstream import ADAPTERS
+
+    able = [a.release for a in ADAPTERS.values() if a.tune_launchers]
+    assert "0.11.2b" in able and "0.12b" not in able
+    r = CliRunner().invoke(app, ["tune", str(pristine_tree("0.12b")), "--dry-run", "--out", str(tmp_path / "t")])
+    assert r.exit_code == 2 and "cannot launch the kernels of AOTriton 0.12b" in r.output and "0.11.2b" in r.output
+    assert "Traceback" not in r.output and not (tmp_path / "t").exists()
+    ok = CliRunner().invoke(app, ["tune", str(pristine_tree("0.11.2b")), "--dry-run", "--out", str(tmp_path / "u")])
+    assert ok.exit_code == 0, ok.output

@@ -1,7 +1,7 @@
 """tune on a GPU: the tree's kernels run with a chosen config, pass the fp64 check, wrong output
 fails it, and a CLI run resumes without re-measuring. Needs torch + triton + a GPU and an
-AOTriton source tree with tritonsrc/ (AOTRITON_SRC, any of 0.10b-0.12.1b; else the newest
-supported release from AOTRITON_GIT or the shared release archive)."""
+AOTriton source tree with tritonsrc/ (AOTRITON_SRC, any of 0.10b-0.11.2b; else the newest release
+whose kernels tune launches, from AOTRITON_GIT or the shared release archive)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,15 @@ def _gpu_or_skip() -> None:
 
 @pytest.fixture(scope="module")
 def tree(pristine_tree) -> Path:
-    """AOTRITON_SRC when it has tritonsrc/, else the newest supported release from the usual
+    """AOTRITON_SRC when it has tritonsrc/, else the newest release tune launches from the usual
     sources (AOTRITON_GIT or the shared release archive, see conftest)."""
     _gpu_or_skip()
     src = os.environ.get("AOTRITON_SRC")
     if src and (Path(src) / "tritonsrc" / "flash.py").is_file():
         return Path(src)
-    from codegen.upstream import SUPPORTED_RELEASES
+    from codegen.upstream import ADAPTERS
 
-    return pristine_tree(SUPPORTED_RELEASES[-1])
+    return pristine_tree([a.release for a in ADAPTERS.values() if a.tune_launchers][-1])
 
 
 @pytest.fixture(scope="module")

@@ -221,11 +221,20 @@ def test_report_compares_the_gpus_compute_units_with_the_spec():
 
 
 @pytest.mark.aotriton
-@pytest.mark.parametrize("tag, folder", [("0.12.1b", "tritonsrc"), ("0.13b", "modules/flash/kernel")])
+@pytest.mark.parametrize("tag, folder", [("0.11.2b", "tritonsrc"), ("0.12.1b", "tritonsrc"),
+                                         ("0.13b", "modules/flash/kernel")])
 def test_kernel_folder_comes_from_the_adapter(pristine_tree, tag, folder):
-    """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel)."""
+    """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel);
+    tune accepts the trees whose kernel signatures its launchers know (to 0.11.2b) and refuses
+    the others with one message."""
+    from codegen.errors import UserError
     from codegen.tune.run import _check_tree
+    from codegen.upstream import detect
 
     tree = pristine_tree(tag)
     assert tree_source_dir(tree) == tree / folder
-    _check_tree(tree)  # accepted: flash.py is there
+    if detect(tree).tune_launchers:
+        _check_tree(tree)  # accepted: flash.py is there and tune knows its signatures
+    else:
+        with pytest.raises(UserError, match="cannot launch the kernels"):
+            _check_tree(tree)

@@ -104,6 +104,9 @@ class Adapter:
     exports_v3_api: bool = True
     # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
     clones_aiter: bool = False
+    # `tune`'s launchers pass this release's kernel signatures (those of 0.10b-0.11.2b; 0.12b
+    # added strided-sequence, split head-dim and XCD parameters tune does not supply yet)
+    tune_launchers: bool = True
     package_dir: str | None = None
     kernel_dir: str = "tritonsrc"
     image_format: str = "aks2"
@@ -159,7 +162,7 @@ def _sharded(version: tuple[int, int, int]) -> Adapter:
         build_db_dir="database",
         required_files=COMMON_FILES + (tdb, odb, "v3python/database_compose.py"),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
-        clones_aiter=version >= (0, 12, 0),
+        clones_aiter=version >= (0, 12, 0), tune_launchers=version < (0, 12, 0),
     )
 
 
@@ -192,7 +195,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         image_format="zip",
         foreign_paths=("v3python/generate.py",),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
-        clones_aiter=True,
+        clones_aiter=True, tune_launchers=False,
     )
 
 

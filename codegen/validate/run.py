@@ -122,7 +122,7 @@ def _run_mode(opts: ValidateOptions, loaded, plat, progress) -> tuple[dict, str 
             return res, None
         return res, (f"Proxy run on {plat.device_name} ({plat.arch}): the tree's Triton kernels with the "
                      f"spec's configs, compiled for this GPU, not for {loaded.spec.arch}. Numerics of the "
-                     "kernel source and configs only; no claim about MI100 speed or registers.")
+                     f"kernel source and configs only; no claim about {loaded.spec.arch} speed or registers.")
     from .sdpa import run_sdpa  # optional heavy dependency: torch
 
     res = run_sdpa(loaded, plat, list(opts.backend), opts.seed, progress, perf=not opts.no_perf)
@@ -130,7 +130,7 @@ def _run_mode(opts: ValidateOptions, loaded, plat, progress) -> tuple[dict, str 
         return res, None
     return res, (f"Harness self-test on {plat.device_name} ({plat.arch}): PyTorch's own CUDA flash and "
                  "memory-efficient kernels, not AOTriton. It shows the checks work; it proves nothing "
-                 "about MI100.")
+                 f"about {loaded.spec.arch}.")
 
 
 def _verdict(report: dict, wrote_report: bool) -> None:
