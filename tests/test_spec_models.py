@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.models import KernelConfig, expand_family, expand_space
+from codegen.resources import default_spec_path
 from codegen.spec import load_spec, spec_json_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,3 +158,16 @@ def test_one_dtype_table_has_every_spelling():
         assert d.bytes == DTYPE_BYTES[short]
         assert by_torch(d.torch) is d and by_torch(d.torch_attr) is d and by_signature(d.triton_signature) is d
     assert DTYPE_INFO["bf16"].db_value == "torch.bfloat16" and DTYPE_INFO["fp32"].triton_signature == "*fp32:16"
+
+
+def test_sgpr_occupancy_steps_stay_within_the_addressable_sgprs(tmp_path):
+    """hardware.sgprs_per_wave bounds the SGPR counts of the occupancy table (a located error)."""
+    from codegen.errors import SpecError
+
+    text = default_spec_path().read_text()
+    assert "sgprs_per_wave: 102" in text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("sgprs_per_wave: 102", "sgprs_per_wave: 90"))  # the step [100, 8] exceeds it
+    with pytest.raises(SpecError) as exc:
+        load_spec(bad)
+    assert "hardware.sgpr_occupancy" in str(exc.value) and "exceed the 90 a wave can address" in str(exc.value)

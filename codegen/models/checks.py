@@ -44,6 +44,12 @@ def check_target(spec: TargetSpec) -> list[Diagnostic]:
 
 
 def _check_arch(spec: TargetSpec, err, warn) -> None:
+    steps = spec.hardware.sgpr_occupancy or []
+    for i, (max_sgprs, _waves) in enumerate(steps[:-1]):  # the last step covers every count above
+        if max_sgprs > spec.hardware.sgprs_per_wave:
+            err(("hardware", "sgpr_occupancy", i),
+                f"{max_sgprs} SGPRs exceed the {spec.hardware.sgprs_per_wave} a wave can address "
+                "(hardware.sgprs_per_wave)")
     for path, arch in ((("arch",), spec.arch), (("registration", "like"), spec.registration.like)):
         if arch not in LLVM_AMDGPU_TARGETS:
             err(path, f"'{arch}' is not an AMDGPU target LLVM knows (e.g. gfx908, gfx90a, gfx942, gfx1100)")

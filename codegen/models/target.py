@@ -135,9 +135,6 @@ class Features(_Model):
     causal: bool = Field(True, description="Causal masking (CAUSAL_TYPE != 0).")
     dropout: bool = Field(True, description="Dropout (ENABLE_DROPOUT).")
     bias: bool = Field(True, description="Additive attention bias (BIAS_TYPE).")
-    padded_head: bool = Field(
-        True, description="Head dims that are not in the list, rounded up (PADDED_HEAD)."
-    )
 
 
 class ExcludeRule(_Model):
