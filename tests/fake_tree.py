@@ -140,3 +140,16 @@ def snapshot(root: Path) -> dict[str, bytes]:
 
 
 __all__ = ["make_fake_tree", "snapshot"]
+
+
+def spec_variant(tmp_path: Path, **replacements: str) -> Path:
+    """A copy of the embedded spec with each `old` text replaced by `new` (each must occur)."""
+    from codegen.resources import default_spec_path
+
+    text = default_spec_path().read_text()
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    p = Path(tmp_path) / "variant.yaml"
+    p.write_text(text)
+    return p

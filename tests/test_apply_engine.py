@@ -15,12 +15,11 @@ from codegen.apply.engine import ApplyConflict, apply_overlay
 from codegen.apply.revert import revert_tree
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
-from fake_tree import make_fake_tree, snapshot
+from fake_tree import make_fake_tree, snapshot, spec_variant
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu
 from codegen.overlay_inputs import render_overlay
 from codegen.cli import app
-from codegen.resources import default_spec_path
 from codegen.spec import load_spec
 
 VERSIONS = [(0, 10, 0), (0, 11, 0), (0, 11, 2), (0, 12, 0)]
@@ -32,13 +31,7 @@ def spec():
 
 
 def _spec_variant(tmp_path, **repl):
-    text = default_spec_path().read_text()
-    for old, new in repl.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    p = tmp_path / "variant.yaml"
-    p.write_text(text)
-    return load_spec(p)
+    return load_spec(spec_variant(tmp_path, **repl))
 
 
 def _mtimes(root):

@@ -22,7 +22,7 @@ from codegen.errors import UserError
 from codegen.resources import default_spec_path
 from codegen.spec import load_spec
 from codegen.upstream import detect
-from fake_tree import make_fake_tree, snapshot
+from fake_tree import make_fake_tree, snapshot, spec_variant
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,16 +30,6 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def spec():
     return load_spec(None)
-
-
-def _variant(tmp_path, **repl):
-    text = default_spec_path().read_text()
-    for old, new in repl.items():
-        assert old in text, old
-        text = text.replace(old, new)
-    p = tmp_path / "variant.yaml"
-    p.write_text(text)
-    return p
 
 
 def _cli(*args):
@@ -138,7 +128,7 @@ def test_ctrl_c_is_exit_130_without_traceback(tmp_path, monkeypatch):
 
 def test_spec_for_other_releases_is_refused_with_the_list(tmp_path):
     tree = make_fake_tree(tmp_path / "t", (0, 11, 0))
-    p = _variant(tmp_path, **{"releases: [0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b]": "releases: [0.12b, 0.11.2b]"})
+    p = spec_variant(tmp_path, **{"releases: [0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b]": "releases: [0.12b, 0.11.2b]"})
     before = snapshot(tree)
     res = _cli("apply", str(tree), "--spec", str(p))
     assert res.exit_code == 2 and "Traceback" not in res.output
@@ -147,7 +137,7 @@ def test_spec_for_other_releases_is_refused_with_the_list(tmp_path):
 
 
 def test_arch_llvm_does_not_know_is_a_spec_error(tmp_path):
-    p = _variant(tmp_path, **{"arch: gfx908": "arch: gfx9999"})
+    p = spec_variant(tmp_path, **{"arch: gfx908": "arch: gfx9999"})
     res = _cli("spec", "check", str(p))
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert "'gfx9999' is not an AMDGPU target LLVM knows" in res.stderr
@@ -306,7 +296,7 @@ def test_real_tree_refusals_come_first_and_change_nothing(fresh_tree, tmp_path, 
     res = _cli("apply", str(tree))
     assert res.exit_code == 2 and "v3python/compile.py" in res.stderr and "already mentions gfx908" in res.stderr
     gt.write_text(gtext)
-    res = _cli("apply", str(tree), "--spec", str(_variant(tmp_path, **{
+    res = _cli("apply", str(tree), "--spec", str(spec_variant(tmp_path, **{
         "releases: [0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b]": "releases: [0.11.1b]"})))
     assert res.exit_code == 2 and f"AOTriton {tag}, but" in res.stderr and "0.11.1b" in res.stderr
     assert snapshot(tree) == before

@@ -89,17 +89,22 @@ def test_recipe_script_runs_and_resumes(tmp_path, aotriton_git_url):
     assert not (lib / "aotriton.images" / "amd-gfx908").exists()
 
 
-def test_recipe_script_refuses_a_non_rocm_torch(tmp_path):
-    need_cc()
-    site = tmp_path / "site"
-    build_torch(site, version="2.11.0+cu128", hip=None, hip_lib=False, images=False)
+def _run_script(site, tmp_path):
+    """The recipe script with this checkout's CLI on PATH and the fake torch site importable."""
     env = dict(os.environ, PYTHONPATH=f"{site}:{REPO}", WORKDIR=str(tmp_path / "work"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "mi100-codegen").write_text(f"#!/bin/sh\nexec {sys.executable} -m codegen.cli \"$@\"\n")
     (bin_dir / "mi100-codegen").chmod(0o755)
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_recipe_script_refuses_a_non_rocm_torch(tmp_path):
+    need_cc()
+    site = tmp_path / "site"
+    build_torch(site, version="2.11.0+cu128", hip=None, hip_lib=False, images=False)
+    r = _run_script(site, tmp_path)
     assert r.returncode == 2
     assert "not a ROCm build" in r.stderr
     assert not list((tmp_path / "work" / ".done").iterdir())
@@ -112,13 +117,7 @@ def test_recipe_script_refuses_a_release_line_not_supported_yet(tmp_path):
     need_cc()
     site = tmp_path / "site"
     build_torch(site, version="2.14.0a0+gitabcdef", aot_version="0.13.0")
-    env = dict(os.environ, PYTHONPATH=f"{site}:{REPO}", WORKDIR=str(tmp_path / "work"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "mi100-codegen").write_text(f"#!/bin/sh\nexec {sys.executable} -m codegen.cli \"$@\"\n")
-    (bin_dir / "mi100-codegen").chmod(0o755)
-    env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    r = _run_script(site, tmp_path)
     assert r.returncode == 2, r.stderr
     assert ("AOTriton 0.13b (PyTorch 2.14): mi100-codegen's torch integration does not support the 0.13 release "
             "line yet" in r.stderr)
