@@ -217,48 +217,42 @@ def _set_getenv_default(module: cst.Module, edit: EditRecord) -> cst.Module:
             raise EditSkipped(f"{symbol} is absent (optional edit)")
         raise EditConflict(f"{path}: no module-level assignment to {symbol}")
 
-    def reads_env(node) -> bool:
-        v = node.value
-        return (isinstance(v, cst.Call) and _code(module, v.func).strip() in GETENV_FUNCS and bool(v.args)
-                and _code(module, v.args[0].value).strip() == edit.neighbour.strip())
-
-    hits = [h for h in hits if reads_env(h[2])]
+    hits = [h for h in hits if _reads_env(module, h[2].value, edit.neighbour)]
     if len(hits) != 1:
         what = "no" if not hits else f"{len(hits)}"
         raise EditConflict(f"{path}: {what} assignments of {symbol} from os.getenv({edit.neighbour})")
     i, j, assign = hits[0]
-    call = assign.value
-    args = list(call.args)
-    new_default = _expr(edit.payload, f"edit {edit.id} payload")
-    slot = [n for n, a in enumerate(args) if a.keyword is not None and a.keyword.value == "default"]
-    if not slot and len(args) >= 2 and args[1].keyword is None:
-        slot = [1]
-    if len(slot) != 1:
-        raise EditConflict(f"{path}: {symbol}: os.getenv(...) has no default argument to change")
-    n = slot[0]
-    args[n] = args[n].with_changes(value=new_default)
-    return _replace_value(module, (i, j), assign.with_changes(value=call.with_changes(args=args)))
+    call = _with_getenv_default(module, assign.value, edit, symbol)
+    return _replace_value(module, (i, j), assign.with_changes(value=call))
 
 
-def _getenv_default_slot(module: cst.Module, call: cst.Call, edit: EditRecord, where: str) -> int:
+def _reads_env(module: cst.Module, node: cst.CSTNode, neighbour: str) -> bool:
+    """`node` is an os.getenv(NEIGHBOUR, ...) call (any spelling in GETENV_FUNCS)."""
+    return (isinstance(node, cst.Call) and _code(module, node.func).strip() in GETENV_FUNCS and bool(node.args)
+            and _code(module, node.args[0].value).strip() == neighbour.strip())
+
+
+def _with_getenv_default(module: cst.Module, call: cst.Call, edit: EditRecord, where: str) -> cst.Call:
+    """The getenv call with its default argument (keyword or second positional) set to the payload."""
     args = list(call.args)
     slot = [n for n, a in enumerate(args) if a.keyword is not None and a.keyword.value == "default"]
     if not slot and len(args) >= 2 and args[1].keyword is None:
         slot = [1]
     if len(slot) != 1:
         raise EditConflict(f"{edit.path}: {where}: os.getenv(...) has no default argument to change")
-    return slot[0]
+    n = slot[0]
+    args[n] = args[n].with_changes(value=_expr(edit.payload, f"edit {edit.id} payload"))
+    return call.with_changes(args=args)
 
 
 class _GetenvCalls(cst.CSTVisitor):
     """The os.getenv(NEIGHBOUR, ...) calls below a node."""
 
     def __init__(self, module: cst.Module, neighbour: str):
-        self.module, self.neighbour, self.hits = module, neighbour.strip(), []
+        self.module, self.neighbour, self.hits = module, neighbour, []
 
     def visit_Call(self, node: cst.Call) -> None:
-        if (_code(self.module, node.func).strip() in GETENV_FUNCS and node.args
-                and _code(self.module, node.args[0].value).strip() == self.neighbour):
+        if _reads_env(self.module, node, self.neighbour):
             self.hits.append(node)
 
 
@@ -287,10 +281,7 @@ def _set_getenv_default_in_function(module: cst.Module, edit: EditRecord) -> cst
         what = "no" if not finder.hits else f"{len(finder.hits)}"
         raise EditConflict(f"{path}: {what} os.getenv({edit.neighbour}) calls in {symbol}()")
     call = finder.hits[0]
-    args = list(call.args)
-    n = _getenv_default_slot(module, call, edit, f"{symbol}()")
-    args[n] = args[n].with_changes(value=_expr(edit.payload, f"edit {edit.id} payload"))
-    return module.visit(_ReplaceNode(call, call.with_changes(args=args)))
+    return module.visit(_ReplaceNode(call, _with_getenv_default(module, call, edit, f"{symbol}()")))
 
 
 # --------------------------------------------------------------------------------------- text --
