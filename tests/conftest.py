@@ -15,14 +15,13 @@ releases we do not support, if any, for the refusal tests)."""
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from codegen.upstream import SUPPORTED_RELEASES
+from codegen.upstream import SUPPORTED_RELEASES, read_version, release_name
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
@@ -60,15 +59,9 @@ ARCHIVE_TAGS: tuple[str, ...] = archive_tags()
 
 
 def _tree_version(tree: Path) -> str | None:
-    cm = tree / "CMakeLists.txt"
-    if not cm.is_file():
-        return None
-    text = cm.read_text(errors="replace")
-    parts = [re.search(rf"set\(AOTRITON_VERSION_{k}_INT\s+(\d+)\)", text) for k in ("MAJOR", "MINOR", "PATCH")]
-    if not all(parts):
-        return None
-    major, minor, patch = (p.group(1) for p in parts)
-    return f"{major}.{minor}b" if patch == "0" else f"{major}.{minor}.{patch}b"
+    """The release tag a tree's CMakeLists.txt says (the adapters' own reader and printer)."""
+    version = read_version(tree)
+    return release_name(version) if version else None
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..upstream import ADAPTERS
+from ..upstream import ADAPTERS, release_name
 from .elf import DynamicInfo, read_dynamic
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
@@ -54,11 +54,6 @@ TORCH_LINES: tuple[TorchLine, ...] = (
 TORCH_TO_AOTRITON: dict[str, str] = {t.torch: t.aotriton for t in TORCH_LINES}
 
 
-def release_tag(major: int, minor: int, patch: int) -> str:
-    """0.11.0 -> '0.11b', 0.11.2 -> '0.11.2b' (upstream's tag spelling)."""
-    return f"{major}.{minor}b" if patch == 0 else f"{major}.{minor}.{patch}b"
-
-
 def release_line(major: int, minor: int) -> str:
     return f"{major}.{minor}"
 
@@ -89,7 +84,7 @@ def library_name(tag: str) -> str:
 
 def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None:
     """The PyTorch feature release that links exactly this AOTriton version, if known."""
-    tag = release_tag(aot_major, aot_minor, aot_patch)
+    tag = release_name((aot_major, aot_minor, aot_patch))
     for torch_line, want in TORCH_TO_AOTRITON.items():
         if want == tag:
             return torch_line
@@ -147,7 +142,7 @@ class AotLib:
 
     @property
     def tag(self) -> str:
-        return release_tag(self.major, self.minor, self.patch)
+        return release_name((self.major, self.minor, self.patch))
 
     @property
     def line(self) -> str:
