@@ -12,7 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.upstream import SUPPORTED_RELEASES
+from codegen.precompile.cache import source_hash
+from codegen.upstream import SUPPORTED_RELEASES, kernel_source_dir
 
 pytestmark = [pytest.mark.aotriton, pytest.mark.triton]
 
@@ -39,3 +40,17 @@ def test_sample_compile_per_release(fresh_tree, tmp_path, tag):
     for k in rep["kernels"]:
         assert k["status"] == "ok" and ".gfx908." in k["config"], k
         assert k["resources"]["vgprs"] > 0 and 1 <= k["occupancy"] <= 10
+
+
+def test_point_and_layout_releases_share_compile_cache_entries(pristine_tree):
+    """0.12b, 0.12.1b and 0.13b ship byte-identical kernel files (0.13b under a new folder, beside
+    fewer tests and tools): the cache key hashes each kernel's import closure, so a kernel compiled
+    for one of them is a cache hit for the others; the older 0.11.2b kernels differ."""
+    kernels = ("fwd_kernel", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse", "bwd_preprocess")
+    by_release = {}
+    for tag in ("0.11.2b", "0.12b", "0.12.1b", "0.13b"):
+        folder = kernel_source_dir(pristine_tree(tag))
+        by_release[tag] = [source_hash(str(folder / f"{k}.py")) for k in kernels]
+    assert by_release["0.12b"] == by_release["0.12.1b"] == by_release["0.13b"]
+    assert len(set(by_release["0.13b"])) == len(kernels)  # each kernel its own closure
+    assert by_release["0.11.2b"] != by_release["0.12b"]

@@ -11,7 +11,7 @@ import pytest
 from codegen.models import KernelConfig, expand_space
 from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
-from codegen.precompile.cache import CompileCache, cache_key
+from codegen.precompile.cache import source_hash, CompileCache, cache_key
 from codegen.precompile.prune import (
     compile_report,
     prune_rules,
@@ -229,7 +229,7 @@ def test_stratified_sample_covers_and_is_deterministic():
 def test_cache_key_and_roundtrip(tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "k.py").write_text("x = 1\n")
-    kw = dict(source_dir=str(tmp_path / "src"), kernel_name="k", signature="*fp16:16, 32", num_warps=4,
+    kw = dict(source=str(tmp_path / "src" / "k.py"), kernel_name="k", signature="*fp16:16, 32", num_warps=4,
               num_stages=1, waves_per_eu=2, arch="gfx908", warp_size=64, triton_version="3.5.1")
     key = cache_key(**kw)
     assert key == cache_key(**{**kw, "signature": "*fp16:16,32"})
@@ -239,6 +239,25 @@ def test_cache_key_and_roundtrip(tmp_path):
     assert cache.get(key) is None
     cache.put(key, {"ok": True, "id": "k", "resources": {}}, b"\x7fELF")
     assert cache.get(key)["id"] == "k" and cache.hsaco(key) == b"\x7fELF"
+
+
+def test_source_hash_covers_the_import_closure_only(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "k.py").write_text("import triton\nfrom helper import f\n")
+    (src / "helper.py").write_text("from .deep import g\n")
+    (src / "deep.py").write_text("g = 1\n")
+    (src / "test_k.py").write_text("import k\n")
+    (src / "other.py").write_text("x = 1\n")
+    before = source_hash(str(src / "k.py"))
+    (src / "test_k.py").write_text("import k  # a test changed\n")
+    (src / "other.py").write_text("x = 2\n")
+    (src / "new_tool.py").write_text("y = 1\n")
+    source_hash.cache_clear()
+    assert source_hash(str(src / "k.py")) == before  # files the kernel never imports don't count
+    (src / "deep.py").write_text("g = 2\n")
+    source_hash.cache_clear()
+    assert source_hash(str(src / "k.py")) != before  # a transitive import does
 
 
 def test_prune_spec_excludes_failing_and_spilling_configs(loaded, tmp_path):

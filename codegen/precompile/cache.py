@@ -1,8 +1,10 @@
 """Persistent compile cache: one JSON record (+ the code object) per kernel, keyed by the hash of
-its Triton sources, signature, compile options, target and the Triton version."""
+its Triton sources (the kernel file and the siblings it imports), signature, compile options,
+target and the Triton version."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -11,7 +13,8 @@ from pathlib import Path
 
 from ..fsutil import atomic_write as _atomic_write
 
-CACHE_FORMAT = 3  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts
+CACHE_FORMAT = 4  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts;
+#                  4: sources = the kernel file's import closure
 ENV_CACHE = "MI100_CODEGEN_CACHE"
 
 
@@ -22,24 +25,54 @@ def default_cache_dir() -> Path:
     return Path(base) / "mi100-codegen" / "precompile"
 
 
-@lru_cache(maxsize=64)
-def source_hash(source_dir: str) -> str:
-    """sha256 over every .py file of the kernel's source folder (kernels import their siblings)."""
-    h = hashlib.sha256()
-    root = Path(source_dir)
-    for p in sorted(root.rglob("*.py")):
-        if "__pycache__" in p.parts:
+def _sibling_imports(path: Path) -> set[str]:
+    """Module names a kernel file imports that may be siblings (`import x`, `from x import`,
+    `from .x import`); AOTriton's kernels import their helpers as top-level siblings."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level <= 1:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@lru_cache(maxsize=256)
+def source_hash(source: str) -> str:
+    """sha256 over a kernel file and every sibling module it imports, transitively.
+
+    Only the import closure counts, not the whole folder: releases that ship the same kernel
+    files beside different tests or tools (0.12b, 0.12.1b and 0.13b do) share cache entries."""
+    start = Path(source)
+    root = start.parent
+    seen: dict[str, Path] = {}
+    todo = [start]
+    while todo:
+        p = todo.pop()
+        if p.name in seen:
             continue
+        seen[p.name] = p
+        for name in _sibling_imports(p):
+            for candidate in (root / f"{name}.py", root / name / "__init__.py"):
+                if candidate.is_file():
+                    todo.append(candidate)
+    h = hashlib.sha256()
+    for name in sorted(seen):
+        p = seen[name]
         h.update(p.relative_to(root).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
 
 
-def cache_key(*, source_dir: str, kernel_name: str, signature: str, num_warps: int, num_stages: int,
+def cache_key(*, source: str, kernel_name: str, signature: str, num_warps: int, num_stages: int,
               waves_per_eu: int, arch: str, warp_size: int, triton_version: str) -> str:
     ident = {
         "format": CACHE_FORMAT,
-        "sources": source_hash(source_dir),
+        "sources": source_hash(source),
         "kernel": kernel_name,
         "signature": ",".join(s.strip() for s in signature.split(",")),
         "options": {"num_warps": num_warps, "num_stages": num_stages, "waves_per_eu": waves_per_eu},

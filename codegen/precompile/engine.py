@@ -75,7 +75,7 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
 
 def _cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
     c = e.config
-    return cache_key(source_dir=str((tree / e.source).parent), kernel_name=e.kernel_name, signature=e.signature,
+    return cache_key(source=str(tree / e.source), kernel_name=e.kernel_name, signature=e.signature,
                      num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
                      warp_size=warp_size, triton_version=version)
 
