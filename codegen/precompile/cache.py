@@ -25,13 +25,16 @@ def default_cache_dir() -> Path:
     return Path(base) / "mi100-codegen" / "precompile"
 
 
-def _sibling_imports(path: Path) -> set[str]:
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _sibling_imports(tree: ast.Module) -> set[str]:
     """Module names a kernel file imports that may be siblings (`import x`, `from x import`,
     `from .x import`); AOTriton's kernels import their helpers as top-level siblings."""
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (OSError, SyntaxError, ValueError):
-        return set()
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -41,28 +44,42 @@ def _sibling_imports(path: Path) -> set[str]:
     return names
 
 
-@lru_cache(maxsize=256)
-def source_hash(source: str) -> str:
-    """sha256 over a kernel file and every sibling module it imports, transitively.
-
-    Only the import closure counts, not the whole folder: releases that ship the same kernel
-    files beside different tests or tools (0.12b, 0.12.1b and 0.13b do) share cache entries."""
-    start = Path(source)
+def _closure(start: Path) -> dict[str, tuple[Path, ast.Module | None]]:
+    """The file and every sibling module it imports, transitively: name -> (path, its AST)."""
     root = start.parent
-    seen: dict[str, Path] = {}
+    seen: dict[str, tuple[Path, ast.Module | None]] = {}
     todo = [start]
     while todo:
         p = todo.pop()
         if p.name in seen:
             continue
-        seen[p.name] = p
-        for name in _sibling_imports(p):
-            for candidate in (root / f"{name}.py", root / name / "__init__.py"):
-                if candidate.is_file():
-                    todo.append(candidate)
+        tree = _parse(p)
+        seen[p.name] = (p, tree)
+        for name in _sibling_imports(tree) if tree else ():
+            todo.extend(c for c in (root / f"{name}.py", root / name / "__init__.py") if c.is_file())
+    return seen
+
+
+def _defines(tree: ast.Module | None, name: str) -> bool:
+    return tree is not None and any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
+
+
+@lru_cache(maxsize=256)
+def source_hash(source: str, kernel_name: str | None = None) -> str:
+    """sha256 over the file that defines the kernel and every sibling module it imports.
+
+    Only that import closure counts, not the whole folder nor a re-exporting entry module:
+    releases that ship the same kernel files beside different tests or tools, or name another
+    entry module (0.12b and 0.12.1b plan `flash.py`, 0.13b `fwd_kernel.py`, …), share entries."""
+    files = _closure(Path(source))
+    if kernel_name:
+        home = next((p for p, tree in files.values() if _defines(tree, kernel_name)), None)
+        if home is not None:
+            files = _closure(home)
+    root = Path(source).parent
     h = hashlib.sha256()
-    for name in sorted(seen):
-        p = seen[name]
+    for name in sorted(files):
+        p = files[name][0]
         h.update(p.relative_to(root).as_posix().encode() + b"\0")
         h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
@@ -72,7 +89,7 @@ def cache_key(*, source: str, kernel_name: str, signature: str, num_warps: int, 
               waves_per_eu: int, arch: str, warp_size: int, triton_version: str) -> str:
     ident = {
         "format": CACHE_FORMAT,
-        "sources": source_hash(source),
+        "sources": source_hash(source, kernel_name),
         "kernel": kernel_name,
         "signature": ",".join(s.strip() for s in signature.split(",")),
         "options": {"num_warps": num_warps, "num_stages": num_stages, "waves_per_eu": waves_per_eu},
