@@ -428,11 +428,19 @@ def test_tile_replacement_then_report_cap(tmp_path, version):
 
 
 def test_default_spec_replaces_the_tiles_that_spill_at_wpe1():
+    """Each replacement's donor tile spills at waves_per_eu=1 in the committed compile report
+    (fp16 or bf16), and every measured config of its target tile at waves_per_eu=1 is clean."""
     spec = load_spec(None).spec
     reps = spec.rows.tile_replacements
-    assert reps and all(r.family == "attn_fwd" and (r.block_m, r.block_n) == (128, 128) for r in reps)
+    assert reps
     report = json.loads((Path(__file__).resolve().parents[1] / "tuning/gfx908/compile_report.json").read_text())
+
+    def at_wpe1(r, tile):
+        return {name: c["verdict"] for name, c in report["configs"].items()
+                if (p := KernelConfig.try_parse(name)) and p.family == r.family and p.head_dim == r.head_dim
+                and (p.block_m, p.block_n) == tuple(tile) and p.waves_per_eu == 1 and p.dtype in ("fp16", "bf16")}
+
     for r in reps:
-        for dt in ("fp16", "bf16"):
-            name = f"attn_fwd.gfx908.{dt}.d{r.head_dim}.M{r.to[0]}N{r.to[1]}.wpe1.w4.s1.plv0"
-            assert report["configs"][name]["verdict"] == "ok", name
+        source, target = at_wpe1(r, (r.block_m, r.block_n)), at_wpe1(r, r.to)
+        assert "spills" in source.values(), (r, source)
+        assert target and set(target.values()) == {"ok"}, (r, target)
