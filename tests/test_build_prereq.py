@@ -25,7 +25,7 @@ def test_everything_missing_is_listed(tmp_path, monkeypatch):
     with pytest.raises(PrerequisiteError) as ei:
         check_prerequisites(tmp_path, sys.executable, need_triton=True)
     msg = str(ei.value)
-    for needle in ("apt-get install -y cmake", "ninja-build", "g++", "pkg-config",
+    for needle in ("apt-get install -y cmake", "ninja-build", "clang-15", "pkg-config",
                    "libamdhip64-dev", "libamd-comgr-dev", "libhsa-runtime-dev", "rocm-device-libs",
                    "pip install surely-not-installed-pkg-xyz"):
         assert needle in msg, needle
@@ -61,3 +61,25 @@ def test_triton_version_from_the_spec(tmp_path, monkeypatch):
         else:
             with pytest.raises(PrerequisiteError, match=r"gfx906.*'>=3.8.0,<3.9'"):
                 check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906)
+
+
+def test_compiler_choice_prefers_clang_then_the_newest_versioned_clang(tmp_path, monkeypatch):
+    """0.12b+ headers need Clang (GCC rejects `[[deprecated]] AOTRITON_API` in a class head);
+    Debian's hipcc brings clang-15 without the plain `clang++` name."""
+    def tool(name):
+        p = tmp_path / name
+        p.write_text("#!/bin/sh\n")
+        p.chmod(0o755)
+        return str(p)
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert prereq.find_compiler("clang++", ("g++",)) is None
+    gxx = tool("g++")
+    assert prereq.find_compiler("clang++", ("g++",)) == gxx
+    tool("clang++-9")
+    newest = tool("clang++-15")
+    tool("clang++-15.bak")
+    assert prereq.find_compiler("clang++", ("g++",)) == newest
+    assert prereq.find_compiler("clang++", ("g++",)) != tool("clang++-tidy")
+    plain = tool("clang++")
+    assert prereq.find_compiler("clang++", ("g++",)) == plain

@@ -178,6 +178,24 @@ def probe_python(python: str, names: list[str]) -> dict:
     return json.loads(proc.stdout)
 
 
+def find_compiler(clang: str, others: tuple[str, ...]) -> str | None:
+    """Clang first, as upstream builds with (ROCm's clang via hipcc): 0.12b+ headers put GNU
+    attributes after `[[deprecated]]` in class heads, which GCC rejects. `clang++`, else the newest
+    versioned `clang++-N` on PATH (Debian's hipcc brings clang-15 without the plain name), else
+    GCC (enough for 0.10b-0.11.2b)."""
+    if shutil.which(clang):
+        return shutil.which(clang)
+    versioned = {}
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        for p in Path(folder or ".").glob(f"{clang}-[0-9]*"):
+            tail = p.name[len(clang) + 1:]
+            if tail.isdigit() and os.access(p, os.X_OK):
+                versioned.setdefault(int(tail), str(p))
+    if versioned:
+        return versioned[max(versioned)]
+    return next((shutil.which(o) for o in others if shutil.which(o)), None)
+
+
 def _check_tools(missing: list[str], warnings: list[str]) -> dict:
     """cmake, ninja, the C/C++ compilers, pkg-config and liblzma."""
     cmake = shutil.which("cmake")
@@ -193,12 +211,12 @@ def _check_tools(missing: list[str], warnings: list[str]) -> dict:
     ninja = shutil.which("ninja")
     if not ninja:
         missing.append("ninja: apt-get install -y ninja-build   (or: pip install ninja)")
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or shutil.which("clang")
+    cxx = os.environ.get("CXX") or find_compiler("clang++", ("g++", "c++"))
+    cc = os.environ.get("CC") or find_compiler("clang", ("gcc", "cc"))
     if not cxx or not shutil.which(cxx):
-        missing.append("a C++20 compiler: apt-get install -y g++")
+        missing.append("a C++20 compiler: apt-get install -y clang-15 (Debian 12; hipcc depends on it)")
     if not cc or not shutil.which(cc):
-        missing.append("a C compiler: apt-get install -y gcc")
+        missing.append("a C compiler: apt-get install -y clang-15")
     pkgconfig = shutil.which("pkg-config") or shutil.which("pkgconf")
     if not pkgconfig:
         missing.append("pkg-config: apt-get install -y pkg-config")
