@@ -194,3 +194,32 @@ def test_cli_refuses_newer_release_with_one_message(tmp_path):
     assert "AOTriton 0.14b is not supported; supported releases: " in res.stderr
     assert "Traceback" not in res.stderr
     assert snapshot(tree) == before
+
+
+def test_revert_refuses_an_unknown_release_it_never_applied_but_reverts_an_applied_one(tmp_path, spec):
+    """A never-applied tree of an unknown release: one message naming the supported releases,
+    exit 2, nothing written (as apply). A tree applied before its version lines changed (an
+    upstream merge) is still revertable: the lock, not the tree, names the release; apply edited
+    CMakeLists.txt, so the changed version lines are a local change that --force discards."""
+    tree = make_fake_tree(tmp_path / "t", (0, 12, 0))
+    cm = tree / "CMakeLists.txt"
+    bumped = cm.read_text().replace("MINOR_INT 12", "MINOR_INT 14")
+    assert bumped != cm.read_text()
+    cm.write_text(bumped)
+    before = snapshot(tree)
+    res = CliRunner().invoke(app, ["revert", str(tree)])
+    assert res.exit_code == 2, res.output
+    assert [l for l in res.stderr.splitlines() if l.strip()] == [
+        f"error: {tree}: AOTriton 0.14b is not supported; supported releases: 0.10b, 0.11b, 0.11.1b, "
+        "0.11.2b, 0.12b, 0.12.1b, 0.13b"]
+    assert "nothing to revert" not in res.output and snapshot(tree) == before
+
+    cm.write_text(cm.read_text().replace("MINOR_INT 14", "MINOR_INT 12"))
+    pristine = snapshot(tree)
+    apply_overlay(tree, spec)
+    cm.write_text(cm.read_text().replace("MINOR_INT 12", "MINOR_INT 14"))
+    res = CliRunner().invoke(app, ["revert", str(tree)])
+    assert res.exit_code == 2 and "CMakeLists.txt" in res.output and "not supported" not in res.output
+    res = CliRunner().invoke(app, ["revert", str(tree), "--force"])
+    assert res.exit_code == 0, res.output
+    assert snapshot(tree) == pristine

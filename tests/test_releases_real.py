@@ -24,6 +24,7 @@ STAGES = (
     ("plan",),
     ("precompile", "--sample", "2", "--no-cache"),
     ("build", "--noimage", "--prefix", "{prefix}"),
+    ("revert",),  # never applied: not "nothing to revert" (exit 0) but the same refusal
 )
 
 

@@ -444,3 +444,59 @@ def test_default_spec_replaces_the_tiles_that_spill_at_wpe1():
         source, target = at_wpe1(r, (r.block_m, r.block_n)), at_wpe1(r, r.to)
         assert "spills" in source.values(), (r, source)
         assert target and set(target.values()) == {"ok"}, (r, target)
+
+
+
+def _warps(content: bytes, table: str, tmp_path: Path) -> list[int]:
+    _, payload = read_tarxz(content, "x")
+    p = tmp_path / "w.sqlite3"
+    p.write_bytes(payload)
+    conn = sqlite3.connect(p)
+    try:
+        return [w for (w,) in conn.execute(
+            f'SELECT "compiler_options$num_warps" FROM "{table}" WHERE gpu = \'gfx908_mod0\'')]
+    finally:
+        conn.close()
+        p.unlink()
+
+
+@pytest.mark.parametrize("version", [(0, 12, 0), (0, 11, 0)])
+def test_min_num_warps_raises_the_seeded_rows_of_its_families(tmp_path, version):
+    """rows.min_num_warps: a family's seeded rows with fewer warps get the floor (counted as
+    warps_raised), rows at or above it and families without a floor keep theirs; the compile
+    report then judges the raised config (here: one it never measured)."""
+    tree = make_fake_tree(tmp_path / "t", version)
+    limits = waves_per_eu_limits(_fake_report(), "gfx908", None, None)
+    plain = _build(tree, dict(ROWS, waves_per_eu_limits=limits), "attn_fwd")
+    donor_warps = _warps(plain.content, "FLASH$attn_fwd", tmp_path)
+    assert donor_warps and set(donor_warps) == {4}
+    assert "warps_raised" not in plain.tables["FLASH$attn_fwd"].as_dict()
+
+    raised = _build(tree, dict(ROWS, waves_per_eu_limits=limits, min_num_warps={"attn_fwd": 8}), "attn_fwd")
+    st = raised.tables["FLASH$attn_fwd"]
+    assert _warps(raised.content, "FLASH$attn_fwd", tmp_path) == [8] * len(donor_warps)
+    assert st.warps_raised == st.donor_rows > 0 and st.as_dict()["warps_raised"] == st.warps_raised
+    assert st.compile_unmeasured and all(".w8." in c for c in st.compile_unmeasured)
+
+    same = _build(tree, dict(ROWS, min_num_warps={"attn_fwd": 4}), "attn_fwd")
+    assert same.tables["FLASH$attn_fwd"].warps_raised == 0
+    assert _warps(same.content, "FLASH$attn_fwd", tmp_path) == donor_warps
+    other = _build(tree, dict(ROWS, min_num_warps={"bwd_kernel_dq": 8}), "attn_fwd")
+    assert _warps(other.content, "FLASH$attn_fwd", tmp_path) == donor_warps
+
+
+def test_min_num_warps_is_in_rows_json_and_the_spec_hash_only_when_set():
+    """The committed overlay's rows/<arch>.json and spec hash of specs without the field stay as
+    they were (render --check of the default spec); a spec that sets it carries it through."""
+    mi100 = load_spec(None).spec
+    assert "min_num_warps" not in mi100.model_dump(mode="json")["rows"]
+    plan = RowsPlan.build(mi100, [], None)
+    assert plan.min_num_warps == {} and "min_num_warps" not in plan.to_json()
+
+    rdna2 = load_spec(Path(__file__).resolve().parents[1] / "rules/rdna2.yaml").spec
+    floors = {"attn_fwd": 8, "bwd_kernel_dk_dv": 8, "bwd_kernel_dq": 8, "bwd_kernel_fuse": 8}
+    assert rdna2.model_dump(mode="json")["rows"]["min_num_warps"] == floors
+    plan = RowsPlan.build(rdna2, [], None)
+    assert plan.to_json()["min_num_warps"] == floors
+    assert RowsPlan.from_json(plan.to_json(), rdna2.arch) == plan
+    assert plan.num_warps_for("bwd_kernel_dq", 2) == 8 and plan.num_warps_for("attn_fwd", 16) == 16

@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
+from codegen.models import KernelConfig
 from codegen.spec import load_spec
 from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import snapshot
@@ -48,6 +49,11 @@ def test_target_apply_plan_revert(pristine_tree, fresh_tree, name, tag, with_pla
     assert res.exit_code == 0, res.output
     first = json.loads(res.stdout)
     assert first["release"] == tag and first["ok"]
+    floors = spec.rows.min_num_warps.as_dict()  # rdna2: 8 for every family (the donor's 2/4-warp rows spill)
+    if floors:
+        raised = {t: st["warps_raised"] for tables in first["rows"].values() for t, st in tables.items()
+                  if st.get("warps_raised")}
+        assert raised and all(t.split("$")[-1] in floors for t in raised), raised
     # the arch lists hold the arch, whichever arch `like` names and wherever it sits
     cmake = (tree / "CMakeLists.txt").read_text(encoding="utf-8")
     arch_list = re.search(r'set\(AOTRITON_TARGET_ARCH "([^"]*)"', cmake).group(1).split(";")
@@ -72,6 +78,10 @@ def test_target_apply_plan_revert(pristine_tree, fresh_tree, name, tag, with_pla
         assert {k for k in plan["by_head_dim"] if k != "none"} == {str(h) for h in spec.head_dims}
         assert set(plan["by_dtype"]) == set(spec.dtypes)
         assert {name.split(".")[1] for name in plan["by_config"]} == {spec.arch}
+        # the tree's own generator compiles only raised configs: the rows hold no fewer warps
+        low = [n for n in plan["by_config"] if n.split(".")[0] in floors
+               and KernelConfig.parse(n).num_warps < floors[n.split(".")[0]]]
+        assert low == []
         assert plan["total"] > 0 and snapshot(tree) == applied
 
     res = _cli("revert", str(tree))

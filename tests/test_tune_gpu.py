@@ -1,7 +1,10 @@
 """tune on a GPU: the tree's kernels run with a chosen config, pass the fp64 check, wrong output
 fails it, and a CLI run resumes without re-measuring. Needs torch + triton + a GPU and an
-AOTriton source tree with tritonsrc/ (AOTRITON_SRC, any of 0.10b-0.11.2b; else the newest release
-whose kernels tune launches, from AOTRITON_GIT or the shared release archive)."""
+AOTriton source tree: AOTRITON_SRC when set (any release), else one tree per kernel-signature
+generation from AOTRITON_GIT or the shared release archive: 0.11.2b (the signatures of
+0.10b-0.11.2b), 0.12b (0.12b's, in tritonsrc/) and 0.13b (the same kernels in
+modules/flash/kernel/; 0.12b, 0.12.1b and 0.13b have byte-identical kernel files). The CPU
+side of the same launchers, against every release: tests/test_tune_launch_args.py."""
 
 from __future__ import annotations
 
@@ -23,17 +26,17 @@ def _gpu_or_skip() -> None:
         pytest.skip("needs a GPU visible to torch")
 
 
-@pytest.fixture(scope="module")
-def tree(pristine_tree) -> Path:
-    """AOTRITON_SRC when it has tritonsrc/, else the newest release tune launches from the usual
-    sources (AOTRITON_GIT or the shared release archive, see conftest)."""
-    _gpu_or_skip()
-    src = os.environ.get("AOTRITON_SRC")
-    if src and (Path(src) / "tritonsrc" / "flash.py").is_file():
-        return Path(src)
-    from codegen.upstream import ADAPTERS
+GPU_RELEASES = ("0.11.2b", "0.12b", "0.13b")
 
-    return pristine_tree([a.release for a in ADAPTERS.values() if a.tune_launchers][-1])
+
+@pytest.fixture(scope="module", params=["AOTRITON_SRC"] if os.environ.get("AOTRITON_SRC") else GPU_RELEASES)
+def tree(request, pristine_tree) -> Path:
+    """AOTRITON_SRC when set, else each of GPU_RELEASES from the usual sources (AOTRITON_GIT or
+    the shared release archive, see conftest)."""
+    _gpu_or_skip()
+    if request.param == "AOTRITON_SRC":
+        return Path(os.environ["AOTRITON_SRC"])
+    return pristine_tree(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,9 @@ from typer.testing import CliRunner
 from codegen.cli import app
 from codegen.spec import load_spec
 from codegen.upstream import SUPPORTED_RELEASES
-from codegen.validate.cases import KERNEL_SHAPES, SHAPES, block_dmodel, sdpa_cases, tolerance
-from codegen.validate.kernels import FAMILY_MODULES, param_values, plan_tasks, tree_source_dir
+from codegen.upstream.kernel_args import FAMILY_MODULES, block_dmodel, param_values
+from codegen.validate.cases import KERNEL_SHAPES, SHAPES, sdpa_cases, tolerance
+from codegen.validate.kernels import plan_tasks, tree_source_dir
 from codegen.validate.report import render_markdown, summarize
 
 runner = CliRunner()
@@ -225,16 +226,9 @@ def test_report_compares_the_gpus_compute_units_with_the_spec():
                                          ("0.13b", "modules/flash/kernel")])
 def test_kernel_folder_comes_from_the_adapter(pristine_tree, tag, folder):
     """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel);
-    tune accepts the trees whose kernel signatures its launchers know (to 0.11.2b) and refuses
-    the others with one message."""
-    from codegen.errors import UserError
+    tune accepts every release's tree (its launchers pass arguments by name)."""
     from codegen.tune.run import _check_tree
-    from codegen.upstream import detect
 
     tree = pristine_tree(tag)
     assert tree_source_dir(tree) == tree / folder
-    if detect(tree).tune_launchers:
-        _check_tree(tree)  # accepted: flash.py is there and tune knows its signatures
-    else:
-        with pytest.raises(UserError, match="cannot launch the kernels"):
-            _check_tree(tree)
+    _check_tree(tree)  # accepted: flash.py is there

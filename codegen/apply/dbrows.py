@@ -2,7 +2,8 @@
 
 Rows are derived, for every target GPU of the spec, from the donor GPU's rows
 (`spec.rows.donor_gpu`) restricted to the spec's head dims and dtypes, renamed to the target
-GPU, with `waves_per_eu` capped (`rows.waves_per_eu_caps`, then `rows.default_max_waves_per_eu`,
+GPU, donor tiles replaced (`rows.tile_replacements`), `num_warps` raised to the family's floor
+(`rows.min_num_warps`), with `waves_per_eu` capped (`rows.waves_per_eu_caps`, then `rows.default_max_waves_per_eu`,
 then the compile report's `waves_per_eu_limits`: the largest waves_per_eu that compiled without
 spills for the row's config) and finally overridden by measured rows (`overlay.rows['measured']`).
 Every final row's config is checked against the compile report: configs that spill or fail
@@ -70,6 +71,7 @@ class TableStats:
     written: int = 0
     capped: int = 0
     replaced: int = 0
+    warps_raised: int = 0
     measured: int = 0
     measured_unmatched: int = 0
     compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
@@ -84,6 +86,8 @@ class TableStats:
                "measured_unmatched": self.measured_unmatched}
         if self.replaced:
             out["tiles_replaced"] = self.replaced
+        if self.warps_raised:
+            out["warps_raised"] = self.warps_raised
         if self.compile_checked:
             out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
                         "compile_unclean": list(self.compile_unclean),
@@ -278,8 +282,9 @@ def _memo(memo: dict, key: tuple, fn: Callable):
 
 def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkable: bool, st: TableStats,
           memo: dict) -> list:
-    """A donor row renamed to `gpu`; tile replaced, then waves_per_eu capped (the spec's caps,
-    then the compile report's largest spill-free waves_per_eu)."""
+    """A donor row renamed to `gpu`; tile replaced, num_warps raised to the family's floor, then
+    waves_per_eu capped (the spec's caps, then the compile report's largest spill-free
+    waves_per_eu for the row's final config)."""
     row = list(donor)
     row[c.ix[db.GPU]] = gpu
     tile = c.tile(family, row)
@@ -289,6 +294,11 @@ def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkabl
         row[c.ix[c.bm]], row[c.ix[c.bn]] = to
         st.replaced += 1
         tile = c.tile(family, row)
+    if c.nw and row[c.ix[c.nw]] is not None:
+        nw = plan.num_warps_for(family, row[c.ix[c.nw]])
+        if nw != row[c.ix[c.nw]]:
+            row[c.ix[c.nw]] = nw
+            st.warps_raised += 1
     if tile is not None and c.w and row[c.ix[c.w]] is not None:
         cap = _memo(memo, ("cap", tile), lambda: plan.cap_for(tile))
         if cap is not None and row[c.ix[c.w]] > cap:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserError
-from ..upstream import UnsupportedTree
+from ..upstream import UnsupportedTree, detect
 from .journal import Transaction, recover
 from .lock import LOCK_NAME, ApplyLock, read_lock
 from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
@@ -64,7 +64,10 @@ def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], 
 def revert_tree(tree: Path | str, force: bool = False) -> Result:
     """Restore the tree byte-for-byte to its state before the first apply (created files, the
     lock and the backups removed). Refuses (ApplyConflict) when an applied file was changed
-    since, unless `force`: then each such file's verdict says what local change was discarded."""
+    since, unless `force`: then each such file's verdict says what local change was discarded.
+    A tree without a lock has nothing to revert; if `detect` refuses it (an unknown release such
+    as upstream's development branch), so does revert (UnsupportedTree, exit 2), writing nothing.
+    An applied tree is reverted whatever its CMakeLists.txt says now (the lock names the release)."""
     tree = Path(tree).resolve()
     if not tree.is_dir():
         raise UnsupportedTree(f"{tree}: not a directory")
@@ -75,6 +78,9 @@ def revert_tree(tree: Path | str, force: bool = False) -> Result:
         if lock is None:
             if (tree / BACKUP_DIR).exists():
                 raise UserError(f"{tree}: {BACKUP_DIR}/ exists but {LOCK_NAME} does not: cannot revert safely")
+            # no lock: never applied (or a first apply that recover just rolled back); a tree apply
+            # would refuse (an unknown release, not an AOTriton tree) is refused the same way
+            detect(tree)
             return result
         result.release, result.adapter = lock.release, lock.adapter
         result.spec_sha256, result.manifest_sha256 = lock.spec_sha256, lock.manifest_sha256

@@ -117,6 +117,12 @@ def _check_rows_and_registration(spec: TargetSpec, err) -> None:
                 f"replacement tile [{m}, {n}] must be powers of two with BLOCK_M >= BLOCK_N")
         if (m, n) == (rep.block_m, rep.block_n):
             err(("rows", "tile_replacements", i, "to"), "replacement tile equals the tile it replaces")
+    for family, floor in spec.rows.min_num_warps.as_dict().items():
+        allowed = spec.family_space(family).num_warps
+        if floor not in allowed:
+            err(("rows", "min_num_warps", family),
+                f"{floor} warps is not one of tuning.{family}.num_warps {sorted(allowed)}: the raised "
+                "rows would select configs outside the tuning space")
     if spec.registration.like == spec.arch:
         err(("registration", "like"), "registration must clone another arch's entries")
 

@@ -100,17 +100,19 @@ class RowsPlan:
     tile_replacements: tuple[TileReplacement, ...] = ()
     waves_per_eu_limits: dict | None = None  # codegen.models.limits.waves_per_eu_limits (a JSON table)
     measured: tuple[Winner, ...] = field(default_factory=tuple)
+    min_num_warps: dict[str, int] = field(default_factory=dict)  # family -> floor (spec rows.min_num_warps)
 
     @classmethod
     def build(cls, spec: TargetSpec, measured: list[Winner], limits: dict | None) -> "RowsPlan":
         r = spec.rows
         return cls(spec.arch, tuple(spec.gpus), r.donor_gpu, tuple(spec.head_dims), tuple(sorted(spec.dtypes)),
                    tuple(r.waves_per_eu_caps), r.default_max_waves_per_eu, tuple(r.tile_replacements),
-                   limits, tuple(measured))
+                   limits, tuple(measured), r.min_num_warps.as_dict())
 
     def to_json(self) -> dict:
-        """What rows/<arch>.json holds (the arch is its file name)."""
-        return {
+        """What rows/<arch>.json holds (the arch is its file name); `min_num_warps` only when
+        the spec sets one (rows files of specs without it stay as they were)."""
+        out = {
             "gpus": list(self.gpus),
             "donor_gpu": self.donor_gpu,
             "head_dims": list(self.head_dims),
@@ -121,6 +123,9 @@ class RowsPlan:
             "waves_per_eu_limits": self.waves_per_eu_limits,
             "measured": [m.to_json() for m in self.measured],
         }
+        if self.min_num_warps:
+            out["min_num_warps"] = dict(sorted(self.min_num_warps.items()))
+        return out
 
     @classmethod
     def from_json(cls, d: dict, arch: str) -> "RowsPlan":
@@ -128,7 +133,7 @@ class RowsPlan:
             arch, tuple(d["gpus"]), d["donor_gpu"], tuple(d["head_dims"]), tuple(sorted(d["dtypes"])),
             tuple(WavesCap(**c) for c in d.get("waves_per_eu_caps", [])), d.get("default_max_waves_per_eu"),
             tuple(TileReplacement(**t) for t in d.get("tile_replacements", [])), d.get("waves_per_eu_limits"),
-            tuple(Winner(**m) for m in d.get("measured", [])),
+            tuple(Winner(**m) for m in d.get("measured", [])), dict(d.get("min_num_warps", {})),
         )
 
     # -- the rules, each a small pure function around the one matcher --
@@ -148,6 +153,11 @@ class RowsPlan:
         if default is not None:
             cap = default if cap is None else min(cap, default)
         return cap
+
+    def num_warps_for(self, family: str, num_warps: int) -> int:
+        """A seeded row's num_warps raised to the family's floor (rows.min_num_warps)."""
+        floor = self.min_num_warps.get(family)
+        return num_warps if floor is None or num_warps >= floor else floor
 
     def measured_for(self, family: str) -> list[Winner]:
         return [m for m in self.measured if m.family == family]

@@ -11,7 +11,7 @@ import re
 from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from .dtypes import DTYPE_INFO
 
@@ -42,6 +42,7 @@ def gpu_mod(gpu: str) -> int:
 RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$")
 
 PowerOfTwoTile = Annotated[int, Field(ge=16, le=256)]
+NumWarps = Literal[1, 2, 4, 8, 16]  # the num_warps a tuning space may hold (powers of two)
 
 
 class _Model(BaseModel):
@@ -161,7 +162,7 @@ class FamilySpace(_Model):
     waves_per_eu: list[Annotated[int, Field(ge=0, le=10)]] = Field(
         min_length=1, description="AMD occupancy hint; 0 = no hint."
     )
-    num_warps: list[Literal[1, 2, 4, 8, 16]] = Field(min_length=1)
+    num_warps: list[NumWarps] = Field(min_length=1)
     num_stages: list[Annotated[int, Field(ge=1, le=4)]] = Field([1], min_length=1)
     pre_load_v: list[bool] | None = Field(
         None, description="attn_fwd only: load V before the softmax (PRE_LOAD_V)."
@@ -200,6 +201,20 @@ class TileReplacement(_Model):
     reason: str = Field(min_length=1)
 
 
+class MinNumWarps(_Model):
+    """Per kernel family: the fewest warps a seeded row may have (donor rows with fewer spill on
+    the target). Each value must be one of the family's `tuning.<family>.num_warps`."""
+
+    attn_fwd: NumWarps | None = None
+    bwd_kernel_dk_dv: NumWarps | None = None
+    bwd_kernel_dq: NumWarps | None = None
+    bwd_kernel_fuse: NumWarps | None = None
+
+    def as_dict(self) -> dict[str, int]:
+        """family -> floor, for the families that have one."""
+        return {f: n for f in FAMILIES if (n := getattr(self, f)) is not None}
+
+
 class Rows(_Model):
     """Where the target's own tuning-database rows come from until measured rows exist."""
 
@@ -212,6 +227,12 @@ class Rows(_Model):
         default_factory=list,
         description="Seeded rows with these tiles get another tile (before the waves_per_eu caps): "
         "for donor configs that spill on the target even at waves_per_eu=1.",
+    )
+    min_num_warps: MinNumWarps = Field(
+        default_factory=MinNumWarps,
+        description="Seeded rows of a family with fewer warps get this many (after the tile "
+        "replacements, before the waves_per_eu caps): for donor rows whose num_warps spill on "
+        "the target at any tile. One of the family's tuning num_warps.",
     )
     use_proxy_measurements: bool = Field(
         False,
@@ -226,6 +247,15 @@ class Rows(_Model):
         if not GPU_RE.match(v):
             raise ValueError(f"'{v}' is not a GPU name like 'gfx90a_mod0'")
         return v
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_floors(self, handler):
+        """No `min_num_warps` in the dump when no family has a floor: a spec that does not use
+        the field keeps the meaning hash (`spec_sha256`) it had before the field existed."""
+        out = handler(self)
+        if isinstance(out, dict) and not self.min_num_warps.as_dict():
+            out.pop("min_num_warps", None)
+        return out
 
 
 class Registration(_Model):

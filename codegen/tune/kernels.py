@@ -1,10 +1,13 @@
-"""GPU side: launch the AOTriton tree's own Triton kernels (imported from AOTRITON_DIR/tritonsrc
-at run time, never copied) with a chosen config, check them against an fp64 reference and time
-them. Needs torch and triton; imported only by GPU paths.
+"""GPU side: launch the AOTriton tree's own Triton kernels (imported at run time from the
+release's kernel folder, `tritonsrc/` or 0.13b's `modules/flash/kernel/`, never copied) with a
+chosen config, check them against an fp64 reference and time them. Needs torch and triton;
+imported only by GPU paths.
 
-The launch argument lists follow the kernels' signatures in the tree (0.11b `tritonsrc/`:
-`fwd_kernel.attn_fwd`, `bwd_preprocess`, `bwd_kernel_dk_dv`, `bwd_kernel_dq`,
-`bwd_kernel_fuse`). On NVIDIA the AMD-only launch option `waves_per_eu` is dropped.
+Arguments are passed by name, bound to each kernel's own parameter list
+(`codegen.upstream.kernel_args`, shared with `validate --kernels`), so the kernels of every
+supported release (0.10b-0.13b: `attn_fwd`, `bwd_preprocess`, `bwd_kernel_dk_dv`,
+`bwd_kernel_dq`, `bwd_kernel_fuse`) launch with the same code. On NVIDIA the AMD-only launch
+option `waves_per_eu` is dropped.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +23,13 @@ os.environ.setdefault("TRITON_F32_DEFAULT", "ieee")  # the tree's launcher asser
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from ..upstream import kernel_dirs_text, kernel_source_dir
-
+from ..errors import UpstreamError  # noqa: E402
 from ..models.dtypes import DTYPE_INFO  # noqa: E402
+from ..upstream import kernel_dirs_text, kernel_source_dir  # noqa: E402
+from ..upstream.kernel_args import bind, load_kernels, param_values  # noqa: E402
 
 # the torch dtypes of the one dtype table (codegen.models.dtypes)
 TORCH_DTYPES = {k: getattr(torch, d.torch_attr) for k, d in DTYPE_INFO.items()}
-CAUSAL_TYPE_WINDOWED = 3  # what the tree's launcher uses for causal=True (top-left)
 
 # Tolerances, after upstream's test harness: an output passes when its max abs error against
 # the fp64 reference is <= max(ATOL[dtype], FUDGE[tensor] * error of a PyTorch computation in
@@ -47,15 +49,12 @@ def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
-def load_tree_module(aotriton_dir: Path):
+def load_tree_kernels(aotriton_dir: Path) -> dict:
+    """family -> the tree's own kernel (imported by `codegen.upstream.kernel_args.load_kernels`)."""
     src = kernel_source_dir(aotriton_dir)
     if src is None or not (src / "flash.py").is_file():
         raise FileNotFoundError(f"{aotriton_dir} has no {kernel_dirs_text()}: not an AOTriton source tree")
-    if str(src) not in sys.path:
-        sys.path.insert(0, str(src))
-    import flash  # noqa: PLC0415  (the tree's own module)
-
-    return flash
+    return load_kernels(src)
 
 
 def backend() -> str:
@@ -72,11 +71,31 @@ class Problem:
     sm_scale: float
 
 
+@dataclass
+class Launch:
+    """One kernel launch, ready to repeat: `launch()` runs `kernel[grid](**args, **opts)`
+    (zeroing `reset` first: the persistent grid's atomic counter). `args` are bound by name to
+    the kernel's own parameter list (`codegen.upstream.kernel_args.bind`)."""
+
+    kernel: object
+    grid: tuple
+    args: dict
+    opts: dict
+    reset: tuple = ()
+
+    def __call__(self) -> None:
+        for t in self.reset:
+            t.zero_()
+        self.kernel[self.grid](**self.args, **self.opts)
+
+
 class TreeKernels:
-    """Launchers for the tree's kernels with explicit tiles and compiler options."""
+    """Launchers for the tree's kernels with explicit tiles and compiler options. Every
+    argument is passed by name (`codegen.upstream.kernel_args`), so the kernels of every
+    supported release (0.10b-0.13b) launch with the same code."""
 
     def __init__(self, aotriton_dir: Path):
-        self.flash = load_tree_module(aotriton_dir)
+        self.kernels = load_tree_kernels(aotriton_dir)
         self.backend = backend()
         self._num_cu = {}
 
@@ -92,150 +111,75 @@ class TreeKernels:
                                  if dev.type == "cuda" else 8)  # cpu: Triton's interpreter
         return self._num_cu[dev]
 
+    def _launch(self, family: str, t: dict, shape: tuple, causal: bool, sm_scale: float, head_dim: int,
+                block_m: int, block_n: int, pre_load_v: bool, opts: dict) -> Launch:
+        kern = self.kernels.get(family)
+        if kern is None:
+            raise UpstreamError(f"this tree has no {family} kernel")
+        cfg = {"head_dim": head_dim, "block_m": block_m, "block_n": block_n, "pre_load_v": pre_load_v}
+        vals, grid = param_values(family, t, cfg, causal, shape, self.num_cu(t["q"].device),
+                                  sm_scale=sm_scale, preprocess_block_m=block_m)
+        reset = (t["counter"],) if vals["persistent_atomic_counter"] is t["counter"] else ()
+        return Launch(kern, grid, bind(kern, vals), opts, reset)
+
+    @staticmethod
+    def _buffers(p: Problem, **have) -> dict:
+        """The tensors `param_values` reads: the problem's, the given outputs, empty stand-ins
+        for the unused bias/alibi/varlen/dropout ones."""
+        q = p.q
+        dev = q.device
+        b = torch.empty((0, 0, 0, 0), device=dev, dtype=q.dtype)
+        t = dict(q=q, k=p.k, v=p.v, do=p.do, o=q, L=None, delta=None, dq=q, dk=p.k, dv=p.v, b=b, db=b,
+                 alibi=torch.empty((0, 0), device=dev, dtype=q.dtype),
+                 i32null=torch.empty((0,), device=dev, dtype=torch.int32),
+                 u64null=torch.empty((0,), device=dev, dtype=torch.uint64),
+                 counter=torch.zeros((1,), device=dev, dtype=torch.int32))
+        t.update(have)
+        return t
+
+    @staticmethod
+    def _shape(p: Problem) -> tuple[int, int, int, int, int]:
+        B, Hq, Sq, _ = p.q.shape
+        return (B, Hq, p.k.shape[1], Sq, p.k.shape[2])
+
     # ---- forward -------------------------------------------------------------------------
     def fwd_launcher(self, p: Problem, block_m, block_n, pre_load_v, opts):
         """Returns (launch, o, L): `launch()` runs the kernel into o/L (fresh each call)."""
-        q, k, v = p.q, p.k, p.v
-        B, Hq, Sq, D = q.shape
-        Hk, Sk = k.shape[1], k.shape[2]
-        dev = q.device
-        o = torch.empty_like(q)
-        L = torch.empty((B * Hq, Sq), device=dev, dtype=torch.float32)
-        b = torch.empty((0, 0, 0, 0), device=dev, dtype=q.dtype)
-        a = torch.empty((0, 0), device=dev, dtype=q.dtype)
-        null = torch.empty((0,), device=dev, dtype=torch.int32)
-        u64 = torch.empty((0,), device=dev, dtype=torch.uint64)
-        causal_type = CAUSAL_TYPE_WINDOWED if p.causal else 0
-        wl, wr = (Sq, 0) if p.causal else (0, 0)
-        if p.causal:
-            persistent, num_cu = 2, self.num_cu(dev)
-            counter = torch.zeros((1,), device=dev, dtype=torch.int32)
-            grid = (min(num_cu * 2, _cdiv(Sq, block_m) * Hq * B),)
-        else:
-            persistent, num_cu, counter = 0, 0, null
-            grid = (_cdiv(Sq, block_m), Hq, B)
-        kern = self.flash.attn_fwd
-
-        def launch():
-            if p.causal:
-                counter.zero_()
-            kern[grid](
-                q, k, v, b, a, p.sm_scale, L, o,
-                0, 0, 0, 0, 0,
-                *q.stride(), *k.stride(), *v.stride(), *o.stride(), *b.stride(), *a.stride(),
-                Num_head_q=Hq, Num_head_k=Hk, Num_seqlens=0, cu_seqlens_q=null, cu_seqlens_k=null,
-                Max_seqlen_q=Sq, Max_seqlen_k=Sk, BLOCK_DMODEL=D, Head_dim=D, PADDED_HEAD=False,
-                ENABLE_DROPOUT=False, dropout_p=0.0, philox_seed_ptr=u64, philox_offset1=u64,
-                philox_offset2=0, philox_seed_output=u64, philox_offset_output=u64,
-                RETURN_ENCODED_SOFTMAX=False, encoded_softmax=None,
-                CAUSAL_TYPE=causal_type, Window_left=wl, Window_right=wr, BIAS_TYPE=0,
-                USE_ALIBI=False, INT8=False, INT8_KV=False, USE_P_SCALE=False,
-                PERSISTENT_TYPE=persistent, persistent_atomic_counter=counter, Num_CU=num_cu,
-                GRID_CU_MULTIP=2, Batch=B, BLOCK_M=block_m, BLOCK_N=block_n,
-                PRE_LOAD_V=bool(pre_load_v), **opts,
-            )
-
+        B, Hq, Sq, D = p.q.shape
+        o = torch.empty_like(p.q)
+        L = torch.empty((B * Hq, Sq), device=p.q.device, dtype=torch.float32)
+        t = self._buffers(p, o=o, L=L, delta=L)
+        launch = self._launch("attn_fwd", t, self._shape(p), p.causal, p.sm_scale, D, block_m, block_n,
+                              bool(pre_load_v), opts)
         return launch, o, L
 
     # ---- backward ------------------------------------------------------------------------
-    def _bwd_common(self, p: Problem):
-        q = p.q
-        dev = q.device
-        return {
-            "b": torch.empty((0, 0, 0, 0), device=dev, dtype=q.dtype),
-            "null": torch.empty((0,), device=dev, dtype=torch.int32),
-            "u64": torch.empty((0,), device=dev, dtype=torch.uint64),
-            "causal_type": CAUSAL_TYPE_WINDOWED if p.causal else 0,
-            "window": (q.shape[2], 0) if p.causal else (0, 0),
-        }
-
-    @staticmethod
-    def _bwd_kwargs(p: Problem, c: dict, block_m: int, block_n: int, opts: dict) -> dict:
-        """Keyword arguments the three backward kernels share (by name, so order is free)."""
-        B, Hq, Sq, D = p.q.shape
-        Hk, Sk = p.k.shape[1], p.k.shape[2]
-        return dict(
-            num_head_q=Hq, num_head_k=Hk, cu_seqlens_q=c["null"], cu_seqlens_k=c["null"],
-            num_seqlens=0, max_seqlen_q=Sq, max_seqlen_k=Sk, head_dim=D, dropout_p=0.0,
-            philox_seed_ptr=c["u64"], philox_offset1=c["u64"], philox_offset2=0,
-            Window_left=c["window"][0], Window_right=c["window"][1],
-            BLOCK_M=block_m, BLOCK_DMODEL=D, BLOCK_N=block_n, CAUSAL_TYPE=c["causal_type"],
-            ENABLE_DROPOUT=False, PADDED_HEAD=False, BIAS_TYPE=0, **opts,
-        )
-
     def preprocess_launcher(self, o, do, delta, block_m: int = 64):
         B, H, Sq, D = o.shape
-        kern = self.flash.bwd_preprocess
+        p = Problem(o, o, o, do, False, 1.0)
+        t = self._buffers(p, o=o, L=delta, delta=delta)
+        return self._launch("bwd_preprocess", t, (B, H, H, Sq, Sq), False, 1.0, D, block_m, block_m,
+                            False, {})
 
-        def launch():
-            kern[(_cdiv(Sq, block_m), H, B)](
-                o, do, delta, *o.stride(), *do.stride(), Sq, D,
-                BLOCK_M=block_m, D_HEAD=D, PADDED_HEAD=False,
-            )
-
-        return launch
+    def _bwd_launcher(self, family: str, p: Problem, bufs: dict, block_m, block_n, opts) -> Launch:
+        t = self._buffers(p, **bufs)
+        return self._launch(family, t, self._shape(p), p.causal, p.sm_scale, p.q.shape[3], block_m, block_n,
+                            False, opts)
 
     def dkdv_launcher(self, p: Problem, L, delta, block_m, block_n, opts):
-        q, k, v, do = p.q, p.k, p.v, p.do
-        B, Hq, Sq, D = q.shape
-        Hk, Sk = k.shape[1], k.shape[2]
-        c = self._bwd_common(p)
-        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
-        dk, dv = torch.empty_like(k), torch.empty_like(v)
-        kern = self.flash.bwd_kernel_dk_dv
-        b = c["b"]
-
-        def launch():
-            kern[(_cdiv(Sk, block_n), Hk, B)](
-                q, k, v, b, p.sm_scale, do, dk, dv, L, delta,
-                *q.stride(), *k.stride(), *v.stride(), *b.stride(), *do.stride(),
-                *dk.stride(), *dv.stride(),
-                **kw,
-            )
-
-        return launch, (dk, dv)
+        dk, dv = torch.empty_like(p.k), torch.empty_like(p.v)
+        bufs = dict(L=L, delta=delta, dk=dk, dv=dv)
+        return self._bwd_launcher("bwd_kernel_dk_dv", p, bufs, block_m, block_n, opts), (dk, dv)
 
     def dq_launcher(self, p: Problem, L, delta, block_m, block_n, opts):
-        q, k, v, do = p.q, p.k, p.v, p.do
-        B, Hq, Sq, D = q.shape
-        c = self._bwd_common(p)
-        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
-        dq = torch.empty_like(q)
-        db = c["b"]
-        kern = self.flash.bwd_kernel_dq
-        b = c["b"]
-
-        def launch():
-            kern[(_cdiv(Sq, block_m), Hq, B)](
-                q, k, v, b, p.sm_scale, do, dq, db, L, delta,
-                *q.stride(), *k.stride(), *v.stride(), *b.stride(), *do.stride(), *dq.stride(),
-                0, 0, 0, 0,
-                **kw,
-            )
-
-        return launch, (dq,)
+        dq = torch.empty_like(p.q)
+        bufs = dict(L=L, delta=delta, dq=dq)
+        return self._bwd_launcher("bwd_kernel_dq", p, bufs, block_m, block_n, opts), (dq,)
 
     def fuse_launcher(self, p: Problem, o, L, block_m, block_n, opts):
-        q, k, v, do = p.q, p.k, p.v, p.do
-        B, Hq, Sq, D = q.shape
-        Hk, Sk = k.shape[1], k.shape[2]
-        c = self._bwd_common(p)
-        kw = self._bwd_kwargs(p, c, block_m, block_n, opts)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        db = c["b"]
-        kern = self.flash.bwd_kernel_fuse
-        b = c["b"]
-        grid = (_cdiv(Sk, block_n) + _cdiv(Sq, block_n) * (Hq // Hk), Hk, B)
-
-        def launch():
-            kern[grid](
-                q, k, v, b, p.sm_scale, o, do, dk, dv, dq, db, L,
-                *q.stride(), *k.stride(), *v.stride(), *b.stride(), *o.stride(), *do.stride(),
-                *dk.stride(), *dv.stride(), *dq.stride(), 0, 0, 0, 0,
-                **kw,
-            )
-
-        return launch, (dk, dv, dq)
+        dq, dk, dv = torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
+        bufs = dict(o=o, L=L, delta=L, dq=dq, dk=dk, dv=dv)
+        return self._bwd_launcher("bwd_kernel_fuse", p, bufs, block_m, block_n, opts), (dk, dv, dq)
 
 
 # ---- problems and references ------------------------------------------------------------

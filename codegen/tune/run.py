@@ -22,7 +22,7 @@ from . import runner
 from .grid import GridFilter, plan_tuning, validate_filter
 from .importer import parse_records
 from .store import ResultStore
-from ..upstream import ADAPTERS, UnsupportedTree, detect, kernel_dirs_text, kernel_source_dir
+from ..upstream import kernel_dirs_text, kernel_source_dir
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -82,18 +82,6 @@ def _check_tree(aotriton_dir: Path) -> None:
         raise UserError(
             f"{aotriton_dir} has no {kernel_dirs_text()}: not an AOTriton source tree",
             hint="pass the root of an extracted AOTriton release, e.g. /work/scratch/aotriton-0.11b",
-        )
-    try:
-        adapter = detect(aotriton_dir)
-    except UnsupportedTree:
-        return  # a bare kernel checkout: its signatures are checked when the kernels load
-    if not adapter.tune_launchers:
-        able = ", ".join(a.release for a in ADAPTERS.values() if a.tune_launchers)
-        raise UserError(
-            f"{aotriton_dir}: tune cannot launch the kernels of AOTriton {adapter.release} yet (their "
-            f"signatures gained parameters tune does not supply); it tunes with the kernels of {able}",
-            hint="tune against a tree of one of those releases (the winners are configs, valid for every "
-                 "release of the spec); `validate --kernels` checks this release's kernels with the spec's configs",
         )
 
 

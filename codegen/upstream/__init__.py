@@ -26,7 +26,8 @@ Stable API (other stages call it; keep it compatible):
     adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
                                     # '.' (central) or 'database' (sharded)
     adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate:
-                                    # 'tritonsrc' or 'modules/flash/kernel' (0.13b)
+                                    # 'tritonsrc' or 'modules/flash/kernel' (0.13b); their
+                                    # parameters, by name, in `kernel_args`
     adapter.image_format            # how an install lays out kernel images: 'aks2' (one file per
                                     # kernel) or 'zip' (0.13b: flash/<kernel>.zip per arch folder)
     adapter.required_files          # files whose presence identifies the layout
@@ -36,7 +37,8 @@ Release knowledge beside the adapter table, one module each: `layouts` (where a 
 keeps its files), `edits` (the anchored edits as typed records), `tuning_db` (table and column
 names, winner -> row), `database` (composing the DB as CMake does), `generator` (the
 environment the tree's own Python tools run in), `registration` (is the target registered; may a
-spec be applied to this release).
+spec be applied to this release), `kernel_args` (importing the tree's Triton kernels and passing
+their parameters by name, for tune and validate --kernels).
 
 How detection works: the top CMakeLists.txt's `set(AOTRITON_VERSION_{MAJOR,MINOR,PATCH}_INT n)`
 lines give the version (there is no `project(... VERSION ...)`); the version picks the adapter
@@ -104,9 +106,6 @@ class Adapter:
     exports_v3_api: bool = True
     # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
     clones_aiter: bool = False
-    # `tune`'s launchers pass this release's kernel signatures (those of 0.10b-0.11.2b; 0.12b
-    # added strided-sequence, split head-dim and XCD parameters tune does not supply yet)
-    tune_launchers: bool = True
     package_dir: str | None = None
     kernel_dir: str = "tritonsrc"
     image_format: str = "aks2"
@@ -162,7 +161,7 @@ def _sharded(version: tuple[int, int, int]) -> Adapter:
         build_db_dir="database",
         required_files=COMMON_FILES + (tdb, odb, "v3python/database_compose.py"),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
-        clones_aiter=version >= (0, 12, 0), tune_launchers=version < (0, 12, 0),
+        clones_aiter=version >= (0, 12, 0),
     )
 
 
@@ -195,7 +194,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         image_format="zip",
         foreign_paths=("v3python/generate.py",),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
-        clones_aiter=True, tune_launchers=False,
+        clones_aiter=True,
     )
 
 

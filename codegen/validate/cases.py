@@ -94,14 +94,5 @@ def tolerance(kind: str, dtype: str, ref_max: float, math_err: float | None) -> 
     return tol
 
 
-def block_dmodel(head_dim: int) -> int:
-    """The kernels' BLOCK_DMODEL: head_dim rounded up to a multiple of 16 that splits into at
-    most three powers of two (how the Triton kernels factor the head dimension)."""
-    m = max(16, (head_dim + 15) // 16 * 16)
-    while bin(m // 16).count("1") > 3:
-        m += 16
-    return m
-
-
 # Speed and memory: one larger shape per dtype and head dim, forward + backward.
 PERF_SHAPE = Shape(4, 16, 16, 2048, 2048)

@@ -5,8 +5,9 @@ This works before anything is built: it checks the kernel sources and the spec's
 not a compiled library. The tree's modules are imported at run time from its kernel folder
 (`codegen.upstream.kernel_source_dir`: `TREE/tritonsrc` up to 0.12.1b, `TREE/modules/flash/kernel`
 for 0.13b); nothing of them is copied. Kernel parameters are passed by name, looked
-up in the kernel's own signature, so small signature changes between releases are handled and
-unknown required parameters are reported clearly.
+up in the kernel's own signature (`codegen.upstream.kernel_args`, shared with `tune`), so the
+signature changes between releases are handled and unknown required parameters are reported
+clearly.
 
 On NVIDIA, AMD-only launch options (waves_per_eu) are dropped, so configs that differ only in
 them compile to the same kernel and are run once; TRITON_F32_DEFAULT=ieee keeps fp32 dots exact
@@ -19,11 +20,8 @@ CPU-bound and dominates.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import inspect
 import os
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -32,16 +30,10 @@ from typing import Callable
 
 from ..errors import UpstreamError, UserError
 from ..models import KernelConfig, expand_family
-from .cases import KERNEL_SHAPES, Shape, block_dmodel
+from .cases import KERNEL_SHAPES, Shape
 from ..upstream import KERNEL_DIRS, kernel_source_dir
+from ..upstream.kernel_args import bind, load_kernels, param_values
 
-FAMILY_MODULES = {
-    "attn_fwd": ("fwd_kernel", "attn_fwd"),
-    "bwd_preprocess": ("bwd_preprocess", "bwd_preprocess"),
-    "bwd_kernel_dk_dv": ("bwd_kernel_dk_dv", "bwd_kernel_dk_dv"),
-    "bwd_kernel_dq": ("bwd_kernel_dq", "bwd_kernel_dq"),
-    "bwd_kernel_fuse": ("bwd_kernel_fuse", "bwd_kernel_fuse"),
-}
 FAMILIES = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 
 
@@ -125,95 +117,12 @@ _K: dict = {}
 
 def init_worker(src_dir: str) -> None:
     os.environ["TRITON_F32_DEFAULT"] = "ieee"
-    if src_dir not in sys.path:
-        sys.path.insert(0, src_dir)
-    for fam, (mod, fn) in FAMILY_MODULES.items():
-        try:
-            m = importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name == mod:
-                continue
-            raise
-        if hasattr(m, fn):
-            _K[fam] = getattr(m, fn)
+    _K.clear()
+    _K.update(load_kernels(Path(src_dir)))
 
 
 def _launch(kernel, grid, values: dict, opts: dict) -> None:
-    fn = getattr(kernel, "fn", kernel)
-    sig = inspect.signature(fn)
-    missing = [n for n in required_params(kernel) if n not in values]
-    if missing:
-        raise UpstreamError(f"{fn.__name__} of this tree takes parameters the harness does not know: "
-                            f"{', '.join(missing)}")
-    args = {n: values[n] for n in sig.parameters if n in values}
-    kernel[grid](**args, **opts)
-
-
-def _strides(prefix: str, t, names: str = "zhmk") -> dict:
-    return {f"stride_{prefix}{c}": s for c, s in zip(names, t.stride())}
-
-
-def param_values(family: str, t: dict, cfg: dict, causal: bool, shape: tuple, n_cu: int) -> tuple[dict, tuple]:
-    """Every parameter the harness can give a kernel of `family` (a superset of the names used by
-    releases 0.10b–0.13b), and the launch grid. `t` maps q k v do o L delta dq dk dv db b alibi
-    i32null u64null counter to tensors (anything with .stride() works: tests use stand-ins)."""
-    B, Hq, Hk, Sq, Sk = shape
-    hd = cfg["head_dim"]
-    bd = block_dmodel(hd)
-    bm, bn = cfg["block_m"], cfg["block_n"]
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
-    q, k, v, do, o, b, alibi = (t[n] for n in ("q", "k", "v", "do", "o", "b", "alibi"))
-    vals = dict(
-        Q=q, K=k, V=v, B=b, A=alibi, DO=do, Out=o, L=t["L"], D=t["delta"], Delta=t["delta"],
-        DQ=t["dq"], DK=t["dk"], DV=t["dv"], DB=t["db"],
-        Sm_scale=1.0 / hd ** 0.5, sm_scale=1.0 / hd ** 0.5,
-        Num_head_q=Hq, Num_head_k=Hk, num_head_q=Hq, num_head_k=Hk,
-        Num_seqlens=0, num_seqlens=0, cu_seqlens_q=t["i32null"], cu_seqlens_k=t["i32null"],
-        seq_strides_q=t["i32null"], seq_strides_k=t["i32null"],
-        Max_seqlen_q=Sq, Max_seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk, seqlen_q=Sq,
-        BLOCK_DMODEL=bd, D_HEAD=bd, PADDED_HEAD=bd != hd,
-        Head_dim=hd, head_dim=hd, Hdim_qk=hd, Hdim_vo=hd, hdim_qk=hd, hdim_vo=hd,
-        ENABLE_DROPOUT=False, dropout_p=0.0,
-        philox_seed_ptr=t["u64null"], philox_offset1=t["u64null"], philox_offset2=0,
-        philox_seed_output=t["u64null"], philox_offset_output=t["u64null"],
-        RETURN_ENCODED_SOFTMAX=False, encoded_softmax=None,
-        CAUSAL_TYPE=3 if causal else 0, Window_left=Sq if causal else 0, Window_right=0,
-        BIAS_TYPE=0, USE_ALIBI=False, INT8=False, INT8_KV=False, USE_P_SCALE=False,
-        Q_descale=0, K_descale=0, P_scale=0, P_descale=0, V_descale=0,
-        GRID_CU_MULTIP=2, Batch=B, NUM_XCDS=1,
-        BLOCK_M=bm, BLOCK_N=bn, PRE_LOAD_V=bool(cfg.get("pre_load_v")),
-        PERSISTENT_TYPE=0, persistent_atomic_counter=t["i32null"], Num_CU=0,
-        **_strides("q", q), **_strides("k", k, "zhnk"), **_strides("v", v, "zhkn"),
-        **_strides("b", b, "zhmn"), stride_az=alibi.stride()[0], stride_ah=alibi.stride()[1],
-        **_strides("o", o, "zhmn"), stride_ok=o.stride()[3],
-        **_strides("do", do, "zhmk"), stride_don=do.stride()[3],
-        **_strides("dq", t["dq"]), **_strides("dk", t["dk"], "zhnk"), **_strides("dv", t["dv"], "zhkn"),
-        stride_dbz=0, stride_dbh=0, stride_dbm=0, stride_dbn=0,
-    )
-    if family == "attn_fwd":
-        if causal:  # upstream's choice for causal: a dynamic persistent grid
-            vals.update(PERSISTENT_TYPE=2, persistent_atomic_counter=t["counter"], Num_CU=n_cu)
-            grid = (min(n_cu * 2, cdiv(Sq, bm) * Hq * B),)
-        else:
-            grid = (cdiv(Sq, bm), Hq, B)
-    elif family == "bwd_preprocess":
-        vals["BLOCK_M"] = 16
-        grid = (cdiv(Sq, 16), Hq, B)
-    elif family == "bwd_kernel_dk_dv":
-        grid = (cdiv(Sk, bn), Hk, B)
-    elif family == "bwd_kernel_dq":
-        grid = (cdiv(Sq, bm), Hq, B)
-    elif family == "bwd_kernel_fuse":
-        grid = (cdiv(Sk, bn) + cdiv(Sq, bn) * (Hq // Hk), Hk, B)
-    else:
-        raise ValueError(family)
-    return vals, grid
-
-
-def required_params(kernel) -> list[str]:
-    fn = getattr(kernel, "fn", kernel)
-    sig = inspect.signature(fn)
-    return [n for n, p in sig.parameters.items() if p.default is p.empty]
+    kernel[grid](**bind(kernel, values), **opts)
 
 
 def _tensors(task: Task, dt, dev: str):
