@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -44,7 +45,8 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
     out = tmp_path / "out"
     args = ["precompile", str(tree), "--sample", "9", "--jobs", "2", "--cache-dir", str(tmp_path / "cache"),
             "--json", str(out / "r.json"), "--md", str(out / "r.md"), "--keep", str(out / "keep"),
-            "--tuning-report", str(out / "compile_report.json"), "--prune-to", str(out / "pruned.yaml")]
+            "--tuning-report", str(out / "compile_report.json"), "--prune-to", str(out / "pruned.yaml"),
+            "--python", sys.executable]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rep = json.loads((out / "r.json").read_text())
@@ -74,7 +76,8 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
 @pytest.mark.slow
 def test_bench_compares_both_compilers(fresh_tree):
     tree = _applied(fresh_tree, "0.12b")
-    result = CliRunner().invoke(app, ["bench", str(tree), "--sample", "3", "--jobs", "2", "--json"])
+    result = CliRunner().invoke(app, ["bench", str(tree), "--sample", "3", "--jobs", "2", "--json",
+                                      "--python", sys.executable])
     assert result.exit_code == 0, result.output
     res = json.loads(result.stdout)
     assert res["sample"] == 3 and res["upstream"]["ok"] == 3 and res["precompile"]["ok"] == 3
