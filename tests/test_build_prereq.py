@@ -61,3 +61,13 @@ def test_triton_version_from_the_spec(tmp_path, monkeypatch):
         else:
             with pytest.raises(PrerequisiteError, match=r"gfx906.*'>=3.8.0,<3.9'"):
                 check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906)
+
+
+def test_no_build_venv_while_system_tools_are_missing(tmp_path, monkeypatch):
+    """build finds its interpreter (creating the build venv) only once cmake, ninja, compilers and
+    HIP are all there: a build that cannot run downloads no Triton."""
+    monkeypatch.setattr(shutil, "which", lambda *_a, **_k: None)
+    monkeypatch.setattr(prereq, "find_cmake_package", lambda *_a, **_k: None)
+    with pytest.raises(PrerequisiteError, match="apt-get install -y cmake") as ei:
+        check_prerequisites(tmp_path, lambda: pytest.fail("build venv created"), need_triton=True)
+    assert ei.value.exit_code == 3 and "build venv" in ei.value.hint

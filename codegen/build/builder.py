@@ -185,7 +185,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
     state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
                           manifest_sha256=manifest,
                           spec_display=loaded.display)
-    tc = check_prerequisites(tree, build_python(opts, tree, spec, console), need_triton=not opts.noimage,
+    tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
                              python_binding=opts.python_binding, spec=spec)
     req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
                        for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,

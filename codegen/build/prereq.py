@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
@@ -231,22 +232,31 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
     return {"site_packages": tuple(probe["site"]), "triton_version": triton_v}
 
 
-def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False,
+def _refuse(missing: list[str]) -> None:
+    raise PrerequisiteError(
+        "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
+        hint=f"on Debian 12 everything system-wide: {APT_ALL}; Triton and the generator's packages: "
+             f"the build venv that build creates when --python is left out (never the torch environment)",
+    )
+
+
+def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_triton: bool, python_binding: bool = False,
                         spec: TargetSpec | None = None) -> Toolchain:
     """Find every tool the build needs; raise one PrerequisiteError listing all that are missing.
     The Triton in `python`'s environment must be one the spec's toolchain names (default: the
-    embedded gfx908 spec's)."""
+    embedded gfx908 spec's). `python` may be a function that finds it (the build venv, created on
+    first use): called only once the system's tools are all there."""
     missing: list[str] = []
     warnings: list[str] = []
     tools = _check_tools(missing, warnings)
     hip_dir, hip_version = _check_hip(missing)
+    if callable(python):
+        if missing:  # the system's tools first: no build venv is created for a build that cannot run
+            _refuse(missing)
+        python = python()
     py = _check_python(tree, python, need_triton, python_binding, missing, warnings, spec)
     if missing:
-        raise PrerequisiteError(
-            "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
-            hint=f"on Debian 12 everything system-wide: {APT_ALL}; Triton and the generator's packages: "
-                 f"the build venv that build creates when --python is left out (never the torch environment)",
-        )
+        _refuse(missing)
     return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
                      python=python, **py, warnings=tuple(warnings))
 
