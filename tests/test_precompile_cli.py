@@ -82,3 +82,25 @@ def test_bench_compares_both_compilers(fresh_tree):
     res = json.loads(result.stdout)
     assert res["sample"] == 3 and res["upstream"]["ok"] == 3 and res["precompile"]["ok"] == 3
     assert res["ratio"] > 0 and res["cpu_ratio"] > 0
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_precompile_creates_and_uses_the_build_venv(fresh_tree, tmp_path, monkeypatch):
+    """No --python: a real build venv (pip install of the spec's Triton, ~250 MB from PyPI or your
+    pip configuration's wheels) is created under $MI100_CODEGEN_CACHE, compiles, and is reused."""
+    from codegen.toolchain import installed_triton_version
+    from codegen.toolchain.venv import cached_venvs
+
+    tree = _applied(fresh_tree, "0.11b")
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    before = installed_triton_version()
+    args = ["precompile", str(tree), "--sample", "2", "--jobs", "2", "--no-cache", "--json", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (made,) = cached_venvs(tmp_path / "cache" / "toolchain")
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["run"]["triton"] == made.triton and rep["totals"]["failed"] == 0
+    assert "from build venv" in result.stderr and installed_triton_version() == before
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "creating a build venv" not in again.stderr

@@ -41,8 +41,10 @@ class CompilerPython:
 
     @property
     def is_current(self) -> bool:
-        """The running interpreter itself (its compile workers need nothing special)."""
-        return os.path.realpath(self.python) == os.path.realpath(sys.executable) and self.venv is None
+        """The running interpreter itself (its compile workers need nothing special). By path, not by
+        the symlink's target: a venv's python and its base interpreter resolve to the same file but
+        have different environments (treating the same one as another is harmless)."""
+        return os.path.abspath(self.python) == os.path.abspath(sys.executable) and self.venv is None
 
     def describe(self) -> str:
         return f"Triton {self.triton} from {self.origin} {self.venv or self.python}"
