@@ -234,3 +234,18 @@ def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
     from codegen.precompile import pool
 
     assert spawn.get_executable() == pool._DEFAULT_EXECUTABLE            # restored for everyone else
+
+
+def test_tune_names_a_torch_environment_never_an_install():
+    """tune cannot use the build venv (it launches on torch tensors in-process): its refusal names
+    a torch environment of an allowed Triton, and installs nothing."""
+    from codegen.spec import load_spec
+    from codegen.toolchain import require_triton, tune_fix
+
+    gfx908 = load_spec("rules/mi100.yaml").spec
+    with pytest.raises(EnvironmentMissing) as ei:
+        require_triton(gfx908, "3.5.0+rocm6.4", "tune", "/opt/torch/bin/python", hint=tune_fix(gfx908))
+    hint = ei.value.hint
+    assert ei.value.exit_code == 3 and "tune: Triton 3.5.0+rocm6.4" in str(ei.value)
+    assert "torch environment whose triton or pytorch-triton-rocm is '>=3.5.1,<3.9'" in hint
+    assert "never pip install triton into the torch environment" in hint and "--python" not in hint
