@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
 from ..errors import EnvironmentMissing, UserError
+from ..fsutil import move_into_place
 from . import DOCS
 
 FORMAT = 1
@@ -232,7 +233,7 @@ def create_venv(root: Path, specifier: str, requirements, triton: str | None, co
             return existing
         if final.exists():
             shutil.rmtree(final)  # a foreign or broken entry under our name: ours to replace
-        os.rename(tmp, final)
+        move_into_place(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
