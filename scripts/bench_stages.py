@@ -5,7 +5,9 @@ For each release and each run: a fresh copy of the pristine release tree, then, 
 process (so start-up is included): `--help`, `spec check`, `render`, the first `apply`, the second
 `apply` (all identical), `revert`, `plan --json` (after re-applying, untimed) and a fixed 8-kernel
 `precompile --sample 8 --no-cache`. The table holds the median of --runs runs (default 3); progress
-goes to stderr, the Markdown table to stdout (and to --out).
+goes to stderr, the Markdown table to stdout (and to --out). precompile compiles with the build
+venv of the spec's Triton (docs/toolchain.md): when it is not cached yet, the first run creates it
+(minutes, pip), which the median of three runs leaves out; create it beforehand for --runs 1.
 
 Trees come from AOTRITON_GIT (a git dir of ROCm/aotriton, `git archive TAG`) or the shared release
 archive `shared/upstream/aotriton-releases.tar.xz` of the nearest ancestor folder (or --archive);

@@ -83,3 +83,44 @@ def test_compiler_choice_prefers_clang_then_the_newest_versioned_clang(tmp_path,
     assert prereq.find_compiler("clang++", ("g++",)) != tool("clang++-tidy")
     plain = tool("clang++")
     assert prereq.find_compiler("clang++", ("g++",)) == plain
+
+
+def test_no_build_venv_while_system_tools_are_missing(tmp_path, monkeypatch):
+    """build finds its interpreter (creating the build venv) only once cmake, ninja, compilers and
+    HIP are all there: a build that cannot run downloads no Triton."""
+    monkeypatch.setattr(shutil, "which", lambda *_a, **_k: None)
+    monkeypatch.setattr(prereq, "find_cmake_package", lambda *_a, **_k: None)
+    with pytest.raises(PrerequisiteError, match="apt-get install -y cmake") as ei:
+        check_prerequisites(tmp_path, lambda: pytest.fail("build venv created"), need_triton=True)
+    assert ei.value.exit_code == 3 and "build venv" in ei.value.hint
+
+
+def test_build_interpreter_is_the_build_venv_unless_python_given(tmp_path, monkeypatch):
+    """build: no --python -> the build venv of the spec's Triton with the tree's generator
+    requirements (pybind11 too for --python-binding); --python as given; both together refused."""
+    from rich.console import Console
+
+    from codegen.build import builder
+    from codegen.errors import UserError
+    from codegen.spec import load_spec
+    from codegen.toolchain.interpreter import CompilerPython
+
+    (tmp_path / "requirements.txt").write_text("numpy\npandas\npybind11\nwheel\n")
+    spec = load_spec("rules/mi50.yaml").spec
+    asked = []
+
+    def fake(spec, stage, *, triton=None, requirements=(), console=None, **_k):
+        asked.append((stage, triton, tuple(requirements)))
+        return CompilerPython(python="/cache/venv/bin/python", triton=triton or "3.8.0", origin="build venv",
+                              venv=tmp_path)
+
+    monkeypatch.setattr(builder, "compiler_python", fake)
+    quiet = Console(quiet=True)
+    opts = builder.BuildOptions(tree=tmp_path, prefix=tmp_path / "p", python_binding=True, triton_version="3.8.0")
+    assert builder.build_python(opts, tmp_path, spec, quiet) == "/cache/venv/bin/python"
+    assert asked == [("build", "3.8.0", ("numpy", "pandas", "pybind11"))]
+    given = builder.BuildOptions(tree=tmp_path, prefix=tmp_path / "p", python=sys.executable)
+    assert builder.build_python(given, tmp_path, spec, quiet) == sys.executable and len(asked) == 1
+    with pytest.raises(UserError, match="--triton-version picks the build venv"):
+        builder.build_python(builder.BuildOptions(tree=tmp_path, prefix=tmp_path / "p", python=sys.executable,
+                                                  triton_version="3.8.0"), tmp_path, spec, quiet)

@@ -5,8 +5,9 @@
 The `--noimage` build (~1.5 min on 2 cores) is marked `build` only, so CI runs it where the HIP
 packages are installed; the image build (~15 min on 2 cores) is also marked `slow`.
 
-Needs the HIP packages, cmake, ninja, a C++ compiler (and triton==3.5.1 for the image build) in
-this interpreter's environment; skips with the missing pieces otherwise."""
+Needs the HIP packages, cmake, ninja, a C++ compiler (and a Triton of the smoke spec's set for the
+image build) in this interpreter's environment, passed as --python; skips with the missing pieces
+otherwise."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def _need(tree: Path, triton: bool) -> None:
 
 def _build_cmd(tree: Path, tmp_path: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "codegen.cli", "build", str(tree), "--prefix", str(tmp_path / "prefix"),
-            "--build-dir", str(tmp_path / "build"), "--jobs", JOBS, "--spec", str(SMOKE), "--json", *extra]
+            "--build-dir", str(tmp_path / "build"), "--jobs", JOBS, "--spec", str(SMOKE), "--json",
+            "--python", sys.executable, *extra]  # the interpreter _need checked (not the build venv)
 
 
 def _kernels_in_log(log: Path) -> int:

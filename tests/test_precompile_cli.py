@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -44,7 +45,8 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
     out = tmp_path / "out"
     args = ["precompile", str(tree), "--sample", "9", "--jobs", "2", "--cache-dir", str(tmp_path / "cache"),
             "--json", str(out / "r.json"), "--md", str(out / "r.md"), "--keep", str(out / "keep"),
-            "--tuning-report", str(out / "compile_report.json"), "--prune-to", str(out / "pruned.yaml")]
+            "--tuning-report", str(out / "compile_report.json"), "--prune-to", str(out / "pruned.yaml"),
+            "--python", sys.executable]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     rep = json.loads((out / "r.json").read_text())
@@ -74,8 +76,31 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
 @pytest.mark.slow
 def test_bench_compares_both_compilers(fresh_tree):
     tree = _applied(fresh_tree, "0.12b")
-    result = CliRunner().invoke(app, ["bench", str(tree), "--sample", "3", "--jobs", "2", "--json"])
+    result = CliRunner().invoke(app, ["bench", str(tree), "--sample", "3", "--jobs", "2", "--json",
+                                      "--python", sys.executable])
     assert result.exit_code == 0, result.output
     res = json.loads(result.stdout)
     assert res["sample"] == 3 and res["upstream"]["ok"] == 3 and res["precompile"]["ok"] == 3
     assert res["ratio"] > 0 and res["cpu_ratio"] > 0
+
+
+@pytest.mark.triton
+@pytest.mark.slow
+def test_precompile_creates_and_uses_the_build_venv(fresh_tree, tmp_path, monkeypatch):
+    """No --python: a real build venv (pip install of the spec's Triton, ~250 MB from PyPI or your
+    pip configuration's wheels) is created under $MI100_CODEGEN_CACHE, compiles, and is reused."""
+    from codegen.toolchain import installed_triton_version
+    from codegen.toolchain.venv import cached_venvs
+
+    tree = _applied(fresh_tree, "0.11b")
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    before = installed_triton_version()
+    args = ["precompile", str(tree), "--sample", "2", "--jobs", "2", "--no-cache", "--json", str(tmp_path / "r.json")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (made,) = cached_venvs(tmp_path / "cache" / "toolchain")
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["run"]["triton"] == made.triton and rep["totals"]["failed"] == 0
+    assert "from build venv" in result.stderr and installed_triton_version() == before
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "creating a build venv" not in again.stderr

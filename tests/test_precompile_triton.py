@@ -19,7 +19,7 @@ from codegen.spec import load_spec
 
 pytestmark = [
     pytest.mark.triton,
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs pip triton (pip install triton==3.5.1)"),
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton in this (test) venv: pip install -e '.[upstream]' there, never into a torch environment"),
 ]
 
 KERNELS = '''

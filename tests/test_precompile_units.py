@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 
 import pytest
 
@@ -343,8 +344,16 @@ def test_toolchain_refuses_a_triton_outside_the_spec(monkeypatch):
         require_triton(gfx906, "3.5.0+rocm7.1", "precompile", "/opt/torch/bin/python")
     assert ei.value.exit_code == 3
     assert "'>=3.8.0,<3.9'" in str(ei.value) and "/opt/torch/bin/python" in str(ei.value)
-    assert "python3 -m venv" in ei.value.hint and "never pip install triton into the torch environment" in ei.value.hint
-    monkeypatch.setattr(engine, "installed_triton", lambda: "3.5.1")
-    with pytest.raises(EnvironmentMissing, match="gfx906"):
-        engine.require_spec_triton(gfx906)
-    assert engine.require_spec_triton(gfx908) == "3.5.1"
+    assert "leave out --python" in ei.value.hint and "'triton>=3.8.0,<3.9'" in ei.value.hint
+    assert "never pip install triton into the torch environment" in ei.value.hint
+    # an explicit interpreter is probed (read-only) and refused the same way; nothing is created
+    from codegen.toolchain import interpreter
+
+    monkeypatch.setattr(interpreter, "probe", lambda _py: {"triton": "3.5.1", "python": list(sys.version_info[:2])})
+    monkeypatch.setattr(interpreter, "ensure_venv", lambda *a, **k: pytest.fail("no venv with --python"))
+    with pytest.raises(EnvironmentMissing, match="gfx906") as ei:
+        interpreter.compiler_python(gfx906, "precompile", python=sys.executable)
+    assert ei.value.exit_code == 3 and "leave out --python" in ei.value.hint
+    got = interpreter.compiler_python(gfx908, "precompile", python=sys.executable)
+    assert (got.triton, got.origin, got.is_current) == ("3.5.1", "--python", True)
+    assert engine.triton_version(got) == "3.5.1"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,8 @@ from ..errors import UserError
 from ..overlay_inputs import render_overlay
 from ..resources import data_dir, default_spec_path
 from ..spec import load_spec
+from ..toolchain import generator_requirements
+from ..toolchain.interpreter import compiler_python
 from ..upstream import detect
 from ..upstream.layouts import DEFAULT_LAYOUT
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
@@ -127,10 +128,25 @@ class BuildOptions:
     noimage: bool = False
     for_tuning: bool = False
     python_binding: bool = False
-    python: str = sys.executable
+    python: str | None = None       # None: the build venv of the spec's Triton (codegen.toolchain)
     spec_path: Path | None = None
     show_progress: bool = True
     reconfigure: bool = False
+    triton_version: str | None = None  # the build venv's Triton (None: the newest the spec allows)
+
+
+def build_python(opts: BuildOptions, tree: Path, spec, console: Console) -> str:
+    """The interpreter the build configures with: --python as given (check_prerequisites checks its
+    Triton), else the cached build venv of the spec's Triton, created on first use."""
+    if opts.python is not None:
+        if opts.triton_version is not None:
+            raise UserError("--triton-version picks the build venv's Triton; with --python the interpreter's "
+                            "own Triton is used: pass one of them")
+        return opts.python
+    compiler = compiler_python(spec, "build", triton=opts.triton_version, console=console,
+                               requirements=generator_requirements(tree, opts.python_binding))
+    console.print(f"compiler: {compiler.describe()}")
+    return compiler.python
 
 
 def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
@@ -169,8 +185,8 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
     state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
                           manifest_sha256=manifest,
                           spec_display=loaded.display)
-    tc = check_prerequisites(tree, opts.python, need_triton=not opts.noimage, python_binding=opts.python_binding,
-                             spec=spec)
+    tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
+                             python_binding=opts.python_binding, spec=spec)
     req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
                        for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)

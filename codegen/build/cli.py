@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from ..precompile.cli import PYTHON_HELP, TRITON_HELP
+
 
 def _print_summary(console: Console, rep) -> None:
     v = rep.verification
@@ -56,8 +58,8 @@ def register(app: typer.Typer, guarded) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
         spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from "
                                             "(default: found by the sha256 the tree records)."),
-        python: str = typer.Option(sys.executable, "--python", help="Interpreter whose environment has triton "
-                                   "and the tree's requirements (default: this one)."),
+        python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+        triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         python_binding: bool = typer.Option(False, "--python-binding", help="Also build upstream's Python "
                                             "binding (AOTRITON_NO_PYTHON=OFF)."),
         reconfigure: bool = typer.Option(False, "--reconfigure", help="Run CMake even when the configuration is unchanged."),
@@ -75,7 +77,7 @@ def register(app: typer.Typer, guarded) -> None:
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,
-                                      reconfigure), console)
+                                      reconfigure, triton_version), console)
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
         _print_summary(console, rep)

@@ -10,13 +10,14 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
 from ..errors import EnvironmentMissing
 from ..models import TargetSpec
 from ..spec import load_spec
-from ..toolchain import build_venv_recipe, triton_mismatch
+from ..toolchain import TRITON_DISTRIBUTIONS, generator_requirements, requirement_names, triton_mismatch, venv_fix
 
 # The Triton that compiles the kernels comes from the spec (toolchain.triton; codegen.toolchain):
 # for gfx908 3.5.1 .. 3.8.x (3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail), gfx906 3.8 only.
@@ -34,9 +35,6 @@ HIP_CMAKE_PACKAGES = (
 )
 HIP_VERSION_RE = {k: re.compile(rf"#define\s+HIP_VERSION_{k}\s+(\d+)") for k in ("MAJOR", "MINOR", "PATCH")}
 MULTIARCH = ("x86_64-linux-gnu", "aarch64-linux-gnu")
-# requirements.txt entries the build itself never imports (test runners, packaging, the Python
-# binding): not demanded up front. The generator needs numpy, pandas (and pyyaml in 0.12b).
-NOT_NEEDED = frozenset({"iniconfig", "pluggy", "setuptools", "wheel", "pybind11", "filelock", "packaging"})
 
 
 class PrerequisiteError(EnvironmentMissing):
@@ -153,21 +151,6 @@ print(json.dumps({"found": found, "site": paths, "version": list(sys.version_inf
 """
 
 
-def requirement_names(tree: Path) -> list[str]:
-    """Distribution names in the tree's requirements.txt (what its generator imports)."""
-    req = tree / "requirements.txt"
-    names: list[str] = []
-    if req.is_file():
-        for line in req.read_text(errors="replace").splitlines():
-            line = line.split("#", 1)[0].strip()
-            if not line or line.startswith("-"):
-                continue
-            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)", line)
-            if m:
-                names.append(m.group(1))
-    return sorted(set(names))
-
-
 def probe_python(python: str, names: list[str]) -> dict:
     try:
         proc = _run([python, "-c", _PY_PROBE, json.dumps(names)], timeout=120)
@@ -248,42 +231,50 @@ def _check_hip(missing: list[str]) -> tuple[Path | None, str | None]:
 def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bool, missing: list[str],
                   warnings: list[str], spec: TargetSpec | None = None) -> dict:
     """The interpreter's version, the tree's requirements and (for images) a compatible Triton."""
-    skip = NOT_NEEDED - ({"pybind11"} if python_binding else set())
-    names = [n for n in requirement_names(tree) if n.lower() not in skip]
-    probe = probe_python(python, names + ["triton"])
+    names = list(generator_requirements(tree, python_binding))
+    probe = probe_python(python, names + list(TRITON_DISTRIBUTIONS))
     py_v = tuple(probe["version"])
     if py_v < (3, 10):
         missing.append(f"Python >= 3.10 (found {'.'.join(map(str, py_v))} at {python})")
     absent = [n for n in names if probe["found"].get(n) is None]
     if absent:
         missing.append(f"Python packages of the tree's requirements.txt in {python}'s environment: "
-                       f"{python} -m pip install {' '.join(absent)}")
-    triton_v = probe["found"].get("triton")
+                       f"leave out --python (the build venv holds them), or, where that environment is yours "
+                       f"to change and not the torch one: {python} -m pip install {' '.join(absent)}")
+    triton_v = next((probe["found"][d] for d in TRITON_DISTRIBUTIONS if probe["found"].get(d)), None)
     if need_triton:
         target = spec or load_spec(None).spec
         why = triton_mismatch(target, triton_v)
         if why is not None:
-            missing.append(f"a compatible Triton in {python}'s environment ({why}): --python a build venv "
-                           f"of it: {build_venv_recipe(target)}")
+            missing.append(f"a compatible Triton in {python}'s environment ({why}): {venv_fix(target)}")
     return {"site_packages": tuple(probe["site"]), "triton_version": triton_v}
 
 
-def check_prerequisites(tree: Path, python: str, *, need_triton: bool, python_binding: bool = False,
+def _refuse(missing: list[str]) -> None:
+    raise PrerequisiteError(
+        "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
+        hint=f"on Debian 12 everything system-wide: {APT_ALL}; Triton and the generator's packages: "
+             f"the build venv that build creates when --python is left out (never the torch environment)",
+    )
+
+
+def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_triton: bool, python_binding: bool = False,
                         spec: TargetSpec | None = None) -> Toolchain:
     """Find every tool the build needs; raise one PrerequisiteError listing all that are missing.
     The Triton in `python`'s environment must be one the spec's toolchain names (default: the
-    embedded gfx908 spec's)."""
+    embedded gfx908 spec's). `python` may be a function that finds it (the build venv, created on
+    first use): called only once the system's tools are all there."""
     missing: list[str] = []
     warnings: list[str] = []
     tools = _check_tools(missing, warnings)
     hip_dir, hip_version = _check_hip(missing)
+    if callable(python):
+        if missing:  # the system's tools first: no build venv is created for a build that cannot run
+            _refuse(missing)
+        python = python()
     py = _check_python(tree, python, need_triton, python_binding, missing, warnings, spec)
     if missing:
-        raise PrerequisiteError(
-            "missing build prerequisites:\n" + "\n".join(f"- {m}" for m in missing),
-            hint=f"on Debian 12 everything system-wide: {APT_ALL}; Triton in a build venv of its own, "
-                 f"passed as --python (never into the torch environment)",
-        )
+        _refuse(missing)
     return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
                      python=python, **py, warnings=tuple(warnings))
 

@@ -26,6 +26,7 @@ from ..errors import UpstreamError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
 from ..plan.tree import TreeInfo
+from ..toolchain.interpreter import CompilerPython
 from .engine import compile_entries, triton_version
 
 
@@ -122,11 +123,14 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_bench(info: TreeInfo, entries: list[KernelEntry], spec: TargetSpec, jobs: int, python: str,
+def run_bench(info: TreeInfo, entries: list[KernelEntry], spec: TargetSpec, jobs: int, compiler: CompilerPython,
               timeout_s: float, on_done: Callable[[str, str, bool], None] | None = None) -> BenchResult:
+    """Both compilers with the same Triton: the tree's compile.py run by `compiler.python`, our
+    workers in that interpreter too."""
     if not info.compiler.is_file():
         raise UpstreamError(f"{info.compiler}: the tree's compiler driver is missing")
-    version = triton_version()
+    version = triton_version(compiler)
+    python = compiler.python
     cpu0 = _children_cpu()
     up_wall, up_ok, failures = run_upstream(
         info, entries, jobs, python, timeout_s,
@@ -134,7 +138,8 @@ def run_bench(info: TreeInfo, entries: list[KernelEntry], spec: TargetSpec, jobs
     cpu1 = _children_cpu()
     ours = compile_entries(
         info.root, entries, spec, jobs=jobs, timeout_s=timeout_s, cache=None,
-        on_progress=(lambda r: on_done("precompile", r.id, r.status == "ok")) if on_done else None)
+        on_progress=(lambda r: on_done("precompile", r.id, r.status == "ok")) if on_done else None,
+        compiler=compiler)
     cpu2 = _children_cpu()
     failures += [f"precompile {r.id}: {r.error}" for r in ours.results if r.status != "ok"]
     up = _side("upstream compile.py (one process per kernel)", len(entries), up_ok, up_wall, cpu1 - cpu0)

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
+
+# one wording for every compiling stage (build's options say the same; docs/toolchain.md)
+PYTHON_HELP = ("Interpreter with the spec's Triton and the tree's generator requirements, used read-only "
+               "after a version check (default: a build venv of the spec's Triton, created and cached on "
+               "first use).")
+TRITON_HELP = "Triton version of the build venv (default: the newest pip finds that the spec allows)."
 
 
 def register(app: typer.Typer, guarded) -> None:
@@ -28,7 +33,8 @@ def register(app: typer.Typer, guarded) -> None:
         timeout: float = typer.Option(600.0, "--timeout", min=0.001, help="Per-kernel timeout in seconds."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the persistent cache."),
         cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Persistent cache (default: $MI100_CODEGEN_CACHE/precompile or ~/.cache/mi100-codegen/precompile)."),
-        python: str = typer.Option(sys.executable, "--python", help="Python with the tree's generator requirements."),
+        python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+        triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         rows: int = typer.Option(30, "--rows", min=-1, help="Rows of the per-config table (-1: all)."),
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
@@ -37,7 +43,7 @@ def register(app: typer.Typer, guarded) -> None:
 
         run_precompile(PrecompileOptions(
             aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,
-            timeout, no_cache, cache_dir, python, rows))
+            timeout, no_cache, cache_dir, python, rows, triton_version))
 
     @app.command()
     @guarded
@@ -48,10 +54,11 @@ def register(app: typer.Typer, guarded) -> None:
         jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Parallel compiles on each side (0: one per usable CPU)."),
         timeout: float = typer.Option(600.0, "--timeout", min=0.001, help="Per-kernel timeout in seconds."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-        python: str = typer.Option(sys.executable, "--python", help="Python with Triton (and the generator's requirements)."),
+        python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+        triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
     ) -> None:
         """Throughput of precompile vs. the tree's own compiler (one process per kernel, as its
         build runs it) on the same stratified sample; prints kernels/min and the ratio."""
         from .run import BenchOptions, run_bench_command  # CLI start-up: the stage loads when it runs
 
-        run_bench_command(BenchOptions(aotriton_dir, spec, sample, jobs, timeout, as_json, python))
+        run_bench_command(BenchOptions(aotriton_dir, spec, sample, jobs, timeout, as_json, python, triton_version))

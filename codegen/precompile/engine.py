@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -14,7 +13,8 @@ from typing import Callable
 from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
-from ..toolchain import installed_triton_version, require_triton
+from ..toolchain import installed_triton_version
+from ..toolchain.interpreter import CompilerPython
 from .cache import CompileCache, cache_key
 from .pool import WorkerPool
 from .report import KernelResult, kernel_result
@@ -24,19 +24,15 @@ def installed_triton() -> str | None:
     return installed_triton_version()
 
 
-def require_spec_triton(spec, stage: str = "precompile") -> str:
-    """The Triton this Python compiles with, refused unless the spec's toolchain allows it."""
-    version = installed_triton()
-    require_triton(spec, version, stage, sys.executable)
-    return version
-
-
-def triton_version() -> str:
+def triton_version(compiler: CompilerPython | None = None) -> str:
+    """The Triton the kernels are compiled with: the compiler Python's, else this Python's."""
+    if compiler is not None:
+        return compiler.triton
     version = installed_triton()
     if version is None:
         raise EnvironmentMissing(
-            "precompile needs pip triton in this Python",
-            hint="run it from a build venv holding the spec's Triton (toolchain.triton; docs/precompile.md)",
+            "precompile needs Triton in this Python",
+            hint="leave out --python: precompile compiles with a build venv of the spec's Triton (docs/toolchain.md)",
         )
     return version
 
@@ -98,9 +94,11 @@ def compile_entries(
     cache: CompileCache | None,
     keep: Path | None = None,
     on_progress: Callable[[KernelResult], None] | None = None,
+    compiler: CompilerPython | None = None,
 ) -> CompileRun:
+    """`compiler`: the interpreter whose Triton compiles (its workers run there); None: this one."""
     tree = Path(tree).resolve()
-    version = triton_version()
+    version = triton_version(compiler)
     for e in entries:
         if not (tree / e.source).is_file():
             raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
@@ -141,7 +139,8 @@ def compile_entries(
     if todo:
         scratch = Path(tempfile.mkdtemp(prefix="mi100-codegen-triton-"))
         try:
-            WorkerPool(jobs, worker_env(scratch), timeout_s).run(todo, done)
+            python = None if compiler is None or compiler.is_current else compiler.python
+            WorkerPool(jobs, worker_env(scratch), timeout_s, python=python, triton=version).run(todo, done)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     wall = time.perf_counter() - t0

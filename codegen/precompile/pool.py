@@ -8,14 +8,28 @@ kernel reported as `timeout`) and replaced, so one hung compile never stalls the
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from multiprocessing import spawn
 from multiprocessing.connection import wait
 from typing import Callable
 
+from packaging.version import InvalidVersion, Version
+
 from ..errors import UpstreamError
 from .worker import serve
+
+_DEFAULT_EXECUTABLE = spawn.get_executable()
+
+
+def _public(version: str) -> str:
+    """3.5.0 for AMD's fork's 3.5.0+rocm… (its `__version__` and its metadata may differ there)."""
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version
 
 
 @dataclass
@@ -29,10 +43,16 @@ class _Worker:
 
 
 class WorkerPool:
-    def __init__(self, jobs: int, env: dict[str, str], timeout_s: float = 600.0):
+    """`python`: the interpreter the workers run (the build venv's; None: this one), `triton` the
+    version they must import there (a worker that imports another one is refused)."""
+
+    def __init__(self, jobs: int, env: dict[str, str], timeout_s: float = 600.0, *, python: str | None = None,
+                 triton: str | None = None):
         self.jobs = max(1, int(jobs))
         self.env = dict(env)
         self.timeout_s = float(timeout_s)
+        self.python = python
+        self.triton = triton
         self._ctx = mp.get_context("spawn")
         self._workers: list[_Worker] = []
         self.spawned = 0
@@ -40,7 +60,7 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=serve, args=(child, self.env), daemon=True,
+        proc = self._ctx.Process(target=serve, args=(child, self.env, self.python is not None), daemon=True,
                                  name=f"mi100-codegen-compile-{self.spawned}")
         proc.start()
         child.close()
@@ -60,8 +80,11 @@ class WorkerPool:
         """Compile every task; call on_result(result) in completion order (in this process)."""
         pending = deque(tasks)
         n_workers = min(self.jobs, len(pending))
-        self._workers = [self._spawn() for _ in range(n_workers)]
+        if self.python is not None:
+            # spawn's interpreter is process-wide in multiprocessing: set for this run, restored after
+            spawn.set_executable(self.python)
         try:
+            self._workers = [self._spawn() for _ in range(n_workers)]
             while pending or any(w.task is not None for w in self._workers):
                 for w in self._workers:
                     if w.ready and w.task is None and pending:
@@ -80,10 +103,12 @@ class WorkerPool:
                             self._died(w, on_result, pending)
                             continue
                         if "fatal" in msg:
-                            raise UpstreamError(f"a compile worker could not start: {msg['fatal']}",
-                                                hint="install a Triton that compiles for AMD targets "
-                                                "(pip install triton==3.5.1)")
+                            raise UpstreamError(f"a compile worker could not start in {self.python or sys.executable}: "
+                                                f"{msg['fatal']}",
+                                                hint="leave out --python: precompile compiles with a build venv "
+                                                "of the spec's Triton (docs/toolchain.md)")
                         if msg.get("ready"):
+                            self._check_triton(msg.get("triton"))
                             w.ready = True
                             continue
                         w.task, w.done = None, w.done + 1
@@ -96,6 +121,13 @@ class WorkerPool:
                                    "error": f"timeout: no result after {self.timeout_s:g} s"})
         finally:
             self.close()
+            if self.python is not None:
+                spawn.set_executable(_DEFAULT_EXECUTABLE)
+
+    def _check_triton(self, got: str | None) -> None:
+        if self.triton is not None and got is not None and _public(got) != _public(self.triton):
+            raise UpstreamError(f"a compile worker in {self.python or sys.executable} imported Triton {got}, "
+                                f"not the {self.triton} it was chosen for (another `triton` on its sys.path?)")
 
     def _died(self, w: _Worker, on_result: Callable[[dict], None], pending: deque) -> None:
         task = w.task

@@ -16,8 +16,10 @@ from .. import preflight
 from ..errors import EXIT_UPSTREAM, CodegenError
 from ..fsutil import atomic_write
 from ..plan.run import PlanOptions, run_plan
-from ..plan.tree import release_of
+from ..plan.tree import check_registered, release_of
 from ..spec import load_spec
+from ..toolchain import generator_requirements
+from ..toolchain.interpreter import CompilerPython, compiler_python
 from . import engine
 from .bench import run_bench
 from .cache import CompileCache, default_cache_dir
@@ -43,12 +45,14 @@ class PrecompileOptions:
     timeout: float = 600.0
     no_cache: bool = False
     cache_dir: Path | None = None
-    python: str = sys.executable
+    python: str | None = None       # None: the build venv of the spec's Triton (codegen.toolchain)
     rows: int = 30                  # -1: all
+    triton_version: str | None = None  # the build venv's Triton (None: the newest the spec allows)
 
     def check(self) -> None:
         """Every path option, before the generator or a compile runs."""
-        preflight.interpreter(self.python)
+        if self.python is not None:
+            preflight.interpreter(self.python)
         for path, option in ((self.json_out, "--json"), (self.md_out, "--md"), (self.prune_to, "--prune-to"),
                              (self.tuning_report, "--tuning-report")):
             preflight.output_file(path, option)
@@ -65,7 +69,20 @@ class BenchOptions:
     jobs: int = 0
     timeout: float = 600.0
     as_json: bool = False
-    python: str = sys.executable
+    python: str | None = None       # None: the build venv of the spec's Triton
+    triton_version: str | None = None
+
+
+def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton: str | None, stage: str,
+                 err: Console) -> CompilerPython:
+    """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
+    the build venv (created on first use) or --python after its Triton check."""
+    spec = load_spec(spec_path).spec
+    check_registered(release_of(tree), list(spec.gpus), spec.arch)
+    compiler = compiler_python(spec, stage, python=python, triton=triton,
+                               requirements=generator_requirements(tree), console=err, same_python=True)
+    err.print(f"compiler: {compiler.describe()}")
+    return compiler
 
 
 class BenchFailed(CodegenError):
@@ -118,7 +135,8 @@ class DescendInterrupted(KeyboardInterrupt):
         self.results = results
 
 
-def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout, cache, err) -> list:
+def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout, cache, err,
+             compiler: CompilerPython | None = None) -> list:
     """Rounds of `codegen.precompile.descend`: spilling configs recompiled at lower waves_per_eu."""
     entries, results = list(entries), list(results)
     for rnd in range(1, 11):
@@ -137,7 +155,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
             with _progress(err) as progress:
                 bar = progress.add_task(f"descend {rnd}", total=len(plan.entries), status="")
                 sub = engine.compile_entries(tree, plan.entries, spec, jobs=jobs, timeout_s=timeout, cache=cache,
-                                      on_progress=lambda r: tick(r, progress, bar))
+                                             on_progress=lambda r: tick(r, progress, bar), compiler=compiler)
         except KeyboardInterrupt:
             # keep the variants whose kernels all finished (a partial variant's verdict would
             # speak for kernels never compiled); the caller writes the report, then exits 130
@@ -171,15 +189,15 @@ def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.require_spec_triton(load_spec(opts.spec).spec)  # fail early without the spec's Triton
-    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, opts.tuning))
+    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
+    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
     err.print(f"AOTriton {summary.release}: {summary.total} kernels planned for {summary.gpu}; "
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))
-    run = _compile(opts, loaded.spec, chosen, jobs, cache, err)
+    run = _compile(opts, loaded.spec, chosen, jobs, cache, err, compiler)
     info = RunInfo(gpu=summary.gpu, arch=summary.arch, release=summary.release, triton=run.triton,
                    build=summary.build, planned=summary.total, sampled=len(chosen), sample=opts.sample,
                    jobs=jobs, wall_s=round(run.wall_s, 2), compiled_now=run.compiled_now,
@@ -190,10 +208,11 @@ def run_precompile(opts: PrecompileOptions) -> None:
     if opts.md_out:
         atomic_write(opts.md_out, report_markdown(report))
     _print_report(report, info, run, opts.rows, err)
-    _after_compile(opts, loaded, chosen, run, info, jobs, cache, err)
+    _after_compile(opts, loaded, chosen, run, info, jobs, cache, err, compiler)
 
 
-def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err: Console):
+def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err: Console,
+             compiler: CompilerPython):
     counts = {"ok": 0, "failed": 0, "cached": 0, "spills": 0}
     with _progress(err) as progress:
         bar = progress.add_task("precompile", total=len(chosen), status="")
@@ -206,7 +225,7 @@ def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err:
                             f"spilling {counts['spills']} cached {counts['cached']}")
 
         return engine.compile_entries(opts.tree, chosen, spec, jobs=jobs, timeout_s=opts.timeout,
-                                      cache=cache, keep=opts.keep, on_progress=tick)
+                                      cache=cache, keep=opts.keep, on_progress=tick, compiler=compiler)
 
 
 def _print_report(report: dict, info: RunInfo, run, rows: int, err: Console) -> None:
@@ -226,7 +245,7 @@ def _print_report(report: dict, info: RunInfo, run, rows: int, err: Console) -> 
 
 
 def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: RunInfo, jobs: int, cache,
-                   err: Console) -> None:
+                   err: Console, compiler: CompilerPython | None = None) -> None:
     """--descend, --tuning-report and --prune-to: what the compile results feed."""
     report_path = opts.tuning_report
     previous = json.loads(report_path.read_text()) if report_path and report_path.is_file() else None
@@ -235,7 +254,7 @@ def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: Run
     if opts.descend:
         try:
             all_results = _descend(opts.tree, loaded.spec, chosen, all_results, info, run.triton, previous,
-                                   jobs, opts.timeout, cache, err)
+                                   jobs, opts.timeout, cache, err, compiler)
         except DescendInterrupted as exc:
             all_results, interrupted = exc.results, exc
     if report_path:
@@ -255,10 +274,11 @@ def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: Run
 
 def run_bench_command(opts: BenchOptions) -> None:
     """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
-    preflight.interpreter(opts.python)
+    if opts.python is not None:
+        preflight.interpreter(opts.python)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    engine.require_spec_triton(load_spec(opts.spec).spec, "precompile bench")
-    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, opts.python, False))
+    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
+    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")
@@ -271,7 +291,7 @@ def run_bench_command(opts: BenchOptions) -> None:
                 progress.start_task(bars[side])
             progress.update(bars[side], advance=1)
 
-        res = run_bench(release_of(opts.tree), chosen, loaded.spec, jobs, opts.python, opts.timeout, on_done=done)
+        res = run_bench(release_of(opts.tree), chosen, loaded.spec, jobs, compiler, opts.timeout, on_done=done)
     if opts.as_json:
         sys.stdout.write(json.dumps(res.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
     else:

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import sysconfig
 import time
 import traceback
 from pathlib import Path
@@ -84,19 +85,30 @@ def first_error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
-def serve(conn, env: dict[str, str]) -> None:
+def own_site_first() -> None:
+    """In another interpreter (the build venv's), spawn gave us the parent's sys.path: put this
+    interpreter's own site-packages first, so `triton` is its own and not the parent's (the torch
+    environment's); our modules and their dependencies still come from the parent's entries."""
+    own = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    own = [p for i, p in enumerate(own) if p and p not in own[:i]]
+    sys.path[:] = own + [p for p in sys.path if p not in own]
+
+
+def serve(conn, env: dict[str, str], own_site: bool = False) -> None:
     """Worker main: set the environment, import Triton once, then serve tasks until None."""
+    if own_site:
+        own_site_first()
     os.environ.update(env)
     sys.dont_write_bytecode = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
     global parse_resources
     from codegen.precompile.resources import parse_resources  # after the worker's environment is set
     try:
-        import triton  # noqa: F401  (warm import, once per worker)
+        import triton  # (warm import, once per worker)
     except BaseException as exc:  # pragma: no cover - reported to the parent
         conn.send({"fatal": first_error_line(exc)})
         return
-    conn.send({"ready": True})
+    conn.send({"ready": True, "triton": getattr(triton, "__version__", None)})
     while True:
         try:
             task = conn.recv()

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from .. import preflight
 from ..errors import EnvironmentMissing, UserError
 from ..spec import load_spec
-from ..toolchain import installed_triton_version, require_triton
+from ..toolchain import installed_triton_version, require_triton, tune_fix
 from . import runner
 from .grid import GridFilter, plan_tuning, validate_filter
 from .importer import parse_records
@@ -117,7 +117,7 @@ def run_tuning(opts: TuneOptions) -> None:
         raise EnvironmentMissing(f"tune measures on a GPU and needs {' and '.join(missing)} "
                                  "(--dry-run lists the plan without them)",
                                  hint="run it where torch and triton see a GPU")
-    require_triton(sp, installed_triton_version(), "tune", sys.executable)
+    require_triton(sp, installed_triton_version(), "tune", sys.executable, hint=tune_fix(sp))
     n_gpus = runner.visible_gpus()
     if n_gpus == 0:
         raise EnvironmentMissing("no GPU visible to torch: tune measures on a GPU (--dry-run lists the plan)")

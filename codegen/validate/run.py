@@ -59,7 +59,8 @@ def _check(opts: ValidateOptions) -> None:
     _need("torch", "validate", "on the MI100: the ROCm PyTorch you installed our build into; "
           "elsewhere: pip install torch")
     if opts.kernels is not None:
-        _need("triton", "validate --kernels", "pip install triton; ROCm: pytorch-triton-rocm")
+        _need("triton", "validate --kernels", "a torch environment whose torch wheel brought Triton "
+              "(ROCm wheels: pytorch-triton-rocm); never pip install triton into a ROCm torch environment")
 
 
 def build_report(loaded, mode_result: dict, plat, label: str | None) -> dict:

@@ -1,0 +1,89 @@
+"""Which Python a compiling stage (precompile, bench, build) uses: the build venv by default, or the
+interpreter given as `--python`, used as given (read-only) once its Triton passes the spec's check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from .. import preflight
+from ..errors import EnvironmentMissing, UserError
+from ..models import TargetSpec
+from . import TRITON_DISTRIBUTIONS, require_triton, triton_specifier
+from .venv import ensure_venv
+
+_PROBE = r"""
+import importlib.metadata as md, json, sys
+v = None
+for d in json.loads(sys.argv[1]):
+    try:
+        v = md.version(d); break
+    except md.PackageNotFoundError:
+        pass
+print(json.dumps({"triton": v, "python": list(sys.version_info[:2])}))
+"""
+
+
+@dataclass(frozen=True)
+class CompilerPython:
+    """The interpreter whose Triton compiles the kernels and whose environment runs the generator."""
+
+    python: str
+    triton: str
+    origin: str                     # "build venv" or "--python"
+    venv: Path | None = None
+
+    @property
+    def is_current(self) -> bool:
+        """The running interpreter itself (its compile workers need nothing special). By path, not by
+        the symlink's target: a venv's python and its base interpreter resolve to the same file but
+        have different environments (treating the same one as another is harmless)."""
+        return os.path.abspath(self.python) == os.path.abspath(sys.executable) and self.venv is None
+
+    def describe(self) -> str:
+        return f"Triton {self.triton} from {self.origin} {self.venv or self.python}"
+
+
+def probe(python: str) -> dict:
+    """`{"triton": version or None, "python": [major, minor]}` of another interpreter (read-only)."""
+    try:
+        proc = subprocess.run([python, "-c", _PROBE, json.dumps(TRITON_DISTRIBUTIONS)],
+                              capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise EnvironmentMissing(f"cannot run Python interpreter {python}: {exc}") from None
+    if proc.returncode != 0:
+        raise EnvironmentMissing(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
+    return json.loads(proc.stdout)
+
+
+def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, triton: str | None = None,
+                    requirements=(), console: Console | None = None,
+                    same_python: bool = False) -> CompilerPython:
+    """`python` None: the cached build venv of the spec's Triton (exactly `triton` when given),
+    created on first use; else that interpreter, refused unless its Triton is one the spec allows.
+    `same_python`: the stage loads our modules in that interpreter (precompile's workers), so its
+    Python version must be this one's."""
+    if python is None:
+        v = ensure_venv(triton_specifier(spec), requirements, triton=triton, console=console)
+        return CompilerPython(python=v.python, triton=v.triton, origin="build venv", venv=v.path)
+    if triton is not None:
+        raise UserError("--triton-version picks the build venv's Triton; with --python the interpreter's own "
+                        "Triton is used: pass one of them")
+    path = preflight.interpreter(python)
+    found = probe(path)
+    require_triton(spec, found["triton"], stage, path)
+    if same_python and tuple(found["python"]) != tuple(sys.version_info[:2]):
+        have = ".".join(map(str, found["python"]))
+        raise UserError(f"--python {path} is Python {have}; {stage}'s compile workers load mi100-codegen's "
+                        f"modules there from this Python {sys.version_info[0]}.{sys.version_info[1]}",
+                        hint="pass an interpreter of the same Python version, or leave out --python (the build venv)")
+    return CompilerPython(python=path, triton=found["triton"], origin="--python")
+
+
+__all__ = ["CompilerPython", "compiler_python", "probe"]
