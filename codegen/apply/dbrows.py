@@ -449,7 +449,8 @@ def upsert(conn: sqlite3.Connection, table: str, cols: list[str], key: list[str]
         merged[keyof(r)] = r
     dele = f"DELETE FROM main.{q(table)} WHERE " + " AND ".join(f"{q(k)} IS ?" for k in key)
     ins = f"INSERT INTO main.{q(table)} ({', '.join(q(c) for c in cols)}) VALUES ({', '.join('?' * len(cols))})"
-    conn.executemany(dele, list(merged))  # the keys are unique: delete all, then insert in order
+    if conn.execute(f"SELECT 1 FROM main.{q(table)} LIMIT 1").fetchone() is not None:  # a new shard: nothing to replace
+        conn.executemany(dele, list(merged))  # the keys are unique: delete all, then insert in order
     conn.executemany(ins, list(merged.values()))
     return len(merged)
 
