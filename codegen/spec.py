@@ -65,6 +65,7 @@ class _Positions:
         self.table: dict[Loc, tuple[int, int]] = {}
 
     def walk(self, node: Any, loc: Loc) -> None:
+        # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
         if isinstance(node, CommentedMap):
@@ -302,6 +303,7 @@ def _read_text(path: Path, display: str) -> str:
 
 def _parse_yaml(text: str, display: str) -> CommentedMap:
     """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded."""
+    # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -377,6 +379,7 @@ def _fast_doc(text: str) -> dict | None:
     document, a duplicate key, a non-string key, any scalar `_fast_scalar` cannot vouch for, or
     past the nesting/node limits. None sends the caller to the located path (ruamel)."""
     try:
+        # CLI start-up, and pyyaml is optional here: without libyaml every spec takes the ruamel path
         import yaml
         from yaml import events as ev_types
 
