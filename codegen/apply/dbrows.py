@@ -43,6 +43,7 @@ import lzma
 import os
 import sqlite3
 import tarfile
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -455,26 +456,65 @@ def upsert(conn: sqlite3.Connection, table: str, cols: list[str], key: list[str]
     return len(merged)
 
 
+SQLITE_IN_MEMORY = hasattr(sqlite3.Connection, "serialize")  # Python 3.11+
+
+
+class _Workspace:
+    """Where the databases of one rewrite live: in memory (Connection.deserialize/serialize,
+    Python 3.11+) or, on older Pythons, in a temporary folder. The two give the same rows but
+    not always the same header bytes (a new shard), so the input key records which one ran."""
+
+    def __init__(self) -> None:
+        self.tmp = None if SQLITE_IN_MEMORY else tempfile.TemporaryDirectory(prefix="mi100-codegen-db-")
+
+    def open(self, payload: bytes) -> sqlite3.Connection:
+        if self.tmp is None:
+            conn = sqlite3.connect(":memory:", isolation_level=None)
+            if payload:
+                conn.deserialize(payload)
+            return conn
+        path = Path(self.tmp.name, "main.sqlite3")
+        path.write_bytes(payload)
+        return sqlite3.connect(path, isolation_level=None)
+
+    def attach(self, conn: sqlite3.Connection, data: bytes, name: str) -> None:
+        if self.tmp is None:
+            conn.execute(f"ATTACH DATABASE ':memory:' AS {name}")
+            conn.deserialize(data, name=name)
+            return
+        path = Path(self.tmp.name, f"{name}.sqlite3")
+        path.write_bytes(data)
+        conn.execute(f"ATTACH DATABASE ? AS {name}", (str(path),))
+
+    def image(self, conn: sqlite3.Connection) -> bytes:
+        """The main database's bytes (closes the connection)."""
+        data = conn.serialize() if self.tmp is None else None
+        conn.close()
+        return data if data is not None else Path(self.tmp.name, "main.sqlite3").read_bytes()
+
+    def close(self) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
 def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsPlan, required: bool,
              member_override: str | None = None) -> DbOutput:
     """Upsert target rows into the DB of tarball `base` (or into a fresh DB built from the donor's
     schema when `base` is None). `donor_sql`: the sqlite bytes to read donor rows from when they
-    live in another file (a donor shard); None = the DB itself. Both DBs live in memory
-    (deserialized); the result is the serialized main DB, no temporary files."""
+    live in another file (a donor shard); None = the DB itself."""
     label = path
     if base is not None:
         member, payload = read_tarxz(base, path)
     else:
         member, payload = member_override, b""
         assert member is not None
-    conn = sqlite3.connect(":memory:", isolation_level=None)
+    work = _Workspace()
+    conn = None
     try:
-        if payload:
-            conn.deserialize(payload)
+        conn = work.open(payload)
         src = "main"
         if donor_sql is not None:
-            conn.execute("ATTACH DATABASE ':memory:' AS src")
-            conn.deserialize(donor_sql, name="src")
+            work.attach(conn, donor_sql, "src")
             src = "src"
             if base is None:  # a new shard: the donor shard's schema exactly (compose is positional)
                 for (sql,) in conn.execute(
@@ -496,17 +536,18 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
         conn.execute("COMMIT")
         if src == "src":
             conn.execute("DETACH DATABASE src")
-        data = conn.serialize()
-        conn.close()
+        data, conn = work.image(conn), None
         out.content = write_tarxz(member, data)
         return out
     except sqlite3.DatabaseError as exc:
         raise DonorError(f"{label}: sqlite error while writing rows: {exc}") from None
     finally:
-        try:
-            conn.close()
-        except sqlite3.Error:
-            pass
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        work.close()
 
 
 def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
@@ -533,7 +574,8 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
 def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> str:
     """Everything a DB output depends on; equal keys -> equal bytes (same sqlite/xz libraries)."""
     blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
-                       "sqlite": sqlite3.sqlite_version, "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
+                       "sqlite": sqlite3.sqlite_version, "sqlite_io": "memory" if SQLITE_IN_MEMORY else "file",
+                       "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
