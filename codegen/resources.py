@@ -3,9 +3,21 @@ checkout or an editable install, at the repository's top level."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PKG = Path(__file__).resolve().parent
+ENV_CACHE = "MI100_CODEGEN_CACHE"
+
+
+def user_cache_dir(name: str) -> Path:
+    """The user's cache folder `name` (e.g. `precompile`): under $MI100_CODEGEN_CACHE, else
+    $XDG_CACHE_HOME/mi100-codegen, else ~/.cache/mi100-codegen. Never inside the repository;
+    callers treat it as optional (missing or read-only: work without it)."""
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE]) / name
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "mi100-codegen" / name
 
 
 def data_dir(name: str) -> Path:

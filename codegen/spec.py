@@ -11,17 +11,18 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
+import re
 from pydantic import BaseModel, ValidationError
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.reader import ReaderError
 
 from .errors import SpecError, UserError, printable
 from .models import Diagnostic, TargetSpec, check_target
 from .resources import default_spec_path, display_path
+
+if TYPE_CHECKING:
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import MarkedYAMLError
 
 Loc = tuple[str | int, ...]
 
@@ -64,6 +65,9 @@ class _Positions:
         self.table: dict[Loc, tuple[int, int]] = {}
 
     def walk(self, node: Any, loc: Loc) -> None:
+        # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
+        from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
         if isinstance(node, CommentedMap):
             for key in node:
                 k_line, k_col = node.lc.key(key)
@@ -299,6 +303,12 @@ def _read_text(path: Path, display: str) -> str:
 
 def _parse_yaml(text: str, display: str) -> CommentedMap:
     """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded."""
+    # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.reader import ReaderError
+
     deep = _nesting_error(text)
     if deep is not None:
         raise SpecError([f"{display}:{deep[0]}:{deep[1]}: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"])
@@ -328,26 +338,126 @@ def _parse_yaml(text: str, display: str) -> CommentedMap:
     return doc
 
 
-def load_spec(path: str | Path | None = None) -> LoadedSpec:
-    """Load and validate a spec; raise SpecError with every problem found."""
-    path = Path(path) if path is not None else default_spec_path()
-    display = display_path(path)
-    doc = _parse_yaml(_read_text(path, display), display)
-    pos = _Positions()
-    pos.walk(doc, ())
+# ------------------------------------------------------------------- the fast path (libyaml) --
+
+_NO = object()  # "the fast path cannot vouch for this scalar"
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
+_FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*(?: [A-Za-z0-9_.,+/()-]+)*")
+_RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)+[a-df-z][a-z]*")  # 0.11b: never a number
+_SPECIAL = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "nan", "inf"}
+
+
+def _fast_scalar(ev: Any, text: str) -> Any:
+    """The value ruamel's YAML 1.2 loader gives a scalar, for the unambiguous spellings only
+    (they mean the same under YAML 1.1 and 1.2): decimal ints and floats, lower-case true/false,
+    empty/null, quoted strings on one line without escapes, plain words. Anything else: _NO."""
+    if ev.start_mark.line != ev.end_mark.line:
+        return _NO
+    v = ev.value
+    if ev.style in ("'", '"'):
+        return _NO if "\\" in text[ev.start_mark.index:ev.end_mark.index] else v
+    if ev.style:  # block scalars
+        return _NO
+    if v in ("", "~", "null"):
+        return None
+    if v in ("true", "false"):
+        return v == "true"
+    if _INT.fullmatch(v):
+        return int(v)
+    if _FLOAT.fullmatch(v):
+        return float(v)
+    if (_WORD.fullmatch(v) and v.split(" ")[0].lower() not in _SPECIAL) or _RELEASE.fullmatch(v):
+        return v
+    return _NO
+
+
+def _fast_doc(text: str) -> dict | None:
+    """The document as plain data via libyaml's event parser (C, ~20x ruamel's round-trip
+    loader), or None where it might differ from the round-trip loader's reading or the loader
+    would refuse it: no libyaml, a parse error, anchors, aliases, tags, directives, more than one
+    document, a duplicate key, a non-string key, any scalar `_fast_scalar` cannot vouch for, or
+    past the nesting/node limits. None sends the caller to the located path (ruamel)."""
+    try:
+        # CLI start-up, and pyyaml is optional here: without libyaml every spec takes the ruamel path
+        import yaml
+        from yaml import events as ev_types
+
+        loader = yaml.CSafeLoader
+    except (ImportError, AttributeError):
+        return None
+    stack: list[list] = []  # [container, pending key]
+    root: Any = _NO
+    nodes = docs = 0
+    try:
+        for ev in yaml.parse(text, Loader=loader):
+            kind = type(ev)
+            if kind is ev_types.DocumentStartEvent:
+                docs += 1
+                if docs > 1 or ev.version or ev.tags:
+                    return None
+                continue
+            if kind in (ev_types.StreamStartEvent, ev_types.StreamEndEvent, ev_types.DocumentEndEvent):
+                continue
+            if kind is ev_types.AliasEvent or getattr(ev, "anchor", None) is not None or getattr(ev, "tag", None) is not None:
+                return None
+            if kind is ev_types.MappingStartEvent or kind is ev_types.SequenceStartEvent:
+                nodes += 1
+                stack.append([{} if kind is ev_types.MappingStartEvent else [], _NO])
+                if len(stack) > MAX_DEPTH:
+                    return None
+                continue
+            if kind is ev_types.ScalarEvent:
+                nodes += 1
+                value = _fast_scalar(ev, text)
+                if value is _NO:
+                    return None
+            else:  # the end of a mapping or sequence
+                value = stack.pop()[0]
+            if nodes > MAX_NODES:
+                return None
+            if not stack:
+                root = value
+                continue
+            top = stack[-1]
+            if isinstance(top[0], list):
+                top[0].append(value)
+            elif top[1] is _NO:
+                if not isinstance(value, str) or kind is not ev_types.ScalarEvent or value in top[0]:
+                    return None  # a non-string key (ruamel would type it), or a duplicate
+                top[1] = value
+            else:
+                top[0][top[1]] = value
+                top[1] = _NO
+    except yaml.YAMLError:
+        return None
+    return root if isinstance(root, dict) else None
+
+
+# ------------------------------------------------------------------------------- loading --
+
+
+def _validate(plain: Any, path: Path, display: str, pos: _Positions | None) -> LoadedSpec | None:
+    """Validate plain data; every problem located with `pos`. Without positions (the fast path)
+    any error or warning returns None: the caller re-reads with positions."""
 
     def located(loc: Loc, msg: str, severity: str = "error") -> str:
+        assert pos is not None
         line, col = pos.find(loc)
         prefix = "warning: " if severity == "warning" else ""
         return f"{display}:{line}:{col}: {prefix}{format_loc(loc)}: {printable(msg)}"
 
     try:
-        spec = TargetSpec.model_validate_json(json.dumps(_plain(doc)), strict=True)
+        spec = TargetSpec.model_validate_json(json.dumps(plain), strict=True)
     except ValidationError as exc:
+        if pos is None:
+            return None
         items = sorted(set(_pydantic_lines(exc)), key=lambda t: (pos.find(t[0]), format_loc(t[0])))
         raise SpecError([located(loc, msg) for loc, msg in items]) from None
 
     diags: list[Diagnostic] = check_target(spec)
+    if diags and pos is None:
+        return None
     order = lambda d: (pos.find(d.path), d.message)  # noqa: E731
     errors = [d for d in diags if d.severity == "error"]
     if errors:
@@ -360,6 +470,29 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
         sha256=spec_sha256(spec),
         warnings=[located(d.path, d.message, "warning") for d in sorted(warnings, key=order)],
     )
+
+
+def load_spec(path: str | Path | None = None) -> LoadedSpec:
+    """Load and validate a spec; raise SpecError with every problem found.
+
+    A clean spec is read by libyaml (`_fast_doc`); whenever that path cannot vouch for the
+    reading, or there is anything to report, the spec is read again with ruamel's round-trip
+    loader, whose positions place every message: the messages come from one path only."""
+    path = Path(path) if path is not None else default_spec_path()
+    display = display_path(path)
+    text = _read_text(path, display)
+    if _nesting_error(text) is None:
+        fast = _fast_doc(text)
+        if fast is not None:
+            loaded = _validate(fast, path, display, None)
+            if loaded is not None:
+                return loaded
+    doc = _parse_yaml(text, display)
+    pos = _Positions()
+    pos.walk(doc, ())
+    loaded = _validate(_plain(doc), path, display, pos)
+    assert loaded is not None
+    return loaded
 
 
 def spec_json_schema() -> str:

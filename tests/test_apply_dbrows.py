@@ -90,3 +90,40 @@ def test_tarball_is_deterministic_and_normalised():
 def test_same_inputs_same_bytes(tmp_path):
     tree = make_fake_tree(tmp_path / "t", (0, 12, 0))
     assert _build(tree, ROWS).content == _build(tree, ROWS).content
+
+
+def _all_rows(content: bytes, tmp_path) -> dict:
+    _, payload = read_tarxz(content, "x")
+    p = tmp_path / "all.sqlite3"
+    p.write_bytes(payload)
+    conn = sqlite3.connect(p)
+    try:
+        names = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name")]
+        return {n: conn.execute(f'SELECT * FROM "{n}" ORDER BY rowid').fetchall() for n in names}
+    finally:
+        conn.close()
+        p.unlink()
+
+
+@pytest.mark.parametrize("version", [(0, 11, 0), (0, 12, 0)])
+def test_file_workspace_writes_the_same_rows_as_memory(tmp_path, monkeypatch, version):
+    """Pythons without Connection.serialize (3.10) rewrite the databases in a temporary folder:
+    the same rows (a new shard's header may differ: the input key says which path ran), and the
+    same bytes twice."""
+    from codegen.apply import dbrows
+
+    tree = make_fake_tree(tmp_path / "t", version)
+    a = detect(tree)
+    rows = RowsPlan.from_json(ROWS, "gfx908")
+    ls = lambda rel: sorted(x.name for x in (tree / rel).iterdir()) if (tree / rel).is_dir() else []  # noqa: E731
+    read = lambda rel: (tree / rel).read_bytes() if (tree / rel).is_file() else None  # noqa: E731
+    targets = db_targets(a, rows, None, ls)
+    mem = [build_db(t, read, rows) for t in targets]
+    key_mem = dbrows.input_key(targets[0], {}, rows)
+    monkeypatch.setattr(dbrows, "SQLITE_IN_MEMORY", False)
+    files = [build_db(t, read, rows) for t in targets]
+    assert [o.content for o in files] == [build_db(t, read, rows).content for t in targets]
+    for m, f in zip(mem, files):
+        assert _all_rows(m.content, tmp_path) == _all_rows(f.content, tmp_path)
+        assert {k: v.as_dict() for k, v in m.tables.items()} == {k: v.as_dict() for k, v in f.tables.items()}
+    assert dbrows.input_key(targets[0], {}, rows) != key_mem

@@ -260,6 +260,21 @@ def test_database_archive_is_valid_multistream_xz_and_deterministic(tmp_path):
         assert (out / "x.sqlite3").read_bytes() == payload
 
 
+def test_database_tar_is_byte_for_byte_what_tarfile_writes():
+    """tar_bytes builds the one-member tar in one copy; it is tarfile's GNU output exactly."""
+    import io
+    import tarfile
+
+    for size in (0, 1, 511, 512, 513, 10240, 12345, 1 << 16):
+        payload = os.urandom(size)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+            ti = tarfile.TarInfo("x.sqlite3")
+            ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
+            t.addfile(ti, io.BytesIO(payload))
+        assert dbrows.tar_bytes("x.sqlite3", payload) == buf.getvalue(), size
+
+
 def test_render_does_not_import_the_apply_engine():
     code = ("import sys; import codegen.render, codegen.overlay_inputs; "
             "bad = [m for m in ('libcst', 'codegen.apply', 'codegen.precompile', 'codegen.tuning_results') "

@@ -185,3 +185,44 @@ def test_sigkill_real_tree_never_half_applied(pristine_tree, tmp_path):
     seen = kill_loop(factory, pristine, applied, runs=5, min_delay=0.4 * took, max_delay=1.05 * took,
                      seed=9080, txn_delay=0.05)
     assert seen["pristine"] + seen["applied"] == 5
+
+
+def _release_extracts(tree: Path) -> str:
+    """How this release's CMake reads the tuning-database archives: `cmake -E tar xf` (0.10b,
+    0.11b) or `file(ARCHIVE_EXTRACT ...)` (0.11.1b and later), read from its own v3src/CMakeLists.txt."""
+    text = (tree / "v3src" / "CMakeLists.txt").read_text(encoding="utf-8")
+    if "file(ARCHIVE_EXTRACT" in text:
+        return "archive_extract"
+    assert re.search(r"\$\{CMAKE_COMMAND\} -E tar xf\s+\"[^\"]*sqlite3\.tar\.xz\"", text), "unknown reader"
+    return "tar_xf"
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake (upstream's reader of the archives)")
+@pytest.mark.parametrize("tag", TAGS)
+def test_written_archives_extract_with_the_release_own_cmake_command(fresh_tree, tmp_path, tag):
+    """Every tuning-database archive apply writes is read by the release's own CMake step, with
+    the same command its CMakeLists.txt uses, into the exact sqlite file, which sqlite opens."""
+    from codegen.apply.dbrows import read_tarxz
+
+    tree = fresh_tree(tag)
+    assert _cli("apply", str(tree)).exit_code == 0
+    how = _release_extracts(tree)
+    written = sorted(rel for rel, ent in read_lock(tree).files.items() if ent.kind == "db")
+    assert written
+    for i, rel in enumerate(written):
+        out = tmp_path / f"x{i}"
+        out.mkdir()
+        if how == "tar_xf":
+            subprocess.run(["cmake", "-E", "tar", "xf", str(tree / rel)], cwd=out, check=True)
+        else:
+            script = tmp_path / f"x{i}.cmake"
+            script.write_text(f'file(ARCHIVE_EXTRACT INPUT "{tree / rel}" DESTINATION "{out}")\n')
+            subprocess.run(["cmake", "-P", str(script)], check=True)
+        member, payload = read_tarxz((tree / rel).read_bytes(), rel)
+        assert [p.name for p in out.iterdir()] == [member]
+        assert (out / member).read_bytes() == payload
+        conn = sqlite3.connect(out / member)
+        try:
+            assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        finally:
+            conn.close()

@@ -7,6 +7,7 @@ Default run: 3 properties x 30 cases; `-m slow`: 3 x 400 = 1,200 cases (tests/fu
 from __future__ import annotations
 
 import io
+import json
 import re
 import tempfile
 from pathlib import Path
@@ -171,5 +172,41 @@ def test_fuzz_spec_slow(kind):
     @given(STRATEGIES[kind])
     def run(text):
         _check(text)
+
+    run()
+
+
+def _fast_agrees(text: str) -> None:
+    """The libyaml fast path reads a text exactly as ruamel's round-trip loader does, or declines."""
+    from codegen.errors import SpecError
+    from codegen.spec import _fast_doc, _parse_yaml, _plain
+
+    fast = _fast_doc(text)
+    if fast is None:
+        return
+    try:
+        slow_doc = _plain(_parse_yaml(text, "fuzz.yaml"))
+    except SpecError as exc:
+        raise AssertionError(f"fast path read a text ruamel refuses ({exc}): {text!r}") from None
+    assert json.dumps(fast) == json.dumps(slow_doc), text
+
+
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_fast_yaml_path_agrees_with_ruamel(kind):
+    @fast(200)
+    @given(STRATEGIES[kind])
+    def run(text):
+        _fast_agrees(text)
+
+    run()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(STRATEGIES))
+def test_fast_yaml_path_agrees_with_ruamel_slow(kind):
+    @slow(2000)
+    @given(STRATEGIES[kind])
+    def run(text):
+        _fast_agrees(text)
 
     run()

@@ -181,3 +181,46 @@ def test_wheel_install_renders_the_committed_overlay(tmp_path):
         subprocess.run([str(exe), "render", "--out", str(out)], check=True, cwd=tmp_path,
                        env=dict(os.environ, PYTHONHASHSEED=seed), capture_output=True)
         assert _tree(out) == _tree(REPO / "aotriton_overlay")
+
+
+# --------------------------------------------------------------- compiled-template cache --
+
+def test_template_cache_recompiles_an_edited_template_and_survives_damage(tmp_path):
+    import jinja2
+
+    from codegen.render import _TemplateCache
+
+    tpl, cache = tmp_path / "tpl", tmp_path / "cache" / "jinja"
+    tpl.mkdir()
+    (tpl / "t.j2").write_text("one {{ x }}\n")
+
+    def render() -> str:
+        env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tpl)), bytecode_cache=_TemplateCache(str(cache)))
+        return env.get_template("t.j2").render(x=1)
+
+    assert render() == "one 1"
+    entries = list(cache.iterdir())
+    assert len(entries) == 1  # created on first use
+    assert render() == "one 1"  # from the cache
+    (tpl / "t.j2").write_text("two {{ x }}\n")  # same name, new source: compiled again
+    assert render() == "two 1"
+    for e in cache.iterdir():
+        e.write_bytes(b"\x00garbage")
+    assert render() == "two 1"  # a damaged entry is only slower
+
+
+def test_render_without_a_usable_cache_folder_is_identical(tmp_path):
+    """MI100_CODEGEN_CACHE pointing at a file (no folder can be made there): render still works,
+    byte-identical to a render with a warm cache."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    outs = []
+    for cache in (blocker, tmp_path / "warm", tmp_path / "warm"):
+        out = tmp_path / f"ov{len(outs)}"
+        env = dict(os.environ, MI100_CODEGEN_CACHE=str(cache), PYTHONPATH=str(REPO))
+        proc = subprocess.run([sys.executable, "-m", "codegen.cli", "render", "--out", str(out)], cwd=REPO, env=env,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(_tree(out))
+    assert outs[0] == outs[1] == outs[2]
+    assert any((tmp_path / "warm" / "jinja").rglob("*.cache"))

@@ -17,11 +17,17 @@ Writing is an upsert on upstream's UNIQUE key, NULL-safe (SQLite's UNIQUE does n
 key column is NULL, as in bwd_kernel_fuse and op_attn_bwd, so an `ON CONFLICT` clause alone
 would let duplicates in): an existing row with the same key is replaced, every other row is
 kept. Duplicate donor keys collapse to the donor's last row, which is also the row upstream's
-LUT builder keeps. The result is repacked deterministically: VACUUM INTO a fresh file, one tar
-member with normalised metadata (mtime 0, uid/gid 0, no owner names, mode 0644, GNU format),
-xz preset 0 with CRC64, one xz stream per 8 MiB of tar (compressed in parallel, concatenated:
-a valid .xz that upstream's CMake, `xz` and Python read as one file). Preset 6, upstream's own
-`tar cJf`, took 37 of the 42 s of a first apply on 0.11b; the archive's one reader decompresses it.
+LUT builder keeps. Both databases live in memory (`Connection.deserialize`, no temporary files);
+the result is the serialized database (deterministic for the same inputs and sqlite version, which
+the input key records), packed deterministically: one tar member with normalised metadata
+(mtime 0, uid/gid 0, no owner names, mode 0644, GNU format: `tar_bytes`, tarfile's bytes in one
+copy), xz preset 0 with CRC64, one xz stream per 8 MiB of tar (compressed in parallel,
+concatenated: a valid .xz that upstream's CMake, `xz` and Python read as one file). Preset 6,
+upstream's own `tar cJf`, took 37 of the 42 s of a first apply on 0.11b; the archive's one reader
+(`cmake -E tar xf` on 0.10b/0.11b, `file(ARCHIVE_EXTRACT)` later) decompresses it. Finer LZMA2
+settings than preset 0 (hc3/hc4, nice_len 16-128, depth 1-4, 1 MiB dictionary) measured no faster
+(within 10 %, noise on a shared machine) and 5-8 % larger: LZMA2's range coder, not the match
+finder, is the cost at this level.
 
 Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into
 `v3python/rules/tuning_database.sqlite3.tar.xz` (+ `op_database` for 0.11b); 'sharded'
@@ -41,6 +47,7 @@ import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 from typing import Callable
 
@@ -56,7 +63,7 @@ from ..upstream import tuning_db as db
 
 XZ_PRESET = 0  # the fastest: the one reader, upstream's CMake, only decompresses it
 XZ_CHUNK = 8 << 20  # bytes per xz stream (fixed: part of the output's identity)
-ROWS_CODE_VERSION = 4  # bump when the derivation changes: invalidates cached DB outputs
+ROWS_CODE_VERSION = 5  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
 
@@ -112,28 +119,38 @@ def read_tarxz(data: bytes, what: str) -> tuple[str, bytes]:
             members = [m for m in t.getmembers() if m.isfile()]
             if len(members) != 1:
                 raise DonorError(f"{what}: expected one sqlite file in the tarball, found {len(members)}")
-            fh = t.extractfile(members[0])
-            assert fh is not None
-            return members[0].name, fh.read()
+            m = members[0]
+            if m.sparse or m.offset_data + m.size > len(raw):
+                raise DonorError(f"{what}: the sqlite file in the tarball is sparse or truncated")
+            return m.name, raw[m.offset_data:m.offset_data + m.size]  # one copy, not a stream
     except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
         raise DonorError(f"{what}: not a readable .tar.xz ({exc})") from None
 
 
+def tar_bytes(member: str, payload: bytes) -> bytes:
+    """A one-member tar of `payload`, byte for byte what `tarfile` writes in GNU format for it
+    (header with normalised metadata, data padded to 512, two zero blocks, padded to the 10240-byte
+    record), built in one copy instead of tarfile's 16 KiB writes."""
+    ti = tarfile.TarInfo(member)
+    ti.size = len(payload)
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    head = ti.tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING, "surrogateescape")
+    size = len(head) + len(payload)
+    size += -size % tarfile.BLOCKSIZE
+    end = size + 2 * tarfile.BLOCKSIZE
+    end += -end % tarfile.RECORDSIZE
+    return b"".join((head, payload, bytes(end - len(head) - len(payload))))
+
+
 def write_tarxz(member: str, payload: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
-        ti = tarfile.TarInfo(member)
-        ti.size = len(payload)
-        ti.mtime = 0
-        ti.mode = 0o644
-        ti.uid = ti.gid = 0
-        ti.uname = ti.gname = ""
-        ti.type = tarfile.REGTYPE
-        t.addfile(ti, io.BytesIO(payload))
-    return _xz(buf.getvalue())
+    return _xz(tar_bytes(member, payload))
 
 
-def _xz_stream(chunk: bytes) -> bytes:
+def _xz_stream(chunk) -> bytes:
     return lzma.compress(chunk, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET)
 
 
@@ -142,7 +159,8 @@ def _xz(data: bytes) -> bytes:
     CMake's `tar xf`/ARCHIVE_EXTRACT and Python read every stream). The split depends only on
     the data, so the bytes are the same on every machine; the streams compress in parallel
     (liblzma releases the GIL)."""
-    chunks = [data[i:i + XZ_CHUNK] for i in range(0, len(data), XZ_CHUNK)] or [b""]
+    view = memoryview(data)
+    chunks = [view[i:i + XZ_CHUNK] for i in range(0, len(data), XZ_CHUNK)] or [b""]
     if len(chunks) == 1:
         return _xz_stream(chunks[0])
     with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
@@ -150,6 +168,14 @@ def _xz(data: bytes) -> bytes:
 
 
 # ------------------------------------------------------------------------------------ sqlite --
+
+
+def _tuple_of(idx: list[int]) -> Callable[[list | tuple], tuple]:
+    """row -> the tuple of its values at `idx` (itemgetter, always a tuple)."""
+    if not idx:
+        return lambda row: ()
+    get = itemgetter(*idx)
+    return get if len(idx) > 1 else (lambda row: (get(row),))
 
 
 def q(name: str) -> str:
@@ -264,8 +290,9 @@ def _check_complete(rows: list[list], cols: list[str], c: _Cols, plan: RowsPlan,
         )
     fcols = [x for x in cols if x.startswith(db.INPUT_PREFIX) and x not in (c.sq, c.sk)]
     grids: dict[tuple, set] = {}
+    fkey, sqk = _tuple_of([c.ix[x] for x in fcols]), itemgetter(c.ix[c.sq], c.ix[c.sk])
     for r in rows:
-        grids.setdefault(tuple(r[c.ix[x]] for x in fcols), set()).add((r[c.ix[c.sq]], r[c.ix[c.sk]]))
+        grids.setdefault(fkey(r), set()).add(sqk(r))
     for fkey, pairs in grids.items():
         qs, ks = {p[0] for p in pairs}, {p[1] for p in pairs}
         if len(pairs) != len(qs) * len(ks):
@@ -273,44 +300,81 @@ def _check_complete(rows: list[list], cols: list[str], c: _Cols, plan: RowsPlan,
                              f"seqlen grid ({len(pairs)} of {len(qs) * len(ks)} bins)")
 
 
-def _memo(memo: dict, key: tuple, fn: Callable):
-    """fn() once per key: the rules depend only on a row's tile/config, shared by many rows."""
-    if key not in memo:
-        memo[key] = fn()
-    return memo[key]
+def _cfg_key(c: _Cols) -> Callable[[list], tuple]:
+    """A row's values at the columns the rules read (dtype, head dim, tile, waves, warps, stages,
+    pre_load_v; None where the table lacks one): every rule's verdict is a function of them."""
+    idx = [c.ix[k] for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv) if k is not None]
+    pos = [k is not None for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv)]
+    if all(pos):
+        get = itemgetter(*idx)
+        return lambda row: get(row)
+    return lambda row: tuple(row[c.ix[k]] if k is not None else None
+                             for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv))
 
 
-def _seed(donor: list, gpu: str, c: _Cols, family: str, plan: RowsPlan, checkable: bool, st: TableStats,
-          memo: dict) -> list:
-    """A donor row renamed to `gpu`; tile replaced, num_warps raised to the family's floor, then
-    waves_per_eu capped (the spec's caps, then the compile report's largest spill-free
-    waves_per_eu for the row's final config)."""
-    row = list(donor)
-    row[c.ix[db.GPU]] = gpu
+def _seed_rule(row: list, c: _Cols, family: str, plan: RowsPlan, checkable: bool) -> tuple:
+    """What seeding does to a row of this config: (block_m, block_n, num_warps, waves_per_eu,
+    replaced, raised, capped, compile_capped). The tile is replaced, num_warps raised to the
+    family's floor, then waves_per_eu capped (the spec's caps, then the compile report's largest
+    spill-free waves_per_eu for the row's final config)."""
+    row = list(row)
+    replaced = raised = capped = compile_capped = False
     tile = c.tile(family, row)
-    to = _memo(memo, ("to", tile), lambda: plan.replacement_for(tile)) if tile and tile.block_m is not None \
-        else None
+    to = plan.replacement_for(tile) if tile and tile.block_m is not None else None
     if to is not None:
         row[c.ix[c.bm]], row[c.ix[c.bn]] = to
-        st.replaced += 1
+        replaced = True
         tile = c.tile(family, row)
     if c.nw and row[c.ix[c.nw]] is not None:
         nw = plan.num_warps_for(family, row[c.ix[c.nw]])
         if nw != row[c.ix[c.nw]]:
             row[c.ix[c.nw]] = nw
-            st.warps_raised += 1
+            raised = True
     if tile is not None and c.w and row[c.ix[c.w]] is not None:
-        cap = _memo(memo, ("cap", tile), lambda: plan.cap_for(tile))
+        cap = plan.cap_for(tile)
         if cap is not None and row[c.ix[c.w]] > cap:
             row[c.ix[c.w]] = cap
-            st.capped += 1
+            capped = True
     if checkable:
-        key = ("w", tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv)))
-        w = _memo(memo, key, lambda: _compile_cap(c, family, plan, row))
+        w = _compile_cap(c, family, plan, row)
         if w is not None and w != row[c.ix[c.w]]:
             row[c.ix[c.w]] = w
-            st.compile_capped += 1
-    return row
+            compile_capped = True
+    return (c.get(row, c.bm), c.get(row, c.bn), c.get(row, c.nw), c.get(row, c.w), replaced, raised, capped,
+            compile_capped)
+
+
+def _seed_all(donor: list[list], c: _Cols, family: str, plan: RowsPlan, checkable: bool,
+              st: TableStats) -> list[list]:
+    """Every donor row renamed to each target GPU and seeded (`_seed_rule`, once per config)."""
+    key = _cfg_key(c)
+    rules: dict[tuple, tuple] = {}
+    gi = c.ix[db.GPU]
+    bm, bn, nw, w = (c.ix[k] if k is not None else None for k in (c.bm, c.bn, c.nw, c.w))
+    seeded = []
+    for r in donor:
+        k = key(r)
+        rule = rules.get(k)
+        if rule is None:
+            rule = rules[k] = _seed_rule(r, c, family, plan, checkable)
+        seeded.append((r, rule))
+    out = []
+    for gpu in plan.gpus:
+        for r, (m, n, warps, wv, replaced, raised, capped, ccapped) in seeded:
+            row = list(r)
+            row[gi] = gpu
+            if replaced:
+                row[bm], row[bn] = m, n
+                st.replaced += 1
+            if raised:
+                row[nw] = warps
+                st.warps_raised += 1
+            if capped or ccapped:
+                row[w] = wv
+                st.capped += capped
+                st.compile_capped += ccapped
+            out.append(row)
+    return out
 
 
 def _compile_cap(c: _Cols, family: str, plan: RowsPlan, row: list) -> int | None:
@@ -348,12 +412,13 @@ def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPl
     """Every final row against the compile report; a duplicate key (the table's UNIQUE key)
     counts once, as its last row: the one the upsert and upstream's LUT keep."""
     st.compile_checked = True
-    kcols = [c.ix[k] for k in key if k in c.ix]
-    final = {tuple(row[i] for i in kcols): row for row in rows}
+    kcols = _tuple_of([c.ix[k] for k in key if k in c.ix])
+    final = {kcols(row): row for row in rows}
     verdicts: dict[tuple, tuple[str, str] | None] = {}
     unclean, unmeasured = set(), set()
+    cfg_key = _cfg_key(c)
     for row in final.values():
-        ckey = tuple(c.get(row, k) for k in (c.dt, c.hd, c.bm, c.bn, c.w, c.nw, c.ns, c.plv))
+        ckey = cfg_key(row)
         if ckey not in verdicts:
             cfg = _config_of(c, family, plan.arch, row)
             verdicts[ckey] = None if cfg is None else (
@@ -382,8 +447,7 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
     if required:
         _check_complete(donor, cols, c, plan, label, table)
     checkable = bool(plan.waves_per_eu_limits) and family in FAMILIES and c.has_config
-    memo: dict = {}
-    out = [_seed(r, gpu, c, family, plan, checkable, st, memo) for gpu in plan.gpus for r in donor]
+    out = _seed_all(donor, c, family, plan, checkable, st)
     _apply_measured(out, c, plan.measured_for(family), st)
     if checkable:
         _audit(out, _unique_key(conn, table, src), c, family, plan, st)
@@ -394,46 +458,77 @@ def upsert(conn: sqlite3.Connection, table: str, cols: list[str], key: list[str]
     """NULL-safe upsert on `key`; rows with a duplicate key: the last one wins (its position is
     that of the key's first occurrence). Returns the number of rows written."""
     ix = {c: i for i, c in enumerate(cols)}
+    keyof = _tuple_of([ix[k] for k in key])
     merged: dict[tuple, tuple] = {}
     for r in rows:
-        merged[tuple(r[ix[k]] for k in key)] = r
+        merged[keyof(r)] = r
     dele = f"DELETE FROM main.{q(table)} WHERE " + " AND ".join(f"{q(k)} IS ?" for k in key)
     ins = f"INSERT INTO main.{q(table)} ({', '.join(q(c) for c in cols)}) VALUES ({', '.join('?' * len(cols))})"
-    conn.executemany(dele, list(merged))  # the keys are unique: delete all, then insert in order
+    if conn.execute(f"SELECT 1 FROM main.{q(table)} LIMIT 1").fetchone() is not None:  # a new shard: nothing to replace
+        conn.executemany(dele, list(merged))  # the keys are unique: delete all, then insert in order
     conn.executemany(ins, list(merged.values()))
     return len(merged)
 
 
-def _vacuum_bytes(conn: sqlite3.Connection, tmp: Path, name: str) -> bytes:
-    out = tmp / f"out-{name}"
-    if out.exists():
-        out.unlink()
-    conn.execute("VACUUM main INTO ?", (str(out),))
-    conn.close()
-    return out.read_bytes()
+SQLITE_IN_MEMORY = hasattr(sqlite3.Connection, "serialize")  # Python 3.11+
 
 
-def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, plan: RowsPlan, tmp: Path,
-             required: bool, member_override: str | None = None) -> DbOutput:
+class _Workspace:
+    """Where the databases of one rewrite live: in memory (Connection.deserialize/serialize,
+    Python 3.11+) or, on older Pythons, in a temporary folder. The two give the same rows but
+    not always the same header bytes (a new shard), so the input key records which one ran."""
+
+    def __init__(self) -> None:
+        self.tmp = None if SQLITE_IN_MEMORY else tempfile.TemporaryDirectory(prefix="mi100-codegen-db-")
+
+    def open(self, payload: bytes) -> sqlite3.Connection:
+        if self.tmp is None:
+            conn = sqlite3.connect(":memory:", isolation_level=None)
+            if payload:
+                conn.deserialize(payload)
+            return conn
+        path = Path(self.tmp.name, "main.sqlite3")
+        path.write_bytes(payload)
+        return sqlite3.connect(path, isolation_level=None)
+
+    def attach(self, conn: sqlite3.Connection, data: bytes, name: str) -> None:
+        if self.tmp is None:
+            conn.execute(f"ATTACH DATABASE ':memory:' AS {name}")
+            conn.deserialize(data, name=name)
+            return
+        path = Path(self.tmp.name, f"{name}.sqlite3")
+        path.write_bytes(data)
+        conn.execute(f"ATTACH DATABASE ? AS {name}", (str(path),))
+
+    def image(self, conn: sqlite3.Connection) -> bytes:
+        """The main database's bytes (closes the connection)."""
+        data = conn.serialize() if self.tmp is None else None
+        conn.close()
+        return data if data is not None else Path(self.tmp.name, "main.sqlite3").read_bytes()
+
+    def close(self) -> None:
+        if self.tmp is not None:
+            self.tmp.cleanup()
+
+
+def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsPlan, required: bool,
+             member_override: str | None = None) -> DbOutput:
     """Upsert target rows into the DB of tarball `base` (or into a fresh DB built from the donor's
-    schema when `base` is None). `donor_payload`: {'src': sqlite bytes} to read donor rows from a
-    different file (a donor shard); None = the DB itself."""
+    schema when `base` is None). `donor_sql`: the sqlite bytes to read donor rows from when they
+    live in another file (a donor shard); None = the DB itself."""
     label = path
-    tag = hashlib.sha256(path.encode()).hexdigest()[:12]
-    dst = tmp / f"dst-{tag}.sqlite3"
     if base is not None:
         member, payload = read_tarxz(base, path)
-        dst.write_bytes(payload)
     else:
         member, payload = member_override, b""
         assert member is not None
-    conn = sqlite3.connect(dst, isolation_level=None)
+    work = _Workspace()
+    conn = None
     try:
+        conn = work.open(payload)
         src = "main"
-        if donor_payload is not None:
-            srcf = tmp / f"src-{tag}.sqlite3"
-            srcf.write_bytes(donor_payload["src"])
-            conn.execute("ATTACH DATABASE ? AS src", (str(srcf),))
+        if donor_sql is not None:
+            work.attach(conn, donor_sql, "src")
             src = "src"
             if base is None:  # a new shard: the donor shard's schema exactly (compose is positional)
                 for (sql,) in conn.execute(
@@ -455,15 +550,18 @@ def _rewrite(base: bytes, path: str, donor_payload: dict[str, bytes] | None, pla
         conn.execute("COMMIT")
         if src == "src":
             conn.execute("DETACH DATABASE src")
-        out.content = write_tarxz(member, _vacuum_bytes(conn, tmp, tag))
+        data, conn = work.image(conn), None
+        out.content = write_tarxz(member, data)
         return out
     except sqlite3.DatabaseError as exc:
         raise DonorError(f"{label}: sqlite error while writing rows: {exc}") from None
     finally:
-        try:
-            conn.close()
-        except sqlite3.Error:
-            pass
+        if conn is not None:
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
+        work.close()
 
 
 def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
@@ -490,27 +588,25 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
 def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> str:
     """Everything a DB output depends on; equal keys -> equal bytes (same sqlite/xz libraries)."""
     blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
-                       "sqlite": sqlite3.sqlite_version, "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
+                       "sqlite": sqlite3.sqlite_version, "sqlite_io": "memory" if SQLITE_IN_MEMORY else "file",
+                       "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
-    with tempfile.TemporaryDirectory(prefix="mi100-codegen-db-") as td:
-        tmp = Path(td)
-        if target["kind"] == "upsert":
-            base = read(target["path"])
-            if base is None:
-                raise DonorError(f"{target['path']}: missing from the tree")
-            return _rewrite(base, target["path"], None, plan, tmp, target["required"])
-        donor = read(target["donor"])
-        if donor is None:
-            raise DonorError(f"{target['donor']}: missing from the tree")
-        _, donor_sql = read_tarxz(donor, target["donor"])
+    if target["kind"] == "upsert":
         base = read(target["path"])
-        member = Path(target["path"]).name[: -len(".tar.xz")]
-        return _rewrite(base, target["path"], {"src": donor_sql}, plan, tmp, target["required"],
-                        member_override=member)
+        if base is None:
+            raise DonorError(f"{target['path']}: missing from the tree")
+        return _rewrite(base, target["path"], None, plan, target["required"])
+    donor = read(target["donor"])
+    if donor is None:
+        raise DonorError(f"{target['donor']}: missing from the tree")
+    _, donor_sql = read_tarxz(donor, target["donor"])
+    base = read(target["path"])
+    member = Path(target["path"]).name[: -len(".tar.xz")]
+    return _rewrite(base, target["path"], donor_sql, plan, target["required"], member_override=member)
 
 
 __all__ = ["DbOutput", "DonorError", "TableStats", "build_db", "db_targets", "input_key", "read_tarxz",
-           "write_tarxz"]
+           "tar_bytes", "write_tarxz"]

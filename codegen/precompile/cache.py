@@ -7,22 +7,18 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 
 from ..fsutil import atomic_write as _atomic_write
+from ..resources import user_cache_dir
 
 CACHE_FORMAT = 4  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts;
 #                  4: sources = the kernel file's import closure
-ENV_CACHE = "MI100_CODEGEN_CACHE"
 
 
 def default_cache_dir() -> Path:
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE]) / "precompile"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mi100-codegen" / "precompile"
+    return user_cache_dir("precompile")
 
 
 def _parse(path: Path) -> ast.Module | None:

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 
 import jinja2
+import jinja2.bccache
 
 from .. import __version__
 from ..models import FAMILIES, TargetSpec, expand_family
 from ..models.dtypes import DTYPE_INFO
 from ..models.rows import OverlayInputs, RowsPlan
-from ..resources import data_dir
+from ..resources import data_dir, user_cache_dir
 from ..spec import LoadedSpec
 from ..upstream.edits import CATALOGUE, EditRecord, edit_records
 from ..upstream.layouts import DEFAULT_LAYOUT, LAYOUTS, MODULE_NAME, Layout, layout_of
@@ -60,14 +62,36 @@ def _pytuple(v: list) -> str:
     return f"({items},)" if len(v) == 1 else f"({items})"
 
 
+class _TemplateCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates in the user's cache (`user_cache_dir('jinja')`, one folder per Jinja
+    version and environment options, which the compiled code depends on). Jinja checks every
+    entry against its template's source checksum and the interpreter's bytecode magic, so an
+    edited template is compiled again. A missing, read-only or corrupt cache is only slower."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except Exception:  # a damaged entry: compile the template instead
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            super().dump_bytecode(bucket)
+        except OSError:
+            pass
+
+
+_ENV_OPTIONS = dict(keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
 def environment() -> jinja2.Environment:
+    key = hashlib.sha256(json.dumps([jinja2.__version__, _ENV_OPTIONS], sort_keys=True).encode()).hexdigest()[:16]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        autoescape=False,
+        bytecode_cache=_TemplateCache(str(user_cache_dir("jinja") / key)),
+        **_ENV_OPTIONS,
     )
     env.filters["pyrepr"] = repr
     env.filters["pytuple"] = _pytuple

@@ -32,6 +32,7 @@ from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
 from ..errors import EnvironmentMissing, UserError
+from ..resources import user_cache_dir
 from ..fsutil import move_into_place
 from . import DOCS
 
@@ -39,7 +40,6 @@ FORMAT = 1
 RECORD = "toolchain.json"
 LOCK = ".lock"
 TMP_PREFIX = ".tmp-"
-ENV_CACHE = "MI100_CODEGEN_CACHE"  # the one cache root precompile's cache uses too
 
 
 class VenvError(EnvironmentMissing):
@@ -48,10 +48,7 @@ class VenvError(EnvironmentMissing):
 
 def default_root() -> Path:
     """`$MI100_CODEGEN_CACHE/toolchain`, else `$XDG_CACHE_HOME` (or ~/.cache)`/mi100-codegen/toolchain`."""
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE]) / "toolchain"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "mi100-codegen" / "toolchain"
+    return user_cache_dir("toolchain")
 
 
 def base_python() -> str:
