@@ -245,8 +245,8 @@ def test_revert_force_says_which_local_changes_it_discards(tmp_path, spec):
 
 # ------------------------------------------------------------------------- the xz archives --
 
-def test_database_archive_is_valid_multistream_xz_and_deterministic(tmp_path):
-    payload = os.urandom(1 << 16) * 200  # 12.5 MiB: two xz streams
+def test_database_archive_is_valid_xz_and_deterministic(tmp_path):
+    payload = os.urandom(1 << 16) * 200 + b"tail"  # 12.5 MiB: 201 stored LZMA2 chunks, the last short
     a, b = dbrows.write_tarxz("x.sqlite3", payload), dbrows.write_tarxz("x.sqlite3", payload)
     assert a == b and dbrows.read_tarxz(a, "a") == ("x.sqlite3", payload)
     p = tmp_path / "x.sqlite3.tar.xz"
@@ -258,6 +258,24 @@ def test_database_archive_is_valid_multistream_xz_and_deterministic(tmp_path):
         out.mkdir()
         subprocess.run(["cmake", "-E", "tar", "xf", str(p)], cwd=out, check=True)
         assert (out / "x.sqlite3").read_bytes() == payload
+
+
+@pytest.mark.parametrize("size", [0, 1, 65535, 65536, 65537, 3 * 65536 + 5])
+def test_stored_xz_frames_every_size(tmp_path, size):
+    """Stored LZMA2 chunks are at most 64 KiB: the chunk boundaries, an empty payload and a short
+    last chunk all decode with liblzma (Python) and the xz tool, and the file is barely larger."""
+    import lzma
+
+    from codegen.apply.xzstore import xz_stored
+
+    data = os.urandom(size)
+    x = xz_stored(data)
+    assert lzma.decompress(x, format=lzma.FORMAT_XZ) == data
+    assert len(x) - len(data) <= 64 + 3 * (size // 65536 + 1)
+    if shutil.which("xz"):
+        p = tmp_path / "x.xz"
+        p.write_bytes(x)
+        assert subprocess.run(["xz", "-t", str(p)]).returncode == 0
 
 
 def test_database_tar_is_byte_for_byte_what_tarfile_writes():

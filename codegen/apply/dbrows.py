@@ -21,13 +21,13 @@ LUT builder keeps. Both databases live in memory (`Connection.deserialize`, no t
 the result is the serialized database (deterministic for the same inputs and sqlite version, which
 the input key records), packed deterministically: one tar member with normalised metadata
 (mtime 0, uid/gid 0, no owner names, mode 0644, GNU format: `tar_bytes`, tarfile's bytes in one
-copy), xz preset 0 with CRC64, one xz stream per 8 MiB of tar (compressed in parallel,
-concatenated: a valid .xz that upstream's CMake, `xz` and Python read as one file). Preset 6,
-upstream's own `tar cJf`, took 37 of the 42 s of a first apply on 0.11b; the archive's one reader
-(`cmake -E tar xf` on 0.10b/0.11b, `file(ARCHIVE_EXTRACT)` later) decompresses it. Finer LZMA2
-settings than preset 0 (hc3/hc4, nice_len 16-128, depth 1-4, 1 MiB dictionary) measured no faster
-(within 10 %, noise on a shared machine) and 5-8 % larger: LZMA2's range coder, not the match
-finder, is the cost at this level.
+copy), in a valid .xz file of stored LZMA2 chunks (`xzstore.xz_stored`: no compression, CRC32).
+The archive's one reader, upstream's CMake (`cmake -E tar xf` on 0.10b/0.11b,
+`file(ARCHIVE_EXTRACT)` later, both libarchive over liblzma), decompresses it at configure time;
+compressing bought it nothing and cost the first apply most of its time (preset 6, upstream's
+own `tar cJf`: 37 of 42 s on 0.11b; preset 0 on two threads: still ~2.7 s of CPU for the 49 MB
+database; finer LZMA2 settings measured no faster). The price is size: the archive in the tree
+is as large as the database (49 MB for 0.10b/0.11b instead of ~5 MB) until `revert`.
 
 Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into
 `v3python/rules/tuning_database.sqlite3.tar.xz` (+ `op_database` for 0.11b); 'sharded'
@@ -41,11 +41,9 @@ import hashlib
 import io
 import json
 import lzma
-import os
 import sqlite3
 import tarfile
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
@@ -60,9 +58,9 @@ from ..models.space import KernelConfig
 from ..models.target import gpu_arch
 from ..upstream import Adapter
 from ..upstream import tuning_db as db
+from .xzstore import xz_stored
 
-XZ_PRESET = 0  # the fastest: the one reader, upstream's CMake, only decompresses it
-XZ_CHUNK = 8 << 20  # bytes per xz stream (fixed: part of the output's identity)
+ARCHIVE_FORMAT = "tar (GNU, one member) in xz of stored LZMA2 chunks, CRC32"  # part of the output's identity
 ROWS_CODE_VERSION = 5  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
@@ -147,24 +145,7 @@ def tar_bytes(member: str, payload: bytes) -> bytes:
 
 
 def write_tarxz(member: str, payload: bytes) -> bytes:
-    return _xz(tar_bytes(member, payload))
-
-
-def _xz_stream(chunk) -> bytes:
-    return lzma.compress(chunk, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, preset=XZ_PRESET)
-
-
-def _xz(data: bytes) -> bytes:
-    """xz of `data`: one stream per XZ_CHUNK bytes, concatenated (a valid .xz file: xz, tar,
-    CMake's `tar xf`/ARCHIVE_EXTRACT and Python read every stream). The split depends only on
-    the data, so the bytes are the same on every machine; the streams compress in parallel
-    (liblzma releases the GIL)."""
-    view = memoryview(data)
-    chunks = [view[i:i + XZ_CHUNK] for i in range(0, len(data), XZ_CHUNK)] or [b""]
-    if len(chunks) == 1:
-        return _xz_stream(chunks[0])
-    with ThreadPoolExecutor(max_workers=min(len(chunks), os.cpu_count() or 1)) as pool:
-        return b"".join(pool.map(_xz_stream, chunks))
+    return xz_stored(tar_bytes(member, payload))
 
 
 # ------------------------------------------------------------------------------------ sqlite --
@@ -589,7 +570,7 @@ def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> 
     """Everything a DB output depends on; equal keys -> equal bytes (same sqlite/xz libraries)."""
     blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
                        "sqlite": sqlite3.sqlite_version, "sqlite_io": "memory" if SQLITE_IN_MEMORY else "file",
-                       "xz": [XZ_PRESET, XZ_CHUNK]}, sort_keys=True)
+                       "archive": ARCHIVE_FORMAT}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
