@@ -25,7 +25,7 @@ def test_everything_missing_is_listed(tmp_path, monkeypatch):
     with pytest.raises(PrerequisiteError) as ei:
         check_prerequisites(tmp_path, sys.executable, need_triton=True)
     msg = str(ei.value)
-    for needle in ("apt-get install -y cmake", "ninja-build", "clang-15", "pkg-config",
+    for needle in ("apt-get install -y cmake", "ninja-build", "clang-19", "pkg-config",
                    "libamdhip64-dev", "libamd-comgr-dev", "libhsa-runtime-dev", "rocm-device-libs",
                    "pip install surely-not-installed-pkg-xyz"):
         assert needle in msg, needle
@@ -54,7 +54,7 @@ def test_triton_version_from_the_spec(tmp_path, monkeypatch):
     for version, ok in (("3.5.1", False), ("3.8.0", True), ("3.8.0+rocm7.1", True), ("3.9.0", False)):
         monkeypatch.setattr(prereq, "probe_python", lambda _py, names, v=version: {
             "found": {n: (v if n == "triton" else "1") for n in names}, "site": [], "version": [3, 11, 7]})
-        monkeypatch.setattr(prereq, "_check_tools", lambda *_a: dict(cmake="c", cmake_version="3.28", ninja="n", ninja_version="1.11", cxx="g++", cc="gcc"))
+        monkeypatch.setattr(prereq, "_check_tools", lambda *_a, **_k: dict(cmake="c", cmake_version="3.28", ninja="n", ninja_version="1.11", cxx="g++", cc="gcc"))
         monkeypatch.setattr(prereq, "_check_hip", lambda *_a: (None, None))
         if ok:
             assert check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906).triton_version == version
@@ -63,26 +63,43 @@ def test_triton_version_from_the_spec(tmp_path, monkeypatch):
                 check_prerequisites(tmp_path, sys.executable, need_triton=True, spec=gfx906)
 
 
-def test_compiler_choice_prefers_clang_then_the_newest_versioned_clang(tmp_path, monkeypatch):
+def test_compiler_choice_prefers_the_newest_clang(tmp_path, monkeypatch):
     """0.12b+ headers need Clang (GCC rejects `[[deprecated]] AOTRITON_API` in a class head);
-    Debian's hipcc brings clang-15 without the plain `clang++` name."""
-    def tool(name):
+    Debian's hipcc brings clang-15 without the plain `clang++` name; the newest Clang wins."""
+    def tool(name, says=""):
         p = tmp_path / name
-        p.write_text("#!/bin/sh\n")
+        p.write_text(f"#!/bin/sh\necho '{says}'\n")
         p.chmod(0o755)
         return str(p)
 
     monkeypatch.setenv("PATH", str(tmp_path))
     assert prereq.find_compiler("clang++", ("g++",)) is None
-    gxx = tool("g++")
+    gxx = tool("g++", "g++ (Debian 12.2.0-14) 12.2.0")
     assert prereq.find_compiler("clang++", ("g++",)) == gxx
     tool("clang++-9")
-    newest = tool("clang++-15")
+    newest = tool("clang++-15", "Debian clang version 15.0.6")
     tool("clang++-15.bak")
+    tool("clang++-tidy")
     assert prereq.find_compiler("clang++", ("g++",)) == newest
-    assert prereq.find_compiler("clang++", ("g++",)) != tool("clang++-tidy")
-    plain = tool("clang++")
+    v19 = tool("clang++-19", "Debian clang version 19.1.7")
+    assert prereq.find_compiler("clang++", ("g++",)) == v19
+    plain = tool("clang++", "clang version 20.0.0")
     assert prereq.find_compiler("clang++", ("g++",)) == plain
+    assert prereq.clang_major(plain) == 20 and prereq.clang_major(gxx) is None
+
+
+def test_a_release_that_needs_a_newer_clang_refuses_an_older_one(tmp_path, monkeypatch):
+    """0.12b+ (adapter.min_clang 16): Clang 15 or GCC is refused before configure, naming the fix."""
+    old = tmp_path / "clang++-15"
+    old.write_text("#!/bin/sh\necho 'Debian clang version 15.0.6'\n")
+    old.chmod(0o755)
+    monkeypatch.setenv("CXX", str(old))
+    missing: list[str] = []
+    prereq._check_tools(missing, [], min_clang=16)
+    assert any("Clang >= 16" in m and "clang-19" in m for m in missing), missing
+    missing = []
+    prereq._check_tools(missing, [], min_clang=None)
+    assert not any("Clang >=" in m for m in missing), missing
 
 
 def test_no_build_venv_while_system_tools_are_missing(tmp_path, monkeypatch):

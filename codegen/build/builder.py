@@ -186,7 +186,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                           manifest_sha256=manifest,
                           spec_display=loaded.display)
     tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
-                             python_binding=opts.python_binding, spec=spec)
+                             python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang)
     req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
                        for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)

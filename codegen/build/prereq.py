@@ -161,25 +161,37 @@ def probe_python(python: str, names: list[str]) -> dict:
     return json.loads(proc.stdout)
 
 
+def clang_major(exe: str | None) -> int | None:
+    """The major version a Clang reports (`clang version 19.1.7 …`); None for GCC or no answer."""
+    if not exe:
+        return None
+    try:
+        out = _run([exe, "--version"], timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"clang version (\d+)", out)
+    return int(m.group(1)) if m else None
+
+
 def find_compiler(clang: str, others: tuple[str, ...]) -> str | None:
-    """Clang first, as upstream builds with (ROCm's clang via hipcc): 0.12b+ headers put GNU
-    attributes after `[[deprecated]]` in class heads, which GCC rejects. `clang++`, else the newest
-    versioned `clang++-N` on PATH (Debian's hipcc brings clang-15 without the plain name), else
-    GCC (enough for 0.10b-0.11.2b)."""
-    if shutil.which(clang):
-        return shutil.which(clang)
-    versioned = {}
+    """The newest Clang first, as upstream builds with (ROCm's clang via hipcc): `clang++` or a
+    versioned `clang++-N` on PATH (Debian's hipcc brings clang-15 without the plain name; 0.12b+
+    needs Clang 16+, Debian 12 has clang-16 and clang-19), else GCC (enough for 0.10b-0.11.2b)."""
+    found: dict[int, str] = {}
+    plain = shutil.which(clang)
+    if plain:
+        found[clang_major(plain) or 0] = plain
     for folder in os.environ.get("PATH", "").split(os.pathsep):
         for p in Path(folder or ".").glob(f"{clang}-[0-9]*"):
             tail = p.name[len(clang) + 1:]
             if tail.isdigit() and os.access(p, os.X_OK):
-                versioned.setdefault(int(tail), str(p))
-    if versioned:
-        return versioned[max(versioned)]
+                found.setdefault(int(tail), str(p))
+    if found:
+        return found[max(found)]
     return next((shutil.which(o) for o in others if shutil.which(o)), None)
 
 
-def _check_tools(missing: list[str], warnings: list[str]) -> dict:
+def _check_tools(missing: list[str], warnings: list[str], min_clang: int | None = None) -> dict:
     """cmake, ninja, the C/C++ compilers, pkg-config and liblzma."""
     cmake = shutil.which("cmake")
     cmake_v = _tool_version(cmake) if cmake else ""
@@ -197,9 +209,13 @@ def _check_tools(missing: list[str], warnings: list[str]) -> dict:
     cxx = os.environ.get("CXX") or find_compiler("clang++", ("g++", "c++"))
     cc = os.environ.get("CC") or find_compiler("clang", ("gcc", "cc"))
     if not cxx or not shutil.which(cxx):
-        missing.append("a C++20 compiler: apt-get install -y clang-15 (Debian 12; hipcc depends on it)")
+        missing.append("a C++20 compiler: apt-get install -y clang-19")
+    elif min_clang and (clang_major(shutil.which(cxx)) or 0) < min_clang:
+        missing.append(f"Clang >= {min_clang} as the C++ compiler (found {cxx}): this release's runtime captures "
+                       f"structured bindings in lambdas, which older Clang rejects, and GCC rejects its "
+                       f"attribute order: apt-get install -y clang-19 (or CXX=<a newer clang++>)")
     if not cc or not shutil.which(cc):
-        missing.append("a C compiler: apt-get install -y clang-15")
+        missing.append("a C compiler: apt-get install -y clang-19")
     pkgconfig = shutil.which("pkg-config") or shutil.which("pkgconf")
     if not pkgconfig:
         missing.append("pkg-config: apt-get install -y pkg-config")
@@ -259,14 +275,14 @@ def _refuse(missing: list[str]) -> None:
 
 
 def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_triton: bool, python_binding: bool = False,
-                        spec: TargetSpec | None = None) -> Toolchain:
+                        spec: TargetSpec | None = None, min_clang: int | None = None) -> Toolchain:
     """Find every tool the build needs; raise one PrerequisiteError listing all that are missing.
     The Triton in `python`'s environment must be one the spec's toolchain names (default: the
     embedded gfx908 spec's). `python` may be a function that finds it (the build venv, created on
     first use): called only once the system's tools are all there."""
     missing: list[str] = []
     warnings: list[str] = []
-    tools = _check_tools(missing, warnings)
+    tools = _check_tools(missing, warnings, min_clang)
     hip_dir, hip_version = _check_hip(missing)
     if callable(python):
         if missing:  # the system's tools first: no build venv is created for a build that cannot run

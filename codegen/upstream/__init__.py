@@ -106,6 +106,10 @@ class Adapter:
     exports_v3_api: bool = True
     # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
     clones_aiter: bool = False
+    # The oldest Clang that compiles the C++ runtime (0.12b+: lambdas capture structured bindings,
+    # a C++20 feature Clang has from 16; GCC rejects its `[[deprecated]] AOTRITON_API` class
+    # heads). None: GCC or any Clang (0.10b-0.11.2b, built here with both).
+    min_clang: int | None = None
     package_dir: str | None = None
     kernel_dir: str = "tritonsrc"
     image_format: str = "aks2"
@@ -162,6 +166,7 @@ def _sharded(version: tuple[int, int, int]) -> Adapter:
         required_files=COMMON_FILES + (tdb, odb, "v3python/database_compose.py"),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
         clones_aiter=version >= (0, 12, 0),
+        min_clang=16 if version >= (0, 12, 0) else None,
     )
 
 
@@ -195,6 +200,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         foreign_paths=("v3python/generate.py",),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
         clones_aiter=True,
+        min_clang=16,
     )
 
 
