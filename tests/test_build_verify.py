@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.build import verify as verify_mod
-from codegen.build.verify import REQUIRED_SYMBOLS, V3_SYMBOLS, verify_install
+from codegen.build.verify import REQUIRED_SYMBOLS, V2_ATTN_SYMBOLS, V3_SYMBOLS, verify_install
 
 from test_build_images import PKG, _aks2, _table
 
@@ -25,7 +25,7 @@ def install(tmp_path, monkeypatch):
     lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
     lib.parent.mkdir(parents=True)
     lib.write_bytes(b"")
-    syms = {p + "XYZ" for p in list(REQUIRED_SYMBOLS.values()) + list(V3_SYMBOLS.values())}
+    syms = {p + "XYZ" for p in [*REQUIRED_SYMBOLS.values(), *V2_ATTN_SYMBOLS.values(), *V3_SYMBOLS.values()]}
     monkeypatch.setattr(verify_mod, "defined_symbols", lambda _lib: syms)
     pkg = prefix / "lib" / "aotriton.images" / f"{PKG}.aks2"
     pkg.parent.mkdir(parents=True)
@@ -59,3 +59,14 @@ def test_missing_symbol_and_library(install, monkeypatch):
     assert any("check_gpu" in p for p in v.problems)
     v2 = verify_install(prefix, build, version=(0, 12, 0), arch="gfx908", images=False)
     assert any("libaotriton_v2.so.0.12.0 is missing" in p for p in v2.problems)
+
+
+def test_0_13_library_needs_no_v2_attention_entry_points(install, monkeypatch):
+    """0.13b dropped the deprecated v2 attn_fwd/attn_bwd (its v2 namespace keeps check_gpu):
+    with exports_v2_attn False only check_gpu and the v3 entry points are required."""
+    build, prefix, pkg, syms = install
+    v3_only = {s for s in syms if not any(s.startswith(p) for p in V2_ATTN_SYMBOLS.values())}
+    monkeypatch.setattr(verify_mod, "defined_symbols", lambda _lib: v3_only)
+    assert verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=False, v2_attn=False).ok
+    v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=False)
+    assert not v.ok and "aotriton::v2::flash::attn_fwd" in v.problems[0]

@@ -10,9 +10,12 @@ from ..errors import UpstreamError
 from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
 from .images import ImageError, read_aks2_directory, referenced_kernels
 
-# Itanium-mangled prefixes of what PyTorch calls (aotriton::v2::flash::*; v3 from 0.11b).
+# Itanium-mangled prefixes of what PyTorch calls: check_gpu always; the v2 attention entry points
+# up to 0.12.1b (adapter.exports_v2_attn), the v3 ones from 0.11b (adapter.exports_v3_api).
 REQUIRED_SYMBOLS = {
     "aotriton::v2::flash::check_gpu": "_ZN8aotriton2v25flash9check_gpuE",
+}
+V2_ATTN_SYMBOLS = {
     "aotriton::v2::flash::attn_fwd": "_ZN8aotriton2v25flash8attn_fwdE",
     "aotriton::v2::flash::attn_bwd": "_ZN8aotriton2v25flash8attn_bwdE",
 }
@@ -61,7 +64,7 @@ def defined_symbols(lib: Path) -> set[str]:
 
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
-                   images: bool, v3_api: bool = True) -> Verification:
+                   images: bool, v3_api: bool = True, v2_attn: bool = True) -> Verification:
     libdir = prefix / "lib"
     lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
     v = Verification(library=str(lib))
@@ -71,6 +74,8 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     else:
         syms = defined_symbols(lib)
         wanted = dict(REQUIRED_SYMBOLS)
+        if v2_attn:
+            wanted.update(V2_ATTN_SYMBOLS)
         if v3_api:
             wanted.update(V3_SYMBOLS)
         for name, prefix_ in wanted.items():
@@ -114,4 +119,4 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     return v
 
 
-__all__ = ["REQUIRED_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]
+__all__ = ["REQUIRED_SYMBOLS", "V2_ATTN_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]

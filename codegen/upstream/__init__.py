@@ -104,6 +104,9 @@ class Adapter:
     builds_own_triton: bool = False
     # The library exports aotriton::v3::flash entry points too (0.11b+)
     exports_v3_api: bool = True
+    # ... and the deprecated aotriton::v2::flash::attn_fwd/attn_bwd (gone in 0.13b, whose v2
+    # namespace keeps only check_gpu; PyTorch's 0.13 line calls the v3 ones)
+    exports_v2_attn: bool = True
     # CMake clones ROCm/aiter at configure time (0.12b+: network needed for image builds)
     clones_aiter: bool = False
     # The oldest Clang that compiles the C++ runtime (0.12b+: lambdas capture structured bindings,
@@ -196,7 +199,7 @@ def _python_pkg(version: tuple[int, int, int]) -> Adapter:
         shard_root="modules/database/amd", generator_module="aotriton.generate",
         db_compose_module="aotriton.database_compose", build_db_dir="database",
         required_files=PYTHON_FILES + (tdb, odb), package_dir="python", kernel_dir="modules/flash/kernel",
-        image_format="zip",
+        image_format="zip", exports_v2_attn=False,
         foreign_paths=("v3python/generate.py",),
         commit_knobs=_commit_knobs(version), commit_ids=RELEASE_IDS.get(version),
         clones_aiter=True,
