@@ -70,3 +70,42 @@ def test_0_13_library_needs_no_v2_attention_entry_points(install, monkeypatch):
     assert verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=False, v2_attn=False).ok
     v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=False)
     assert not v.ok and "aotriton::v2::flash::attn_fwd" in v.problems[0]
+
+
+def _zip_table(path: str, n: int) -> str:
+    """A dispatch table as AOTriton 0.13b generates it (FLATZIP_PATH + BLAKE2b-id entries)."""
+    rows = "\n".join(f"    {{ 0x{i:08x}u, 0x0u, {i}, 1 }}, // {i:016x} = b2sum -l 64 <<< {path};;#F;Q='*fp16:16';;arch=gfx908"
+                     for i in range(n))
+    return (f'constexpr pstring_view FLATZIP_PATH\n#if defined(_WIN32)\n{{ LR"xyzw({path})xyzw" }};\n#else\n'
+            f'{{ R"xyzw({path})xyzw" }};\n#endif\n{rows}\n')
+
+
+def test_zip_images_of_0_13(tmp_path, monkeypatch):
+    """0.13b installs <arch>/<family>/<kernel>.zip: each zip a table names must be installed, a
+    valid zip, with non-empty members; a missing or corrupt zip is a problem."""
+    import zipfile
+
+    build = tmp_path / "build"
+    t = build / "v3src" / "flash" / "autotune.attn_fwd" / "x.cc"
+    t.parent.mkdir(parents=True)
+    t.write_text(_zip_table("amd-gfx908/flash/attn_fwd.zip", 3), encoding="utf-8")
+    prefix = tmp_path / "prefix"
+    lib = prefix / "lib" / "libaotriton_v2.so.0.13.0"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.setattr(verify_mod, "defined_symbols",
+                        lambda _lib: {p + "X" for p in [*REQUIRED_SYMBOLS.values(), *V3_SYMBOLS.values()]})
+    kw = dict(version=(0, 13, 0), arch="gfx908", images=True, v2_attn=False, image_format="zip")
+    v = verify_install(prefix, build, **kw)
+    assert not v.ok and v.missing == ["amd-gfx908/flash/attn_fwd.zip"]
+    z = prefix / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "attn_fwd.zip"
+    z.parent.mkdir(parents=True)
+    with zipfile.ZipFile(z, "w", compression=zipfile.ZIP_STORED) as f:
+        f.writestr("a.aks2", b"AKS2" + bytes(60))
+        f.writestr("b.aks2", b"AKS2" + bytes(12))
+    v = verify_install(prefix, build, **kw)
+    assert v.ok, v.problems
+    assert (v.kernels_referenced, v.packages, v.kernels_packed) == (3, 1, 2)
+    z.write_bytes(b"PK\x03\x04 not a zip")
+    v = verify_install(prefix, build, **kw)
+    assert not v.ok and "not a readable zip" in " ".join(v.problems)

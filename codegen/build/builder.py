@@ -207,7 +207,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
         console.print(w, style="yellow", markup=False)
     _configure_and_build(opts, build_dir, plan, tc, report, console)
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
-                         v2_attn=adapter.exports_v2_attn,
+                         v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
                          images=not opts.noimage)
     report.verification = ver.summary()
     report.wall_seconds = time.monotonic() - t_start

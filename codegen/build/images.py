@@ -32,6 +32,8 @@ _HEADER = struct.Struct("<4sIII")
 _ENTRY = struct.Struct("<IIIII")
 
 _PACKAGE_RE = re.compile(r'PACKAGE_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
+_FLATZIP_RE = re.compile(r'FLATZIP_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
+_FLATZIP_ENTRY_RE = re.compile(r"b2sum -l 64 <<< (?P<path>[^;\s]+\.zip);;")
 _FUNC_RE = re.compile(r'FUNC_NAME\s*\{\s*R"xyzw\((?P<func>[^)]*)\)xyzw"')
 _META_RE = re.compile(
     r"\{\s*0x(?P<hi>[0-9a-fA-F]+)u,\s*0x(?P<lo>[0-9a-fA-F]+)u,\s*-?\d+,\s*-?\d+\s*\},\s*"
@@ -104,6 +106,35 @@ def dispatch_tables(build_dir: Path) -> list[Path]:
     return sorted(p for p in build_dir.glob("v3src/*/autotune.*/*.cc") if p.is_file())
 
 
+def referenced_zips(build_dir: Path) -> dict[str, int]:
+    """0.13b's image format: each dispatch table names one `FLATZIP_PATH` (e.g.
+    `amd-gfx908/flash/attn_fwd.zip`, relative to aotriton.images/) and lists its kernels as
+    BLAKE2b ids of descriptor strings. Returns zip path -> number of kernel entries that name it."""
+    out: dict[str, int] = {}
+    for table in dispatch_tables(build_dir):
+        text = table.read_text(encoding="utf-8", errors="strict")
+        m = _FLATZIP_RE.search(text)
+        if m is None:
+            continue
+        n = sum(1 for e in _FLATZIP_ENTRY_RE.finditer(text) if e.group("path") == m.group("path"))
+        out[m.group("path")] = out.get(m.group("path"), 0) + n
+    return dict(sorted(out.items()))
+
+
+def read_flatzip(path: Path) -> list[tuple[str, int]]:
+    """Members (name, size) of one installed image zip; ImageError when it is not a valid zip."""
+    import zipfile  # only for 0.13b+ installs
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            if bad is not None:
+                raise ImageError(f"{path}: member {bad} fails its CRC")
+            return [(i.filename, i.file_size) for i in z.infolist()]
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ImageError(f"{path}: not a readable zip ({exc})") from None
+
+
 def referenced_kernels(build_dir: Path) -> list[KernelRef]:
     refs: set[KernelRef] = set()
     for table in dispatch_tables(build_dir):
@@ -144,4 +175,4 @@ def read_aks2_directory(path: Path) -> list[PackedEntry]:
 
 
 __all__ = ["ImageError", "KernelRef", "PackedEntry", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
-           "read_aks2_directory", "referenced_kernels"]
+           "read_aks2_directory", "read_flatzip", "referenced_kernels", "referenced_zips"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import UpstreamError
 from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
-from .images import ImageError, read_aks2_directory, referenced_kernels
+from .images import ImageError, read_aks2_directory, read_flatzip, referenced_kernels, referenced_zips
 
 # Itanium-mangled prefixes of what PyTorch calls: check_gpu always; the v2 attention entry points
 # up to 0.12.1b (adapter.exports_v2_attn), the v3 ones from 0.11b (adapter.exports_v3_api).
@@ -64,7 +64,8 @@ def defined_symbols(lib: Path) -> set[str]:
 
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
-                   images: bool, v3_api: bool = True, v2_attn: bool = True) -> Verification:
+                   images: bool, v3_api: bool = True, v2_attn: bool = True,
+                   image_format: str = "aks2") -> Verification:
     libdir = prefix / "lib"
     lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
     v = Verification(library=str(lib))
@@ -89,6 +90,9 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     v.images_dir = str(img)
     if not img.is_dir():
         v.problems.append(f"{img} is missing")
+    if image_format == "zip":
+        _verify_zips(v, libdir, build_dir)
+        return v
     refs = referenced_kernels(build_dir)
     v.kernels_referenced = len(refs)
     if not refs:
@@ -117,6 +121,36 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     if v.empty:
         v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
     return v
+
+
+def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
+    """0.13b's `<arch>/<family>/<kernel>.zip` images: every zip a dispatch table names is
+    installed, a valid zip, and holds non-empty members. Which member holds which table entry
+    (the entries are BLAKE2b ids of descriptors) is not checked yet."""
+    zips = referenced_zips(build_dir)
+    v.kernels_referenced = sum(zips.values())
+    if not zips:
+        v.problems.append(f"no dispatch tables naming image zips under {build_dir}/v3src (was the build configured?)")
+    for rel, n in zips.items():
+        v.by_kernel[rel.rsplit("/", 1)[-1].removesuffix(".zip")] = n
+        path = libdir / "aotriton.images" / rel
+        if not path.is_file():
+            v.missing.append(rel)
+            continue
+        try:
+            members = read_flatzip(path)
+        except ImageError as exc:
+            v.problems.append(str(exc))
+            continue
+        v.packages += 1
+        v.kernels_packed += len(members)
+        v.empty.extend(f"{rel}: {name}" for name, size in members if size == 0)
+        if not members:
+            v.empty.append(f"{rel}: no members")
+    if v.missing:
+        v.problems.append(f"{len(v.missing)} image zips the dispatch tables name are not installed")
+    if v.empty:
+        v.problems.append(f"{len(v.empty)} empty image zips or members")
 
 
 __all__ = ["REQUIRED_SYMBOLS", "V2_ATTN_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]
