@@ -18,13 +18,14 @@ from test_torch_install import build_torch, need_cc
 
 # torch line -> (AOTriton tag its wheels link, file libtorch_hip.so needs, release we build or None)
 LINES = {
+    "2.7": ("0.9.2b", "libaotriton_v2.so.0.9.2", None),  # a release line mi100-codegen does not support
     "2.8": ("0.10b", "libaotriton_v2.so.0.10.0", "0.10b"),
     "2.9": ("0.11b", "libaotriton_v2.so.0.11.0", "0.11.2b"),
     "2.10": ("0.11.1b", "libaotriton_v2.so.0.11.1", "0.11.2b"),
     "2.11": ("0.11.2b", "libaotriton_v2.so.0.11.2", "0.11.2b"),
     "2.12": ("0.11.2b", "libaotriton_v2.so.0.11.2", "0.11.2b"),
     "2.13": ("0.12b", "libaotriton_v2.so.0.12.0", "0.12.1b"),
-    "2.14": ("0.13b", "libaotriton_v2.so.0.13.0", None),  # PyTorch main; 0.13b's zip images: not for torch yet
+    "2.14": ("0.13b", "libaotriton_v2.so.0.13.0", "0.13b"),  # PyTorch main; zip images
 }
 
 
@@ -39,9 +40,9 @@ def test_table_covers_every_line():
         assert library_name(tag) == lib
         assert build_release_for_line(tag_line(tag)) == build, line
     assert parse_tag("0.12.1b") == (0, 12, 1) and parse_tag("0.13b") == (0, 13, 0) and parse_tag("x") is None
-    # every supported release is reachable from some torch line; torch builds all but 0.13b (zip images)
+    # every supported release is reachable from some torch line, and torch builds every one of them
     assert {tag_line(t) for t in SUPPORTED_RELEASES} <= {tag_line(v[0]) for v in LINES.values()}
-    assert TORCH_RELEASES == tuple(t for t in SUPPORTED_RELEASES if t != "0.13b")
+    assert TORCH_RELEASES == SUPPORTED_RELEASES
 
 
 @pytest.mark.parametrize("line", sorted(LINES))
@@ -63,10 +64,10 @@ def test_status_and_recipe_per_torch_line(tmp_path, line):
 
     r = _cli("torch", "rebuild-recipe", "--torch-dir", torch_dir)
     if build is None:
-        assert "not support the 0.13 release line yet" in s["build_release_problem"]
-        assert "build with:       none: AOTriton 0.13b (PyTorch 2.14)" in text
+        assert f"not support the {tag_line(tag)} release line yet" in s["build_release_problem"]
+        assert f"build with:       none: AOTriton {tag} (PyTorch {line})" in text
         assert r.exit_code == 2
-        assert "does not support the 0.13 release line yet; releases it builds for PyTorch: " \
+        assert f"does not support the {tag_line(tag)} release line yet; releases it builds for PyTorch: " \
             + ", ".join(TORCH_RELEASES) in r.output
         return
     assert f"build with:       AOTriton {build}" in text
@@ -83,8 +84,11 @@ def test_rebuild_recipe_release_lines():
     r = _cli("torch", "rebuild-recipe", "--release", "0.12b")
     assert r.exit_code == 0 and "--branch release/2.13" in r.stdout
     r = _cli("torch", "rebuild-recipe", "--release", "0.13b")
+    assert r.exit_code == 0, r.output
+    assert "--branch main" in r.stdout
+    r = _cli("torch", "rebuild-recipe", "--release", "0.9.2b")
     assert r.exit_code == 2
-    assert "AOTriton 0.13b (PyTorch 2.14): mi100-codegen's torch integration does not support the 0.13 release line yet" in r.output
+    assert "AOTriton 0.9.2b (PyTorch 2.7): mi100-codegen's torch integration does not support the 0.9 release line yet" in r.output
     r = _cli("torch", "rebuild-recipe", "--release", "0.14b")
     assert r.exit_code == 2 and "no known PyTorch release links AOTriton 0.14b" in r.output
 

@@ -112,14 +112,14 @@ def test_recipe_script_refuses_a_non_rocm_torch(tmp_path):
 
 
 def test_recipe_script_refuses_a_release_line_not_supported_yet(tmp_path):
-    """A ROCm torch linking AOTriton 0.13 (PyTorch main / 2.14): one message naming the supported
+    """A ROCm torch linking AOTriton 0.9 (PyTorch 2.7): one message naming the supported
     releases, exit 2, no step run."""
     need_cc()
     site = tmp_path / "site"
-    build_torch(site, version="2.14.0a0+gitabcdef", aot_version="0.13.0")
+    build_torch(site, version="2.7.0+rocm6.3", aot_version="0.9.2")
     r = _run_script(site, tmp_path)
     assert r.returncode == 2, r.stderr
-    assert ("AOTriton 0.13b (PyTorch 2.14): mi100-codegen's torch integration does not support the 0.13 release "
+    assert ("AOTriton 0.9.2b (PyTorch 2.7): mi100-codegen's torch integration does not support the 0.9 release "
             "line yet" in r.stderr)
     assert "releases it builds for PyTorch: 0.10b" in r.stderr
     assert not list((tmp_path / "work" / ".done").iterdir())

@@ -35,9 +35,9 @@ class TorchLine:
 
 
 # Image formats `torch install` was checked against on a real install tree: 'aks2' (up to
-# 0.12.1b). 0.13b's zip images ('zip') are not yet, so its release line builds nothing for torch
-# although `apply`/`plan`/`precompile` support the release.
-TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2",)
+# 0.12.1b) and 0.13b's 'zip' (a smoke image build of 0.13b, installed into and restored from a
+# ROCm-torch ELF fixture that links its v3 entry points, byte-identical; docs/torch.md).
+TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2", "zip")
 TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values() if a.image_format in TORCH_IMAGE_FORMATS)
 
 
@@ -93,7 +93,8 @@ def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None
 
 def build_release_for_line(line: str) -> str | None:
     """The newest release of an AOTriton release line ('0.12') that mi100-codegen builds for
-    PyTorch ('0.12.1b'); None when it builds none of that line (e.g. '0.13': TORCH_IMAGE_FORMATS)."""
+    PyTorch ('0.12.1b'); None when it builds none of that line (e.g. '0.9': no adapter, or an image
+    format not in TORCH_IMAGE_FORMATS)."""
     best = None
     for tag in TORCH_RELEASES:
         v = parse_tag(tag)
