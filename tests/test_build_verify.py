@@ -109,3 +109,19 @@ def test_zip_images_of_0_13(tmp_path, monkeypatch):
     z.write_bytes(b"PK\x03\x04 not a zip")
     v = verify_install(prefix, build, **kw)
     assert not v.ok and "not a readable zip" in " ".join(v.problems)
+
+
+def test_tables_of_an_earlier_configuration_are_not_counted(install):
+    """A build dir configured before for another spec keeps that spec's tables on disk; only the
+    tables build.ninja compiles are what the library can select."""
+    build, prefix, pkg, _ = install
+    pkg.write_bytes(_aks2([(STEMS[0], 64), (STEMS[1], 32)]))
+    current = build / "v3src" / "flash" / "autotune.attn_fwd" / "FONLY.cc"
+    stale = current.with_name("STALE.cc")
+    stale.write_text(_table([RAWS[0].replace("wave1", "wave3")]), encoding="utf-8")  # a kernel never packed
+    (build / "build.ninja").write_text(f"build x.o: CXX_COMPILER {current.resolve()}\n", encoding="utf-8")
+    v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True)
+    assert v.ok, v.problems
+    (build / "build.ninja").write_text(f"build x.o: CXX {current.resolve()}\nbuild y.o: CXX {stale.resolve()}\n",
+                                       encoding="utf-8")
+    assert not verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True).ok

@@ -102,8 +102,15 @@ def parse_dispatch_table(path: Path) -> list[KernelRef]:
 
 
 def dispatch_tables(build_dir: Path) -> list[Path]:
-    """The generated autotune tables of a configured build directory, sorted."""
-    return sorted(p for p in build_dir.glob("v3src/*/autotune.*/*.cc") if p.is_file())
+    """The generated autotune tables the configured build compiles, sorted. Tables an earlier
+    configuration left in the same build directory (another spec, head dims or dtypes) stay on
+    disk but are not in `build.ninja`, so they are skipped (without a build.ninja: every table)."""
+    tables = sorted(p for p in build_dir.glob("v3src/*/autotune.*/*.cc") if p.is_file())
+    try:
+        ninja = (build_dir / "build.ninja").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return tables
+    return [p for p in tables if str(p.resolve()) in ninja]
 
 
 def referenced_zips(build_dir: Path) -> dict[str, int]:
