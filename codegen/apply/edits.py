@@ -80,16 +80,22 @@ def _assignments(module: cst.Module, symbol: str) -> list[tuple[int, int, cst.Ba
     return hits
 
 
-def _one_assignment(module: cst.Module, edit: EditRecord):
-    symbol = edit.symbol
-    hits = _assignments(module, symbol)
+def _the_one(hits: list, edit: EditRecord, absent: str, many: str):
+    """The one anchor among `hits`: none is skipped for an optional edit, else a conflict
+    (`absent`); several are ambiguous (`many`, formatted with their count as `n`)."""
     if not hits:
         if edit.optional:
-            raise EditSkipped(f"{symbol} is absent (optional edit)")
-        raise EditConflict(f"{edit.path}: no module-level assignment to {symbol}")
+            raise EditSkipped(f"{edit.symbol} is absent (optional edit)")
+        raise EditConflict(f"{edit.path}: {absent}")
     if len(hits) > 1:
-        raise EditConflict(f"{edit.path}: {symbol} is assigned {len(hits)} times (ambiguous anchor)")
+        raise EditConflict(f"{edit.path}: {many.format(n=len(hits))} (ambiguous anchor)")
     return hits[0]
+
+
+def _one_assignment(module: cst.Module, edit: EditRecord):
+    symbol = edit.symbol
+    return _the_one(_assignments(module, symbol), edit, f"no module-level assignment to {symbol}",
+                    f"{symbol} is assigned {{n}} times")
 
 
 def _replace_value(module: cst.Module, idx: tuple[int, int], new_small) -> cst.Module:
@@ -268,15 +274,10 @@ def _set_getenv_default_in_function(module: cst.Module, edit: EditRecord) -> cst
     """Change the default of the one `os.getenv(NEIGHBOUR, default=...)` call inside the
     module-level function SYMBOL (0.13b reads the head dims inside `block_dmodel_values()`)."""
     path, symbol = edit.path, edit.symbol
-    funcs = [st for st in module.body if isinstance(st, cst.FunctionDef) and st.name.value == symbol]
-    if not funcs:
-        if edit.optional:
-            raise EditSkipped(f"{symbol} is absent (optional edit)")
-        raise EditConflict(f"{path}: no module-level function {symbol}()")
-    if len(funcs) > 1:
-        raise EditConflict(f"{path}: {symbol}() is defined {len(funcs)} times (ambiguous anchor)")
+    func = _the_one([st for st in module.body if isinstance(st, cst.FunctionDef) and st.name.value == symbol],
+                    edit, f"no module-level function {symbol}()", f"{symbol}() is defined {{n}} times")
     finder = _GetenvCalls(module, edit.neighbour)
-    funcs[0].visit(finder)
+    func.visit(finder)
     if len(finder.hits) != 1:
         what = "no" if not finder.hits else f"{len(finder.hits)}"
         raise EditConflict(f"{path}: {what} os.getenv({edit.neighbour}) calls in {symbol}()")
