@@ -69,6 +69,8 @@ def test_noimage_build(fresh_tree, tmp_path):
     print(f"\n--noimage build: {time.monotonic() - t0:.0f} s")
     assert rep["mode"] == "noimage" and rep["verification"]["ok"]
     assert all(rep["verification"]["symbols"].values())
+    # the library's own check_gpu accepts a stand-in gfx908 and refuses the controls
+    assert rep["verification"]["gpu_check"]["check_gpu"] == {"gfx908": 0, "gfx000": 209, "gfx90a": 209}
     assert (tmp_path / "prefix" / "lib" / "libaotriton_v2.so.0.11.0").is_file()
     assert not (tmp_path / "prefix" / "lib" / "aotriton.images").exists()
 

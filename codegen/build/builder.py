@@ -22,6 +22,7 @@ from ..apply.lock import read_lock
 from .overlay import check_overlay, module_spec_sha
 from .prereq import check_prerequisites
 from .run import run_cmake, run_ninja
+from .gpu_check import GpuCheckError, run_gpu_check
 from .verify import verify_install
 
 LOG_NAME = f"{SUPPORT_DIR}/build.log"
@@ -132,7 +133,7 @@ class BuildOptions:
     spec_path: Path | None = None
     show_progress: bool = True
     reconfigure: bool = False
-    triton_version: str | None = None  # the build venv's Triton (None: the newest the spec allows)
+    triton_version: str | None = None  # the build venv's Triton (None: the compile report's, else the newest allowed)
 
 
 def build_python(opts: BuildOptions, tree: Path, spec, console: Console) -> str:
@@ -210,8 +211,29 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                          v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
                          images=not opts.noimage)
     report.verification = ver.summary()
+    _gpu_check(report, ver, spec, tc, build_dir, console)
     report.wall_seconds = time.monotonic() - t_start
     return report
+
+
+def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Console) -> None:
+    """check_gpu of the installed library on a stand-in device of the spec's arch (codegen.build.gpu_check).
+    A wrong answer is a verification problem; a check that cannot run is a warning."""
+    lib = Path(ver.library)
+    if not lib.is_file():
+        return
+    try:
+        check = run_gpu_check(lib, arch=spec.arch, like=spec.registration.like,
+                              compute_units=spec.hardware.compute_units, warp_size=spec.warp_size, cxx=tc.cxx,
+                              hip_dir=tc.hip_dir, work=build_dir / SUPPORT_DIR / "gpu_check")
+    except GpuCheckError as exc:
+        report.warnings.append(f"GPU check skipped: {exc}")
+        console.print(report.warnings[-1], style="yellow", markup=False)
+        return
+    report.verification["gpu_check"] = check.summary()
+    if check.problems:
+        report.verification["problems"] = list(report.verification.get("problems", [])) + check.problems
+        report.verification["ok"] = False
 
 
 def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: BuildReport,

@@ -24,6 +24,13 @@ def _print_summary(console: Console, rep) -> None:
     t.add_row("library", v.get("library", ""))
     syms = v.get("symbols", {})
     t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}" for k, ok in syms.items()))
+    gc = v.get("gpu_check")
+    if gc:
+        from .gpu_check import describe  # CLI start-up: the build stage loads when the command runs
+
+        t.add_row("gpu check", "check_gpu on a stand-in device: " + ", ".join(
+            f"{a} {describe(c)}" for a, c in gc.get("check_gpu", {}).items())
+            + (" (ok: only the spec's arch is accepted)" if gc.get("ok") else ""))
     if rep.mode != "noimage":
         t.add_row("images", f"{v.get('images_dir')}: {v.get('packages')} packages")
         t.add_row("kernels", f"{v.get('kernels_packed')} of {v.get('kernels_referenced')} referenced kernels packed"

@@ -111,23 +111,29 @@ def find_cmake_package(name: str, prefixes: list[Path] | None = None) -> Path | 
     return None
 
 
-def hip_version_of(hip_dir: Path | None) -> tuple[int, int, int] | None:
-    """HIP version from hip_version.h next to the cmake config (or in the usual include dirs)."""
+def hip_header(hip_dir: Path | None, name: str) -> Path | None:
+    """hip/NAME of the HIP whose cmake config is HIP_DIR (or of the usual prefixes)."""
     candidates = []
     if hip_dir is not None:
         # <prefix>/lib[/<multiarch>]/cmake/hip -> <prefix>/include
         for up in (3, 4):
             try:
-                candidates.append(hip_dir.parents[up - 1] / "include" / "hip" / "hip_version.h")
+                candidates.append(hip_dir.parents[up - 1] / "include" / "hip" / name)
             except IndexError:
                 pass
-    candidates += [p / "include" / "hip" / "hip_version.h" for p in _prefixes()]
-    for c in candidates:
-        if c.is_file():
-            text = c.read_text(errors="replace")
-            parts = [HIP_VERSION_RE[k].search(text) for k in ("MAJOR", "MINOR", "PATCH")]
-            if all(parts):
-                return tuple(int(p.group(1)) for p in parts)  # type: ignore[return-value]
+    candidates += [p / "include" / "hip" / name for p in _prefixes()]
+    return next((c for c in candidates if c.is_file()), None)
+
+
+def hip_version_of(hip_dir: Path | None) -> tuple[int, int, int] | None:
+    """HIP version from hip_version.h next to the cmake config (or in the usual include dirs)."""
+    header = hip_header(hip_dir, "hip_version.h")
+    if header is None:
+        return None
+    text = header.read_text(errors="replace")
+    parts = [HIP_VERSION_RE[k].search(text) for k in ("MAJOR", "MINOR", "PATCH")]
+    if all(parts):
+        return tuple(int(p.group(1)) for p in parts)  # type: ignore[return-value]
     return None
 
 
