@@ -500,3 +500,47 @@ def test_min_num_warps_is_in_rows_json_and_the_spec_hash_only_when_set():
     assert plan.to_json()["min_num_warps"] == floors
     assert RowsPlan.from_json(plan.to_json(), rdna2.arch) == plan
     assert plan.num_warps_for("bwd_kernel_dq", 2) == 8 and plan.num_warps_for("attn_fwd", 16) == 16
+
+
+def test_split_backward_and_replacement_warps_only_when_set():
+    """rows.split_backward and a tile replacement's min_num_warps: absent from the dumps (and the
+    spec hash) of specs without them; carried through rows/<arch>.json by a spec that sets them."""
+    mi100 = load_spec(None).spec
+    dumped = mi100.model_dump(mode="json")["rows"]
+    assert "split_backward" not in dumped
+    assert all("min_num_warps" not in t for t in dumped["tile_replacements"])
+    assert "split_backward" not in RowsPlan.build(mi100, [], None).to_json()
+
+    rdna2 = load_spec(Path(__file__).resolve().parents[1] / "rules/rdna2.yaml").spec
+    plan = RowsPlan.build(rdna2, [], None)
+    assert RowsPlan.from_json(plan.to_json(), rdna2.arch) == plan
+    assert [(r["dtype"], r["head_dim"]) for r in plan.to_json()["split_backward"]] == [("bf16", 64), ("fp32", 64)]
+    assert plan.splits_backward("bf16", 64) and plan.splits_backward("fp32", 64)
+    assert not plan.splits_backward("fp16", 64) and not plan.splits_backward("bf16", 32)
+    # a replacement without a tile matches every donor tile of its family/dtype/head dim and raises warps
+    from codegen.models.rows import RowTile
+
+    rep = plan.replacement_for(RowTile("bwd_kernel_dq", "bf16", 64, 64, 64))
+    assert rep is not None and rep.min_num_warps == 16 and tuple(rep.to) == (16, 16)
+    assert plan.num_warps_for("bwd_kernel_dq", 4, rep) == 16
+    other = plan.replacement_for(RowTile("bwd_kernel_dq", "fp16", 64, 64, 64))
+    assert other.min_num_warps is None and plan.num_warps_for("bwd_kernel_dq", 4, other) == 8
+
+
+@pytest.mark.parametrize("edit, where, words", [
+    ({"tile_replacements": [{"family": "bwd_kernel_dq", "dtype": "bf16", "to": [16, 16], "min_num_warps": 2,
+                             "reason": "r"}]}, "tile_replacements.0.min_num_warps", "not one of tuning.bwd_kernel_dq"),
+    ({"split_backward": [{"dtype": "fp32", "reason": "r"}]}, "split_backward.0.dtype", "not one of the spec's dtypes"),
+    ({"split_backward": [{"head_dim": 128, "reason": "r"}]}, "split_backward.0.head_dim", "not one of the spec's head"),
+])
+def test_new_rows_fields_are_checked_against_the_spec(edit, where, words):
+    from codegen.models.checks import check_target
+
+    spec = load_spec(None).spec
+    data = spec.model_dump(mode="json")
+    data["rows"].update(edit)
+    if "split_backward" in edit:
+        data["dtypes"] = ["fp16", "bf16"]
+    bad = type(spec).model_validate(data)
+    errors = [d for d in check_target(bad) if d.severity == "error"]
+    assert any(".".join(map(str, d.path)).endswith(where) and words in d.message for d in errors), errors

@@ -41,7 +41,8 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
         detail = f.detail
         if f.path in result.rows:
             detail = (detail + " " if detail else "") + ", ".join(
-                f"{t} {s['rows_written']} rows" for t, s in result.rows[f.path].items())
+                f"{t} {s['rows_written']} rows" + (f" ({s['split_routed']} fused -> split)" if s.get("split_routed")
+                                                   else "") for t, s in result.rows[f.path].items())
         elif f.edits and not detail:
             detail = ", ".join(f.edits)
         table.add_row(f"[{STYLES.get(f.verdict, '')}]{f.verdict}[/]", f.path, detail)
@@ -56,6 +57,12 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "nothing to do"
     console.print(f"{result.command}: {summary}")
+
+
+def _has_op_db(release: str) -> bool:
+    from ..upstream import by_release  # CLI start-up: loads only after an apply ran
+
+    return by_release(release).op_db is not None
 
 
 def _print_compile_check(console: Console, result) -> None:
@@ -115,6 +122,10 @@ def register(app: typer.Typer, guarded) -> None:
         except ApplyConflict as exc:
             raise _printed(console, exc, as_json, "apply") from None
         _print_result(console, result)
+        if loaded.spec.rows.split_backward and result.release and not _has_op_db(result.release):
+            console.print(f"rows.split_backward: AOTriton {result.release} has no op database to route with; its "
+                          "fused backward kernels stay selectable (PyTorch's v2 path calls attn_bwd_fused for "
+                          "short sequences)", markup=False, style="yellow")
         if as_json:
             sys.stdout.write(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
 

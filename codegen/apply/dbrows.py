@@ -77,6 +77,7 @@ class TableStats:
     capped: int = 0
     replaced: int = 0
     warps_raised: int = 0
+    split_routed: int = 0           # op_attn_bwd rows moved from the fused to the split backend
     measured: int = 0
     measured_unmatched: int = 0
     compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
@@ -93,6 +94,8 @@ class TableStats:
             out["tiles_replaced"] = self.replaced
         if self.warps_raised:
             out["warps_raised"] = self.warps_raised
+        if self.split_routed:
+            out["split_routed"] = self.split_routed
         if self.compile_checked:
             out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
                         "compile_unclean": list(self.compile_unclean),
@@ -301,13 +304,13 @@ def _seed_rule(row: list, c: _Cols, family: str, plan: RowsPlan, checkable: bool
     row = list(row)
     replaced = raised = capped = compile_capped = False
     tile = c.tile(family, row)
-    to = plan.replacement_for(tile) if tile and tile.block_m is not None else None
-    if to is not None:
-        row[c.ix[c.bm]], row[c.ix[c.bn]] = to
+    rep = plan.replacement_for(tile) if tile and tile.block_m is not None else None
+    if rep is not None and tuple(rep.to) != (tile.block_m, tile.block_n):
+        row[c.ix[c.bm]], row[c.ix[c.bn]] = rep.to
         replaced = True
         tile = c.tile(family, row)
     if c.nw and row[c.ix[c.nw]] is not None:
-        nw = plan.num_warps_for(family, row[c.ix[c.nw]])
+        nw = plan.num_warps_for(family, row[c.ix[c.nw]], rep)
         if nw != row[c.ix[c.nw]]:
             row[c.ix[c.nw]] = nw
             raised = True
@@ -389,6 +392,18 @@ def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: Table
             st.measured_unmatched += 1
 
 
+def _route_split(rows: list[list], c: _Cols, backend: str | None, plan: RowsPlan, st: TableStats) -> None:
+    """op_attn_bwd rows that pick the fused kernel for a pass the spec splits (rows.split_backward)
+    pick the split backend instead."""
+    if backend is None:
+        return
+    bi, hi = c.ix[backend], c.ix[c.hd]
+    for row in rows:
+        if row[bi] == db.BWD_BACKEND_FUSED and plan.splits_backward(c.dtype(row), row[hi]):
+            row[bi] = db.BWD_BACKEND_SPLIT
+            st.split_routed += 1
+
+
 def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPlan, st: TableStats) -> None:
     """Every final row against the compile report; a duplicate key (the table's UNIQUE key)
     counts once, as its last row: the one the upsert and upstream's LUT keep."""
@@ -430,6 +445,8 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
     checkable = bool(plan.waves_per_eu_limits) and family in FAMILIES and c.has_config
     out = _seed_all(donor, c, family, plan, checkable, st)
     _apply_measured(out, c, plan.measured_for(family), st)
+    if table == db.OP_ATTN_BWD_TABLE and plan.split_backward:
+        _route_split(out, c, db.column(cols, db.OP_BACKEND), plan, st)
     if checkable:
         _audit(out, _unique_key(conn, table, src), c, family, plan, st)
     return [tuple(r) for r in out], st

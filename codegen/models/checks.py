@@ -115,8 +115,18 @@ def _check_rows_and_registration(spec: TargetSpec, err) -> None:
         if m < n or m & (m - 1) or n & (n - 1):
             err(("rows", "tile_replacements", i, "to"),
                 f"replacement tile [{m}, {n}] must be powers of two with BLOCK_M >= BLOCK_N")
-        if (m, n) == (rep.block_m, rep.block_n):
+        if (m, n) == (rep.block_m, rep.block_n) and rep.min_num_warps is None:
             err(("rows", "tile_replacements", i, "to"), "replacement tile equals the tile it replaces")
+        if rep.min_num_warps is not None and rep.min_num_warps not in spec.family_space(rep.family).num_warps:
+            err(("rows", "tile_replacements", i, "min_num_warps"),
+                f"{rep.min_num_warps} warps is not one of tuning.{rep.family}.num_warps "
+                f"{sorted(spec.family_space(rep.family).num_warps)}: the replaced rows would select configs "
+                "outside the tuning space")
+    for i, route in enumerate(spec.rows.split_backward):
+        if route.dtype is not None and route.dtype not in spec.dtypes:
+            err(("rows", "split_backward", i, "dtype"), f"{route.dtype} is not one of the spec's dtypes")
+        if route.head_dim is not None and route.head_dim not in spec.head_dims:
+            err(("rows", "split_backward", i, "head_dim"), f"{route.head_dim} is not one of the spec's head dims")
     for family, floor in spec.rows.min_num_warps.as_dict().items():
         allowed = spec.family_space(family).num_warps
         if floor not in allowed:

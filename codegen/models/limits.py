@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from .space import KernelConfig
 
-CLEAN_VERDICTS = ("ok", "low occupancy", "no matrix cores")  # compiled and no VGPR spill
+# compiled and no VGPR spill, or never dispatched (rows.split_backward)
+CLEAN_VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores")
 
 
 def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=None) -> dict | None:

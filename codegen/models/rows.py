@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from .match import rule_matches
-from .target import TargetSpec, TileReplacement, WavesCap
+from .target import SplitBackward, TargetSpec, TileReplacement, WavesCap
 
 TRUE_SPELLINGS = ("1", "true", "yes")
 
@@ -88,6 +88,12 @@ class RowTile:
     block_n: int | None
 
 
+def splits_backward(rules, dtype: str, head_dim: int | None) -> bool:
+    """Whether a `rows.split_backward` rule sends this backward pass (dtype, head dim) to the split
+    backend, so that the fused kernel's configs for it are never dispatched (op database releases)."""
+    return any(rule_matches(r, RowTile("bwd_kernel_fuse", dtype, head_dim, None, None)) for r in rules)
+
+
 @dataclass(frozen=True)
 class RowsPlan:
     arch: str                # the target (spec.arch); every GPU of `gpus` is one of its
@@ -101,13 +107,14 @@ class RowsPlan:
     waves_per_eu_limits: dict | None = None  # codegen.models.limits.waves_per_eu_limits (a JSON table)
     measured: tuple[Winner, ...] = field(default_factory=tuple)
     min_num_warps: dict[str, int] = field(default_factory=dict)  # family -> floor (spec rows.min_num_warps)
+    split_backward: tuple[SplitBackward, ...] = ()
 
     @classmethod
     def build(cls, spec: TargetSpec, measured: list[Winner], limits: dict | None) -> "RowsPlan":
         r = spec.rows
         return cls(spec.arch, tuple(spec.gpus), r.donor_gpu, tuple(spec.head_dims), tuple(sorted(spec.dtypes)),
                    tuple(r.waves_per_eu_caps), r.default_max_waves_per_eu, tuple(r.tile_replacements),
-                   limits, tuple(measured), r.min_num_warps.as_dict())
+                   limits, tuple(measured), r.min_num_warps.as_dict(), tuple(r.split_backward))
 
     def to_json(self) -> dict:
         """What rows/<arch>.json holds (the arch is its file name); `min_num_warps` only when
@@ -125,6 +132,8 @@ class RowsPlan:
         }
         if self.min_num_warps:
             out["min_num_warps"] = dict(sorted(self.min_num_warps.items()))
+        if self.split_backward:
+            out["split_backward"] = [r.model_dump(mode="json") for r in self.split_backward]
         return out
 
     @classmethod
@@ -134,16 +143,18 @@ class RowsPlan:
             tuple(WavesCap(**c) for c in d.get("waves_per_eu_caps", [])), d.get("default_max_waves_per_eu"),
             tuple(TileReplacement(**t) for t in d.get("tile_replacements", [])), d.get("waves_per_eu_limits"),
             tuple(Winner(**m) for m in d.get("measured", [])), dict(d.get("min_num_warps", {})),
+            tuple(SplitBackward(**r) for r in d.get("split_backward", [])),
         )
 
     # -- the rules, each a small pure function around the one matcher --
 
-    def replacement_for(self, tile: RowTile) -> tuple[int, int] | None:
+    def replacement_for(self, tile: RowTile) -> TileReplacement | None:
         """The first tile replacement whose rule matches (family is required on those)."""
-        for t in self.tile_replacements:
-            if rule_matches(t, tile):
-                return tuple(t.to)
-        return None
+        return next((t for t in self.tile_replacements if rule_matches(t, tile)), None)
+
+    def splits_backward(self, dtype: str, head_dim: int) -> bool:
+        """Whether the spec routes this backward pass to the split backend (rows.split_backward)."""
+        return splits_backward(self.split_backward, dtype, head_dim)
 
     def cap_for(self, tile: RowTile) -> int | None:
         """The smallest matching waves_per_eu cap, then the default cap."""
@@ -154,10 +165,12 @@ class RowsPlan:
             cap = default if cap is None else min(cap, default)
         return cap
 
-    def num_warps_for(self, family: str, num_warps: int) -> int:
-        """A seeded row's num_warps raised to the family's floor (rows.min_num_warps)."""
-        floor = self.min_num_warps.get(family)
-        return num_warps if floor is None or num_warps >= floor else floor
+    def num_warps_for(self, family: str, num_warps: int, replacement: TileReplacement | None = None) -> int:
+        """A seeded row's num_warps raised to the family's floor (rows.min_num_warps), then to
+        its tile replacement's num_warps."""
+        floors = [f for f in (self.min_num_warps.get(family), replacement.min_num_warps if replacement else None)
+                  if f is not None]
+        return max([num_warps, *floors])
 
     def measured_for(self, family: str) -> list[Winner]:
         return [m for m in self.measured if m.family == family]

@@ -193,11 +193,36 @@ class TileReplacement(_Model):
     """Seeded rows whose donor tile can't be made spill-free on the target get another tile."""
 
     family: Family
-    block_m: int
-    block_n: int
+    block_m: int | None = Field(None, description="Donor BLOCK_M to replace (unset: any).")
+    block_n: int | None = Field(None, description="Donor BLOCK_N to replace (unset: any).")
     dtype: DType | None = None
     head_dim: int | None = None
     to: tuple[PowerOfTwoTile, PowerOfTwoTile] = Field(description="[BLOCK_M, BLOCK_N] to use instead.")
+    # not `num_warps`: that is a matcher axis (codegen.models.match), and this is a value set, not matched
+    min_num_warps: NumWarps | None = Field(
+        None, description="At least this many warps for the matched rows (raises, never lowers; after "
+        "rows.min_num_warps): for a tile that only fits the target's registers with more threads. One of "
+        "the family's tuning num_warps.")
+    reason: str = Field(min_length=1)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_warps(self, handler):
+        """No `min_num_warps` in the dump when unset: specs without it keep their meaning hash."""
+        out = handler(self)
+        if isinstance(out, dict) and self.min_num_warps is None:
+            out.pop("min_num_warps", None)
+        return out
+
+
+class SplitBackward(_Model):
+    """Backward passes (dtype and/or head dim) that must use the split backend (bwd_kernel_dk_dv +
+    bwd_kernel_dq), never the fused bwd_kernel_fuse: the seeded `op_attn_bwd` rows that pick the
+    fused kernel for them are rewritten to the split backend. For a fused kernel that spills on the
+    target at every tile and warp count the space allows. Releases without an op database (0.10b)
+    have nothing to route."""
+
+    dtype: DType | None = None
+    head_dim: int | None = None
     reason: str = Field(min_length=1)
 
 
@@ -234,6 +259,11 @@ class Rows(_Model):
         "replacements, before the waves_per_eu caps): for donor rows whose num_warps spill on "
         "the target at any tile. One of the family's tuning num_warps.",
     )
+    split_backward: list[SplitBackward] = Field(
+        default_factory=list,
+        description="Backward passes routed to the split backend instead of the fused kernel "
+        "(op_attn_bwd rows, 0.11b and later).",
+    )
     use_proxy_measurements: bool = Field(
         False,
         description="Let winners measured on a stand-in GPU (proxy column set, e.g. an NVIDIA "
@@ -255,6 +285,8 @@ class Rows(_Model):
         out = handler(self)
         if isinstance(out, dict) and not self.min_num_warps.as_dict():
             out.pop("min_num_warps", None)
+        if isinstance(out, dict) and not self.split_backward:
+            out.pop("split_backward", None)
         return out
 
 

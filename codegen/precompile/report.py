@@ -15,7 +15,9 @@ from ..plan.kernel_list import KernelEntry
 from .resources import Resources, occupancy
 
 Status = Literal["ok", "failed", "timeout"]
-VERDICTS = ("ok", "low occupancy", "no matrix cores", "spills", "failed")  # increasing severity
+# increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
+# routes away (compiled because upstream compiles every backend, never run)
+VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed")
 
 
 class KernelResult(BaseModel):
@@ -39,6 +41,7 @@ class KernelResult(BaseModel):
     # the matrix instructions the spec expects for this kernel's dtype (hardware.matrix_instructions
     # when the dtype is in matrix_core_dtypes); None: the arch has none for it, nothing to flag
     expected_matrix: Literal["mfma", "wmma"] | None = "mfma"
+    dispatched: bool = True  # False: rows.split_backward routes its pass to the split backend
 
     @property
     def verdict(self) -> str:
@@ -49,6 +52,8 @@ class KernelResult(BaseModel):
         """Every verdict that applies, in increasing severity ('ok' alone when none)."""
         if self.status != "ok" or self.resources is None:
             return ["failed"]
+        if not self.dispatched:
+            return ["not dispatched"]
         r = self.resources
         out = []
         if self.occupancy is not None and self.waves_per_eu > 0 and self.occupancy < self.waves_per_eu:
@@ -104,6 +109,7 @@ def _group_stats(results: list[KernelResult]) -> dict:
         "compiled": len(ok),
         "failed": sum(r.status != "ok" for r in results),
         "spilling": sum("spills" in r.verdicts for r in results),
+        "not_dispatched": sum(not r.dispatched for r in results),
         "low_occupancy": sum("low occupancy" in r.verdicts for r in results),
         "no_matrix_cores": sum("no matrix cores" in r.verdicts for r in results),
         "max_vgprs": mx("vgprs"),

@@ -15,11 +15,13 @@ from rich.table import Table
 from .. import preflight
 from ..errors import EXIT_UPSTREAM, CodegenError
 from ..fsutil import atomic_write
+from ..models.rows import splits_backward
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import check_registered, release_of
 from ..spec import load_spec
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import CompilerPython, compiler_python
+from ..upstream import detect
 from . import engine
 from .bench import run_bench
 from .cache import CompileCache, default_cache_dir
@@ -47,7 +49,7 @@ class PrecompileOptions:
     cache_dir: Path | None = None
     python: str | None = None       # None: the build venv of the spec's Triton (codegen.toolchain)
     rows: int = 30                  # -1: all
-    triton_version: str | None = None  # the build venv's Triton (None: the newest the spec allows)
+    triton_version: str | None = None  # the build venv's Triton (None: the compile report's, else the newest allowed)
 
     def check(self) -> None:
         """Every path option, before the generator or a compile runs."""
@@ -112,8 +114,8 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
                       ("LDS", "right"), ("scratch", "right"), ("waves", "right"),
                       ("MFMA", "right"), ("dot", "left"), ("verdict", "left")):
         t.add_column(col or axis.replace("by_", "").replace("_", " "), justify=just, no_wrap=True)
-    style = {"ok": "green", "failed": "bold red", "spills": "red", "low occupancy": "yellow",
-             "no matrix cores": "magenta"}
+    style = {"ok": "green", "not dispatched": "dim", "failed": "bold red", "spills": "red",
+             "low occupancy": "yellow", "no matrix cores": "magenta"}
     items = list(report[axis].items())
     shown = items if limit < 0 else items[:limit]
 
@@ -123,7 +125,7 @@ def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Tabl
     for k, s in shown:
         t.add_row(k, c(s["kernels"]), c(s["failed"]), c(s["spilling"]), c(s["max_vgprs"]), c(s["max_agprs"]),
                   c(s["max_sgprs"]), c(s["max_lds_bytes"]), c(s["max_scratch_bytes"]), c(s["min_occupancy"]),
-                  c(s["min_mfma"]), c(s.get("dot_instructions")), f"[{style.get(s['verdict'], '')}]{s['verdict']}[/]")
+                  c(s["min_mfma"]), c(s.get("dot_instructions")), f"[{style.get(s['verdict'], 'default')}]{s['verdict']}[/]")
     if len(shown) < len(items):
         t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 12)
     return t
@@ -198,6 +200,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))
     run = _compile(opts, loaded.spec, chosen, jobs, cache, err, compiler)
+    run.results = mark_not_dispatched(run.results, loaded.spec, opts.tree)
     info = RunInfo(gpu=summary.gpu, arch=summary.arch, release=summary.release, triton=run.triton,
                    build=summary.build, planned=summary.total, sampled=len(chosen), sample=opts.sample,
                    jobs=jobs, wall_s=round(run.wall_s, 2), compiled_now=run.compiled_now,
@@ -209,6 +212,18 @@ def run_precompile(opts: PrecompileOptions) -> None:
         atomic_write(opts.md_out, report_markdown(report))
     _print_report(report, info, run, opts.rows, err)
     _after_compile(opts, loaded, chosen, run, info, jobs, cache, err, compiler)
+
+
+def mark_not_dispatched(results: list, spec, tree: Path) -> list:
+    """Fused-backward kernels of the passes rows.split_backward routes to the split backend are
+    compiled (upstream compiles every backend) but never run: their verdict is 'not dispatched'.
+    Only where the release has an op database to route with (0.11b and later)."""
+    rules = spec.rows.split_backward
+    if not rules or detect(tree).op_db is None:
+        return results
+    return [r.model_copy(update={"dispatched": False})
+            if r.family == "bwd_kernel_fuse" and splits_backward(rules, r.dtype, r.head_dim) else r
+            for r in results]
 
 
 def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err: Console,

@@ -27,6 +27,16 @@ CONFIG_COLUMNS = {"block_m": "tuned_kernel$BLOCK_M", "block_n": "tuned_kernel$BL
 # Causal rows are stored as CAUSAL_TYPE 3 (windowed, top-left), the others as 0.
 CAUSAL_TYPE_CAUSAL = 3
 
+# The op database (0.11b and later; 0.10b has none) picks a backend per backward pass: `op$backend`
+# is the backend's index in upstream's list, the same in 0.11b..0.13b (0.11b..0.12.1b: the order
+# of `OpAttnBwd([...])` in v3python/rules/flash/__init__.py; 0.13b: `@ati.backend(n, ...)` in
+# modules/flash/aot/__init__.py; tests/test_upstream_real.py reads both). A GPU without rows
+# gets the first backend, the split one.
+OP_ATTN_BWD_TABLE = TABLE_PREFIX + "op_attn_bwd"
+OP_BACKEND = "op$backend"
+BWD_BACKEND_SPLIT = 0   # 'triton_split': bwd_kernel_dk_dv + bwd_kernel_dq (and bwd_preprocess)
+BWD_BACKEND_FUSED = 1   # 'bwd_kernel_fuse'
+
 
 def family_of(table: str) -> str:
     return table.split("$", 1)[1] if "$" in table else table
@@ -82,5 +92,5 @@ def winner_row(w: Winner) -> tuple[str, dict]:
     return table_of(w.family), cols
 
 
-__all__ = ["CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "DTYPE", "FLAG_COLUMNS", "GPU", "HEAD_DIM", "SEQLEN_K",
-           "SEQLEN_Q", "column", "family_of", "table_of", "winner_config", "winner_row"]
+__all__ = ["BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "DTYPE",
+           "FLAG_COLUMNS", "GPU", "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "SEQLEN_K", "SEQLEN_Q", "column", "family_of", "table_of", "winner_config", "winner_row"]
