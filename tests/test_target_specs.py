@@ -19,6 +19,8 @@ EXPECTED = {
     "mi50.yaml": ("gfx906", 64, "gfx906_mod0"),
     "rdna2.yaml": ("gfx1030", 32, "gfx1030_mod0"),
     "examples/smoke.yaml": ("gfx908", 64, "gfx908_mod0"),
+    "examples/smoke-mi50.yaml": ("gfx906", 64, "gfx906_mod0"),
+    "examples/smoke-rdna2.yaml": ("gfx1030", 32, "gfx1030_mod0"),
 }
 
 
@@ -58,3 +60,20 @@ def test_targets_without_matrix_cores(rel):
             assert m * n <= 32 * 32, (family, m, n)
     # the donor must be an arch whose tuned rows ship in every supported release
     assert spec.rows.donor_gpu in ("gfx90a_mod0", "gfx1100_mod0")
+
+
+@pytest.mark.parametrize("smoke, full", [("examples/smoke-mi50.yaml", "mi50.yaml"),
+                                         ("examples/smoke-rdna2.yaml", "rdna2.yaml")])
+def test_smoke_specs_keep_their_targets_traits(smoke, full):
+    """A smoke spec is its target cut down: the same arch, hardware, toolchain, donor and warp floors,
+    and only tiles and warps of the full spec's space."""
+    s, f = load_spec(RULES / smoke).spec, load_spec(RULES / full).spec
+    assert (s.arch, s.gpus, s.warp_size, s.production_line) == (f.arch, f.gpus, f.warp_size, f.production_line)
+    assert s.hardware == f.hardware
+    assert s.toolchain == f.toolchain
+    assert (s.rows.donor_gpu, s.rows.min_num_warps, s.registration) == (f.rows.donor_gpu, f.rows.min_num_warps,
+                                                                         f.registration)
+    for family in ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"):
+        small, big = s.family_space(family), f.family_space(family)
+        assert set(map(tuple, small.block_sizes)) <= set(map(tuple, big.block_sizes)), family
+        assert set(small.num_warps) <= set(big.num_warps), family

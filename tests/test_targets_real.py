@@ -62,6 +62,8 @@ def test_target_apply_plan_revert(pristine_tree, fresh_tree, name, tag, with_pla
     known = re.search(rf"KNOWN_TARGETS_{spec.warp_size} = \[([^\]]*)\]", compile_py.read_text(encoding="utf-8"))
     assert known.group(1).split(",")[0].strip() == f"'{spec.arch}'"
 
+    _check_split_backward(tree, tag, spec, first)
+
     applied = snapshot(tree)
     res = _cli("apply", str(tree), "--spec", str(spec_path), "--json")
     assert res.exit_code == 0, res.output
@@ -88,3 +90,66 @@ def test_target_apply_plan_revert(pristine_tree, fresh_tree, name, tag, with_pla
     assert res.exit_code == 0, res.output
     diff = subprocess.run(["diff", "-r", str(pristine), str(tree)], capture_output=True, text=True).stdout
     assert diff == ""
+
+
+def _op_rows(tree: Path, rel: str, gpu: str) -> list[tuple[str, int, int]]:
+    """(dtype, head dim, backend) of every op_attn_bwd row of GPU in the tree's op database."""
+    import sqlite3
+
+    from codegen.apply.dbrows import read_tarxz
+    from codegen.upstream import tuning_db as db
+
+    _, payload = read_tarxz((tree / rel).read_bytes(), rel)
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(payload)
+        return conn.execute(f'SELECT "{db.DTYPE}", "{db.HEAD_DIM}", "{db.OP_BACKEND}" FROM "{db.OP_ATTN_BWD_TABLE}" '
+                            "WHERE gpu = ?", (gpu,)).fetchall()
+    finally:
+        conn.close()
+
+
+def _check_split_backward(tree: Path, tag: str, spec, applied: dict) -> None:
+    """rows.split_backward: no op_attn_bwd row of the target picks the fused kernel for a routed pass;
+    the other passes keep the donor's choices (fused ones included)."""
+    from codegen.models.dtypes import by_torch
+    from codegen.models.rows import splits_backward
+    from codegen.upstream import by_release
+    from codegen.upstream import tuning_db as db
+
+    rules = spec.rows.split_backward
+    adapter = by_release(tag)
+    if not rules or adapter.op_db is None:
+        return
+    rows = _op_rows(tree, adapter.op_db, spec.primary_gpu)
+    routed = [r for r in rows if splits_backward(rules, by_torch(r[0]).short, r[1])]
+    assert all(b != db.BWD_BACKEND_FUSED for _, _, b in routed), "a routed pass still picks the fused kernel"
+    stats = applied["rows"][adapter.op_db][db.OP_ATTN_BWD_TABLE]
+    donor = _op_rows(tree, adapter.op_db, spec.rows.donor_gpu)
+    donor_fused = sum(1 for d, h, b in donor if b == db.BWD_BACKEND_FUSED
+                      and splits_backward(rules, by_torch(d).short, h) and h in spec.head_dims)
+    assert stats.get("split_routed", 0) == donor_fused * len(spec.gpus)
+    kept = {b for d, h, b in rows if not splits_backward(rules, by_torch(d).short, h)}
+    if any(b == db.BWD_BACKEND_FUSED for *_, b in donor):
+        assert db.BWD_BACKEND_FUSED in kept or not kept
+
+
+@pytest.mark.parametrize("tag", [t for t in SUPPORTED_RELEASES if t != "0.10b"])
+def test_op_backend_numbers_are_the_releases_own(pristine_tree, tag):
+    """op$backend 0 is the split backend and 1 the fused kernel in every release with an op database
+    (codegen.upstream.tuning_db): read from the release's own operator definition."""
+    from codegen.upstream import tuning_db as db
+
+    tree = pristine_tree(tag)
+    old = tree / "v3python" / "rules" / "flash" / "__init__.py"
+    if old.is_file():  # 0.11b..0.12.1b: the order of OpAttnBwd([...])
+        text = old.read_text(encoding="utf-8")
+        body = text[text.index("OpAttnBwd(["):]
+        names = [m.group(1) or m.group(2) for m in re.finditer(r"^        (?:MetroBwdKernel\('(\w+)'|__(\w+),)",
+                                                                  body, re.M)]
+        assert names[db.BWD_BACKEND_SPLIT] == "triton_split" and names[db.BWD_BACKEND_FUSED] == "bwd_kernel_fuse", names
+    else:  # 0.13b: @ati.backend(n, kernel, 'name') above op_attn_bwd
+        text = (tree / "modules" / "flash" / "aot" / "__init__.py").read_text(encoding="utf-8")
+        block = text[:text.index("def op_attn_bwd")].rsplit("@ati.start", 1)[1]
+        found = {int(n): name for n, name in re.findall(r"@ati\.backend\((\d+), \w+, '(\w+)'\)", block)}
+        assert found[db.BWD_BACKEND_SPLIT] == "triton_split" and found[db.BWD_BACKEND_FUSED] == "bwd_kernel_fuse"
