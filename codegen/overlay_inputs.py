@@ -18,15 +18,22 @@ from .tuning_results import load_winner_rows
 from .upstream.layouts import DEFAULT_LAYOUT
 
 
-def load_limits(spec: TargetSpec) -> dict | None:
-    """The limits table of tuning/<arch>/compile_report.json; None when there is no report."""
-    path = data_dir("tuning") / spec.arch / "compile_report.json"
+def committed_report(arch: str) -> dict | None:
+    """tuning/<arch>/compile_report.json as committed (None when there is none)."""
+    path = data_dir("tuning") / arch / "compile_report.json"
     if not path.is_file():
         return None
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"tuning/{spec.arch}/compile_report.json: not valid JSON: {exc}") from None
+        raise UserError(f"tuning/{arch}/compile_report.json: not valid JSON: {exc}") from None
+
+
+def load_limits(spec: TargetSpec) -> dict | None:
+    """The limits table of tuning/<arch>/compile_report.json; None when there is no report."""
+    report = committed_report(spec.arch)
+    if report is None:
+        return None
     return waves_per_eu_limits(report, spec.arch, set(spec.dtypes), set(spec.head_dims))
 
 

@@ -213,6 +213,36 @@ def test_interpreter_choice_refusals(tmp_path, monkeypatch):
     assert not got.is_current
 
 
+def test_build_venv_defaults_to_the_compile_reports_triton(tmp_path, monkeypatch):
+    """The seeded rows are capped by tuning/<arch>/compile_report.json: the build venv takes the Triton
+    that report measured (gfx908: 3.5.1, gfx906: 3.8.0) unless --triton-version names another, and a
+    Triton other than the report's is compiled with a warning."""
+    import io
+
+    from codegen.spec import load_spec
+    from codegen.toolchain import interpreter
+
+    asked = []
+
+    def fake(spec, reqs, *, triton=None, console=None):
+        asked.append(triton)
+        return _fake_entry(tmp_path / str(len(asked)), triton or "3.8.0", reqs)
+
+    monkeypatch.setattr(interpreter, "ensure_venv", fake)
+    for name, measured in (("mi100", "3.5.1"), ("mi50", "3.8.0"), ("rdna2", "3.5.1")):
+        spec = load_spec(f"rules/{name}.yaml").spec
+        assert interpreter.measured_triton(spec) == measured
+        out = io.StringIO()
+        got = compiler_python(spec, "build", console=Console(file=out, width=200))
+        assert asked[-1] == measured and got.triton == measured and "warning" not in out.getvalue()
+    gfx908 = load_spec("rules/mi100.yaml").spec
+    out = io.StringIO()
+    got = compiler_python(gfx908, "build", triton="3.8.0", console=Console(file=out, width=200))
+    assert asked[-1] == "3.8.0" and got.triton == "3.8.0"
+    assert "compiling with Triton 3.8.0, but tuning/gfx908/compile_report.json" in out.getvalue()
+    assert "measured with 3.5.1" in out.getvalue()
+
+
 def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
     """The compile workers start in the venv's Python, import its `triton` (not this process's),
     and are refused when that is not the version they were chosen for."""

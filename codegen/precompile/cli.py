@@ -12,7 +12,8 @@ import typer
 PYTHON_HELP = ("Interpreter with the spec's Triton and the tree's generator requirements, used read-only "
                "after a version check (default: a build venv of the spec's Triton, created and cached on "
                "first use).")
-TRITON_HELP = "Triton version of the build venv (default: the newest pip finds that the spec allows)."
+TRITON_HELP = ("Triton version of the build venv (default: the one tuning/<arch>/compile_report.json was "
+               "measured with, else the newest pip finds that the spec allows).")
 
 
 def register(app: typer.Typer, guarded) -> None:

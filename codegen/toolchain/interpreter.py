@@ -15,7 +15,8 @@ from rich.console import Console
 from .. import preflight
 from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
-from . import TRITON_DISTRIBUTIONS, require_triton, triton_specifier
+from ..overlay_inputs import committed_report
+from . import TRITON_DISTRIBUTIONS, require_triton, triton_mismatch, triton_specifier
 from .venv import ensure_venv
 
 _PROBE = r"""
@@ -65,12 +66,17 @@ def probe(python: str) -> dict:
 def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, triton: str | None = None,
                     requirements=(), console: Console | None = None,
                     same_python: bool = False) -> CompilerPython:
-    """`python` None: the cached build venv of the spec's Triton (exactly `triton` when given),
-    created on first use; else that interpreter, refused unless its Triton is one the spec allows.
+    """`python` None: the cached build venv of the spec's Triton (exactly `triton` when given, else
+    the version the committed compile report measured, when the spec allows it), created on first
+    use; else that interpreter, refused unless its Triton is one the spec allows.
     `same_python`: the stage loads our modules in that interpreter (precompile's workers), so its
     Python version must be this one's."""
+    measured = measured_triton(spec)
     if python is None:
-        v = ensure_venv(triton_specifier(spec), requirements, triton=triton, console=console)
+        pick = triton if triton is not None else (measured if measured and not triton_mismatch(spec, measured)
+                                                   else None)
+        v = ensure_venv(triton_specifier(spec), requirements, triton=pick, console=console)
+        _warn_unmeasured(spec, v.triton, measured, console)
         return CompilerPython(python=v.python, triton=v.triton, origin="build venv", venv=v.path)
     if triton is not None:
         raise UserError("--triton-version picks the build venv's Triton; with --python the interpreter's own "
@@ -83,7 +89,21 @@ def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, 
         raise UserError(f"--python {path} is Python {have}; {stage}'s compile workers load mi100-codegen's "
                         f"modules there from this Python {sys.version_info[0]}.{sys.version_info[1]}",
                         hint="pass an interpreter of the same Python version, or leave out --python (the build venv)")
+    _warn_unmeasured(spec, found["triton"], measured, console)
     return CompilerPython(python=path, triton=found["triton"], origin="--python")
+
+
+def measured_triton(spec: TargetSpec) -> str | None:
+    """The Triton of tuning/<arch>/compile_report.json: the seeded rows are capped to what it measured."""
+    return (committed_report(spec.arch) or {}).get("triton")
+
+
+def _warn_unmeasured(spec: TargetSpec, used: str | None, measured: str | None, console: Console | None) -> None:
+    if measured and used and used != measured:
+        (console or Console(stderr=True, highlight=False, soft_wrap=True)).print(
+            f"warning: compiling with Triton {used}, but tuning/{spec.arch}/compile_report.json (which caps the "
+            f"seeded rows' waves_per_eu) was measured with {measured}: configs clean there may spill here; "
+            f"re-measure with `precompile --tuning-report` or use Triton {measured}", style="yellow", markup=False)
 
 
 __all__ = ["CompilerPython", "compiler_python", "probe"]
