@@ -142,12 +142,12 @@ def run_gpu_check(lib: Path, *, arch: str, like: str, compute_units: int, warp_s
     for reported in (arch, UNKNOWN_ARCH, like):
         if reported in check.results:
             continue
-        check.results[reported] = call_check_gpu(lib, symbol, stub, reported, compute_units=compute_units,
-                                                 warp_size=warp_size)
+        code = call_check_gpu(lib, symbol, stub, reported, compute_units=compute_units, warp_size=warp_size)
+        if isinstance(code, str):  # e.g. the HIP runtime is not on the loader path: no verdict either way
+            raise GpuCheckError(f"check_gpu with a stand-in {reported}: {code}")
+        check.results[reported] = code
     for reported, code in check.results.items():
-        if isinstance(code, str):
-            check.problems.append(f"check_gpu with a stand-in {reported}: {code}")
-        elif reported == arch and code != HIP_SUCCESS:
+        if reported == arch and code != HIP_SUCCESS:
             check.problems.append(
                 f"check_gpu refuses {arch} ({describe(code)}): the library's GPU classifier or its dispatch tables "
                 f"do not know the arch, so PyTorch would fall back to the math backend")
