@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from codegen.build import verify as verify_mod
+from codegen.build.images import ImageError, blake2b_64
 from codegen.build.verify import REQUIRED_SYMBOLS, V2_ATTN_SYMBOLS, V3_SYMBOLS, verify_install
 
 from test_build_images import PKG, _aks2, _table
@@ -72,23 +73,37 @@ def test_0_13_library_needs_no_v2_attention_entry_points(install, monkeypatch):
     assert not v.ok and "aotriton::v2::flash::attn_fwd" in v.problems[0]
 
 
-def _zip_table(path: str, n: int) -> str:
-    """A dispatch table as AOTriton 0.13b generates it (FLATZIP_PATH + BLAKE2b-id entries)."""
-    rows = "\n".join(f"    {{ 0x{i:08x}u, 0x0u, {i}, 1 }}, // {i:016x} = b2sum -l 64 <<< {path};;#F;Q='*fp16:16';;arch=gfx908"
-                     for i in range(n))
+ZIP = "amd-gfx908/flash/attn_fwd.zip"
+ZFUNC = "Q='*fp16:16';PADDED_HEAD=False;ENABLE_DROPOUT=False;CAUSAL_TYPE=0;BIAS_TYPE=0"
+ZENTRIES = [f";;#F;{ZFUNC};;#P;BLOCK_M={m};BLOCK_N=16;;#CO;waves_per_eu=1;num_warps=4;num_stages=1;;arch=gfx908"
+            for m in (16, 32, 64)]
+
+
+def _zip_table(path: str = ZIP, entries: list[str] = ZENTRIES) -> str:
+    """A dispatch table as AOTriton 0.13b generates it: FLATZIP_PATH, FUNC_NAME (the zip member)
+    and one BLAKE2b-id line per kernel whose comment is the zip path plus the kernel's name."""
+    rows = []
+    for i, entry in enumerate(entries):
+        h = blake2b_64(path + entry)
+        rows.append(f"    {{ 0x{h >> 32:08x}u, 0x{h & 0xFFFFFFFF:08x}u, {i}, 1 }}, // {h:016x} = b2sum -l 64 <<< "
+                    f"{path}{entry}")
     return (f'constexpr pstring_view FLATZIP_PATH\n#if defined(_WIN32)\n{{ LR"xyzw({path})xyzw" }};\n#else\n'
-            f'{{ R"xyzw({path})xyzw" }};\n#endif\n{rows}\n')
+            f'{{ R"xyzw({path})xyzw" }};\n#endif\n'
+            f'constexpr std::string_view FUNC_NAME   {{ R"xyzw({ZFUNC})xyzw"   }};\n'
+            "static AOTRITON_NS::TritonKernelCompactMeta meta_list[] = {\n" + "\n".join(rows) + "\n};\n")
 
 
 def test_zip_images_of_0_13(tmp_path, monkeypatch):
-    """0.13b installs <arch>/<family>/<kernel>.zip: each zip a table names must be installed, a
-    valid zip, with non-empty members; a missing or corrupt zip is a problem."""
+    """0.13b installs <arch>/<family>/<kernel>.zip; the runtime opens the zip a table names, takes the
+    member named by its FUNC_NAME (an .aks2 cluster) and in it each kernel by name. Every link of
+    that chain is checked: a missing zip, member or kernel is missing, an empty image is empty, a
+    corrupt zip a problem."""
     import zipfile
 
     build = tmp_path / "build"
     t = build / "v3src" / "flash" / "autotune.attn_fwd" / "x.cc"
     t.parent.mkdir(parents=True)
-    t.write_text(_zip_table("amd-gfx908/flash/attn_fwd.zip", 3), encoding="utf-8")
+    t.write_text(_zip_table(), encoding="utf-8")
     prefix = tmp_path / "prefix"
     lib = prefix / "lib" / "libaotriton_v2.so.0.13.0"
     lib.parent.mkdir(parents=True)
@@ -97,18 +112,38 @@ def test_zip_images_of_0_13(tmp_path, monkeypatch):
                         lambda _lib: {p + "X" for p in [*REQUIRED_SYMBOLS.values(), *V3_SYMBOLS.values()]})
     kw = dict(version=(0, 13, 0), arch="gfx908", images=True, v2_attn=False, image_format="zip")
     v = verify_install(prefix, build, **kw)
-    assert not v.ok and v.missing == ["amd-gfx908/flash/attn_fwd.zip"]
-    z = prefix / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "attn_fwd.zip"
-    z.parent.mkdir(parents=True)
-    with zipfile.ZipFile(z, "w", compression=zipfile.ZIP_STORED) as f:
-        f.writestr("a.aks2", b"AKS2" + bytes(60))
-        f.writestr("b.aks2", b"AKS2" + bytes(12))
+    assert not v.ok and len(v.missing) == 3 and all(m.startswith(ZIP + ": " + ZFUNC) for m in v.missing)
+    z = prefix / "lib" / "aotriton.images" / ZIP
+
+    def install(members: dict[str, bytes]) -> None:
+        z.parent.mkdir(parents=True, exist_ok=True)
+        with zipfile.ZipFile(z, "w", compression=zipfile.ZIP_STORED) as f:
+            for name, data in members.items():
+                f.writestr(name, data)
+
+    install({ZFUNC: _aks2([(e, 64) for e in ZENTRIES]), "other": _aks2([("x", 8)])})
     v = verify_install(prefix, build, **kw)
     assert v.ok, v.problems
-    assert (v.kernels_referenced, v.packages, v.kernels_packed) == (3, 1, 2)
+    assert (v.kernels_referenced, v.packages, v.kernels_packed) == (3, 1, 3)
+    assert v.by_kernel == {"attn_fwd": 3}
+    install({ZFUNC: _aks2([(ZENTRIES[0], 64), (ZENTRIES[1], 0)])})  # one kernel absent, one empty
+    v = verify_install(prefix, build, **kw)
+    assert not v.ok and v.missing == [f"{ZIP}: {ZFUNC} {ZENTRIES[2]}"] and v.empty == [f"{ZIP}: {ZFUNC} {ZENTRIES[1]}"]
+    install({"another functional": _aks2([(e, 64) for e in ZENTRIES])})  # the member the table names is absent
+    v = verify_install(prefix, build, **kw)
+    assert not v.ok and len(v.missing) == 3
     z.write_bytes(b"PK\x03\x04 not a zip")
     v = verify_install(prefix, build, **kw)
     assert not v.ok and "not a readable zip" in " ".join(v.problems)
+
+
+def test_zip_table_comment_must_match_its_id(tmp_path):
+    from codegen.build.images import parse_zip_table
+
+    t = tmp_path / "x.cc"
+    t.write_text(_zip_table().replace("BLOCK_M=32;", "BLOCK_M=33;", 1), encoding="utf-8")
+    with pytest.raises(ImageError, match="does not match its BLAKE2b id"):
+        parse_zip_table(t)
 
 
 def test_tables_of_an_earlier_configuration_are_not_counted(install):

@@ -18,12 +18,14 @@ by the images. Only the directory is decompressed here.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import lzma
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import UpstreamError
 
@@ -33,7 +35,6 @@ _ENTRY = struct.Struct("<IIIII")
 
 _PACKAGE_RE = re.compile(r'PACKAGE_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
 _FLATZIP_RE = re.compile(r'FLATZIP_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
-_FLATZIP_ENTRY_RE = re.compile(r"b2sum -l 64 <<< (?P<path>[^;\s]+\.zip);;")
 _FUNC_RE = re.compile(r'FUNC_NAME\s*\{\s*R"xyzw\((?P<func>[^)]*)\)xyzw"')
 _META_RE = re.compile(
     r"\{\s*0x(?P<hi>[0-9a-fA-F]+)u,\s*0x(?P<lo>[0-9a-fA-F]+)u,\s*-?\d+,\s*-?\d+\s*\},\s*"
@@ -113,19 +114,48 @@ def dispatch_tables(build_dir: Path) -> list[Path]:
     return [p for p in tables if str(p.resolve()) in ninja]
 
 
-def referenced_zips(build_dir: Path) -> dict[str, int]:
-    """0.13b's image format: each dispatch table names one `FLATZIP_PATH` (e.g.
-    `amd-gfx908/flash/attn_fwd.zip`, relative to aotriton.images/) and lists its kernels as
-    BLAKE2b ids of descriptor strings. Returns zip path -> number of kernel entries that name it."""
-    out: dict[str, int] = {}
+@dataclass(frozen=True)
+class ZipRef:
+    """One kernel a 0.13b dispatch table can select: the runtime opens `zip` (below
+    aotriton.images/), takes its member `member` (the table's FUNC_NAME: an .aks2 cluster) and
+    in it the kernel named `entry` (the kernel's descriptor after the zip path)."""
+
+    zip: str
+    member: str
+    entry: str
+
+    @property
+    def kernel(self) -> str:
+        return self.zip.rsplit("/", 1)[-1].removesuffix(".zip")
+
+
+def parse_zip_table(path: Path) -> list[ZipRef]:
+    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip). Each
+    kernel comment is trusted only after its BLAKE2b-64 matches the id the runtime uses."""
+    text = path.read_text(encoding="utf-8", errors="strict")
+    flat = _FLATZIP_RE.search(text)
+    if flat is None:
+        return []
+    func = _FUNC_RE.search(text)
+    if func is None:
+        raise ImageError(f"{path}: dispatch table without FUNC_NAME (unknown generator output)")
+    zip_path = flat.group("path")
+    refs = []
+    for m in _META_RE.finditer(text):
+        raw = m.group("raw")
+        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
+            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
+        if not raw.startswith(zip_path + ";;"):
+            raise ImageError(f"{path}: kernel {raw!r} is not in image zip {zip_path!r}")
+        refs.append(ZipRef(zip=zip_path, member=func.group("func"), entry=raw[len(zip_path):]))
+    return refs
+
+
+def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
+    refs: set[ZipRef] = set()
     for table in dispatch_tables(build_dir):
-        text = table.read_text(encoding="utf-8", errors="strict")
-        m = _FLATZIP_RE.search(text)
-        if m is None:
-            continue
-        n = sum(1 for e in _FLATZIP_ENTRY_RE.finditer(text) if e.group("path") == m.group("path"))
-        out[m.group("path")] = out.get(m.group("path"), 0) + n
-    return dict(sorted(out.items()))
+        refs.update(parse_zip_table(table))
+    return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
 
 
 def read_flatzip(path: Path) -> list[tuple[str, int]]:
@@ -149,9 +179,10 @@ def referenced_kernels(build_dir: Path) -> list[KernelRef]:
     return sorted(refs, key=lambda r: (r.package, r.stem))
 
 
-def read_aks2_directory(path: Path) -> list[PackedEntry]:
-    """The directory of one .aks2 package (names and sizes of its kernels)."""
-    with open(path, "rb") as f:
+def read_aks2_directory(path: Path, stream: BinaryIO | None = None) -> list[PackedEntry]:
+    """The directory of one .aks2 package (names and sizes of its kernels): the file at `path`, or
+    `stream` (a member of an image zip), `path` then only naming it in messages."""
+    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
         head = f.read(_HEADER.size)
         if len(head) < _HEADER.size:
             raise ImageError(f"{path}: truncated kernel package")
@@ -181,5 +212,5 @@ def read_aks2_directory(path: Path) -> list[PackedEntry]:
     return entries
 
 
-__all__ = ["ImageError", "KernelRef", "PackedEntry", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
-           "read_aks2_directory", "read_flatzip", "referenced_kernels", "referenced_zips"]
+__all__ = ["ImageError", "KernelRef", "PackedEntry", "ZipRef", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
+           "parse_zip_table", "read_aks2_directory", "read_flatzip", "referenced_kernels", "referenced_zip_kernels"]

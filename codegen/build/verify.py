@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import UpstreamError
 from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
-from .images import ImageError, read_aks2_directory, read_flatzip, referenced_kernels, referenced_zips
+from .images import ImageError, read_aks2_directory, read_flatzip, referenced_kernels, referenced_zip_kernels
 
 # Itanium-mangled prefixes of what PyTorch calls: check_gpu always; the v2 attention entry points
 # up to 0.12.1b (adapter.exports_v2_attn), the v3 ones from 0.11b (adapter.exports_v3_api).
@@ -124,33 +124,55 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
 
 
 def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
-    """0.13b's `<arch>/<family>/<kernel>.zip` images: every zip a dispatch table names is
-    installed, a valid zip, and holds non-empty members. Which member holds which table entry
-    (the entries are BLAKE2b ids of descriptors) is not checked yet."""
-    zips = referenced_zips(build_dir)
-    v.kernels_referenced = sum(zips.values())
-    if not zips:
+    """0.13b's `<arch>/<family>/<kernel>.zip` images, as the runtime reads them: every zip a
+    dispatch table names is installed and valid, holds the table's functional (FUNC_NAME) as a
+    member, and that member's .aks2 directory holds every kernel the table lists, non-empty."""
+    refs = referenced_zip_kernels(build_dir)
+    v.kernels_referenced = len(refs)
+    if not refs:
         v.problems.append(f"no dispatch tables naming image zips under {build_dir}/v3src (was the build configured?)")
-    for rel, n in zips.items():
-        v.by_kernel[rel.rsplit("/", 1)[-1].removesuffix(".zip")] = n
+    by_zip: dict[str, list] = {}
+    for ref in refs:
+        by_zip.setdefault(ref.zip, []).append(ref)
+        v.by_kernel[ref.kernel] = v.by_kernel.get(ref.kernel, 0) + 1
+    for rel, zrefs in by_zip.items():
         path = libdir / "aotriton.images" / rel
         if not path.is_file():
-            v.missing.append(rel)
+            v.missing.extend(f"{rel}: {r.member} {r.entry}" for r in zrefs)
             continue
         try:
-            members = read_flatzip(path)
+            read_flatzip(path)  # valid, every member's CRC
+            clusters = _zip_clusters(path, {r.member for r in zrefs})
         except ImageError as exc:
             v.problems.append(str(exc))
             continue
         v.packages += 1
-        v.kernels_packed += len(members)
-        v.empty.extend(f"{rel}: {name}" for name, size in members if size == 0)
-        if not members:
-            v.empty.append(f"{rel}: no members")
+        for r in zrefs:
+            entries = clusters.get(r.member)
+            entry = entries.get(r.entry) if entries is not None else None
+            if entry is None:
+                v.missing.append(f"{rel}: {r.member} {r.entry}")
+            elif entry.image_size == 0:
+                v.empty.append(f"{rel}: {r.member} {r.entry}")
+            else:
+                v.kernels_packed += 1
     if v.missing:
-        v.problems.append(f"{len(v.missing)} image zips the dispatch tables name are not installed")
+        v.problems.append(f"{len(v.missing)} referenced kernels are not in the installed image zips")
     if v.empty:
-        v.problems.append(f"{len(v.empty)} empty image zips or members")
+        v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
+
+
+def _zip_clusters(path: Path, members: set[str]) -> dict[str, dict]:
+    """member -> {kernel name: PackedEntry} for the members of one image zip that exist."""
+    import zipfile  # only for 0.13b+ installs
+
+    out: dict[str, dict] = {}
+    with zipfile.ZipFile(path) as z:
+        names = set(z.namelist())
+        for member in sorted(members & names):
+            with z.open(member) as f:
+                out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
+    return out
 
 
 __all__ = ["REQUIRED_SYMBOLS", "V2_ATTN_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]
