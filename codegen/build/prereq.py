@@ -3,6 +3,7 @@ command that installs it (Debian 12 package names; pip where that is the usual r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -168,9 +169,19 @@ def probe_python(python: str, names: list[str]) -> dict:
 
 
 def clang_major(exe: str | None) -> int | None:
-    """The major version a Clang reports (`clang version 19.1.7 …`); None for GCC or no answer."""
+    """The major version a Clang reports (`clang version 19.1.7 …`); None for GCC or no answer.
+    Asked once per compiler file (finding the compiler and checking its minimum ask the same one)."""
     if not exe:
         return None
+    try:
+        st = os.stat(exe)
+    except OSError:
+        return None
+    return _clang_major(os.path.realpath(exe), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _clang_major(exe: str, _mtime_ns: int, _size: int) -> int | None:
     try:
         out = _run([exe, "--version"], timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
