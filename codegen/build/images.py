@@ -158,8 +158,10 @@ def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
     return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
 
 
-def read_flatzip(path: Path) -> list[tuple[str, int]]:
-    """Members (name, size) of one installed image zip; ImageError when it is not a valid zip."""
+def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, PackedEntry]]:
+    """One installed image zip, opened once: checked valid (every member's CRC), then, for each of
+    `members` it holds, that .aks2 cluster's directory as {kernel name: entry}. Members it lacks are
+    left out; ImageError when it is not a valid zip."""
     import zipfile  # only for 0.13b+ installs
 
     try:
@@ -167,7 +169,11 @@ def read_flatzip(path: Path) -> list[tuple[str, int]]:
             bad = z.testzip()
             if bad is not None:
                 raise ImageError(f"{path}: member {bad} fails its CRC")
-            return [(i.filename, i.file_size) for i in z.infolist()]
+            out: dict[str, dict[str, PackedEntry]] = {}
+            for member in sorted(members & set(z.namelist())):
+                with z.open(member) as f:
+                    out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
+            return out
     except (OSError, zipfile.BadZipFile) as exc:
         raise ImageError(f"{path}: not a readable zip ({exc})") from None
 
@@ -213,4 +219,4 @@ def read_aks2_directory(path: Path, stream: BinaryIO | None = None) -> list[Pack
 
 
 __all__ = ["ImageError", "KernelRef", "PackedEntry", "ZipRef", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
-           "parse_zip_table", "read_aks2_directory", "read_flatzip", "referenced_kernels", "referenced_zip_kernels"]
+           "parse_zip_table", "read_aks2_directory", "read_zip_clusters", "referenced_kernels", "referenced_zip_kernels"]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..errors import UpstreamError
 from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
-from .images import ImageError, read_aks2_directory, read_flatzip, referenced_kernels, referenced_zip_kernels
+from .images import (ImageError, PackedEntry, read_aks2_directory, read_zip_clusters, referenced_kernels,
+                     referenced_zip_kernels)
 
 # Itanium-mangled prefixes of what PyTorch calls: check_gpu always; the v2 attention entry points
 # up to 0.12.1b (adapter.exports_v2_attn), the v3 ones from 0.11b (adapter.exports_v3_api).
@@ -108,19 +109,27 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
                 v.problems.append(str(exc))
                 dirs[ref.package] = None
         entries = dirs[ref.package]
-        entry = entries.get(ref.stem) if entries is not None else None
-        if entry is None:
-            v.missing.append(f"{ref.package}.aks2: {ref.stem}")
-        elif entry.image_size == 0:
-            v.empty.append(f"{ref.package}.aks2: {ref.stem}")
-        else:
-            v.kernels_packed += 1
+        _count(v, entries.get(ref.stem) if entries is not None else None, f"{ref.package}.aks2: {ref.stem}")
     v.packages = sum(1 for d in dirs.values() if d is not None)
+    _report_unpacked(v, "the installed images")
+    return v
+
+
+def _count(v: Verification, entry: PackedEntry | None, label: str) -> None:
+    """One referenced kernel: missing, packed empty, or packed."""
+    if entry is None:
+        v.missing.append(label)
+    elif entry.image_size == 0:
+        v.empty.append(label)
+    else:
+        v.kernels_packed += 1
+
+
+def _report_unpacked(v: Verification, where: str) -> None:
     if v.missing:
-        v.problems.append(f"{len(v.missing)} referenced kernels are not in the installed images")
+        v.problems.append(f"{len(v.missing)} referenced kernels are not in {where}")
     if v.empty:
         v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
-    return v
 
 
 def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
@@ -141,38 +150,15 @@ def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
             v.missing.extend(f"{rel}: {r.member} {r.entry}" for r in zrefs)
             continue
         try:
-            read_flatzip(path)  # valid, every member's CRC
-            clusters = _zip_clusters(path, {r.member for r in zrefs})
+            clusters = read_zip_clusters(path, {r.member for r in zrefs})
         except ImageError as exc:
             v.problems.append(str(exc))
             continue
         v.packages += 1
         for r in zrefs:
             entries = clusters.get(r.member)
-            entry = entries.get(r.entry) if entries is not None else None
-            if entry is None:
-                v.missing.append(f"{rel}: {r.member} {r.entry}")
-            elif entry.image_size == 0:
-                v.empty.append(f"{rel}: {r.member} {r.entry}")
-            else:
-                v.kernels_packed += 1
-    if v.missing:
-        v.problems.append(f"{len(v.missing)} referenced kernels are not in the installed image zips")
-    if v.empty:
-        v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
-
-
-def _zip_clusters(path: Path, members: set[str]) -> dict[str, dict]:
-    """member -> {kernel name: PackedEntry} for the members of one image zip that exist."""
-    import zipfile  # only for 0.13b+ installs
-
-    out: dict[str, dict] = {}
-    with zipfile.ZipFile(path) as z:
-        names = set(z.namelist())
-        for member in sorted(members & names):
-            with z.open(member) as f:
-                out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
-    return out
+            _count(v, entries.get(r.entry) if entries is not None else None, f"{rel}: {r.member} {r.entry}")
+    _report_unpacked(v, "the installed image zips")
 
 
 __all__ = ["REQUIRED_SYMBOLS", "V2_ATTN_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]
