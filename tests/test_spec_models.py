@@ -7,6 +7,8 @@ import pytest
 import json
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from codegen.cli import app
@@ -48,10 +50,34 @@ def test_config_name_has_one_parser_and_one_printer():
     dbg = KernelConfig.parse("debug_simulate_encoded_softmax.gfx908.fp32.M64N32.wpe2.w4.s1")
     assert dbg.head_dim is None and dbg.config_key == "M64N32.wpe2.w4.s1"
     for bad in ("attn_fwd.gfx908.fp16.d64.M64N32.w4.s1", "attn_fwd.gfx908.fp16.d064.M64N32.wpe2.w4.s1",
-                "attn_fwd.gfx908.fp16.d64.N32.wpe2.w4.s1", "x", ""):
+                "attn_fwd.gfx908.fp16.d64.N32.wpe2.w4.s1", "x", "",
+                "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1\n", "attn_fwd.gfx908.fp16.d6\u0664.M64N32.wpe2.w4.s1"):
         with pytest.raises(ValueError):
             KernelConfig.parse(bad)
         assert KernelConfig.try_parse(bad) is None
+
+
+_NUM = st.text(alphabet="0123456789\u0664", min_size=1, max_size=3)  # leading zeros, a non-ASCII digit
+_OPT = lambda fmt: st.none() | _NUM.map(fmt.format)  # noqa: E731
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.tuples(st.sampled_from(["attn_fwd", "bwd_preprocess", "Attn", "x"]), _OPT(".d{}"), _OPT(".M{}"),
+                 _OPT("N{}"), _NUM, _NUM, _NUM, st.sampled_from(["", ".plv0", ".plv1", ".plv2"]),
+                 st.sampled_from(["", "\n", " ", ".x"])))
+def test_a_name_parses_only_when_it_is_the_printed_spelling(parts):
+    """Whatever parses is exactly the name its config prints (parse has no roundtrip check: its
+    pattern admits one spelling), and every printed spelling parses."""
+    family, hd, bm, bn, wpe, warps, stages, plv, tail = parts
+    name = (f"{family}.gfx908.fp16{hd or ''}{bm or ''}{bn or ''}.wpe{wpe}.w{warps}.s{stages}{plv}{tail}")
+    cfg = KernelConfig.try_parse(name)
+    if cfg is not None:
+        assert cfg.name == name
+    canonical = all(p is None or p.lstrip(".dMN") == str(int(p.lstrip(".dMN"))) and p.isascii()
+                    for p in (hd, bm, bn, wpe, warps, stages))
+    valid = (canonical and family in ("attn_fwd", "bwd_preprocess", "x") and not (bn and not bm)
+             and plv != ".plv2" and tail == "")
+    assert (cfg is not None) == valid, name
 
 
 def test_default_space_respects_fork_lessons_and_exclusions():

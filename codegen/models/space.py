@@ -10,11 +10,13 @@ from .match import rule_matches
 from .target import FAMILIES, FamilySpace, TargetSpec
 
 
+# ASCII numbers without leading zeros: a name that matches is spelled the one way `name` prints it.
+_NUM = r"(?:0|[1-9][0-9]*)"
 _NAME_RE = re.compile(
     r"^(?P<family>[a-z][a-z0-9_]*)\.(?P<arch>gfx[0-9a-z]+)\.(?P<dtype>[a-z0-9]+)"
-    r"(?:\.d(?P<head_dim>\d+))?(?:\.M(?P<block_m>\d+)(?:N(?P<block_n>\d+))?)?"
-    r"\.wpe(?P<waves_per_eu>\d+)\.w(?P<num_warps>\d+)\.s(?P<num_stages>\d+)"
-    r"(?:\.plv(?P<pre_load_v>[01]))?$"
+    rf"(?:\.d(?P<head_dim>{_NUM}))?(?:\.M(?P<block_m>{_NUM})(?:N(?P<block_n>{_NUM}))?)?"
+    rf"\.wpe(?P<waves_per_eu>{_NUM})\.w(?P<num_warps>{_NUM})\.s(?P<num_stages>{_NUM})"
+    r"(?:\.plv(?P<pre_load_v>[01]))?\Z"  # \Z: `$` would also accept a trailing newline
 )
 
 
@@ -43,16 +45,12 @@ class KernelConfig:
     def parse(cls, name: str) -> "KernelConfig":
         """The config a procedural name stands for; ValueError when `name` is not one."""
         m = _NAME_RE.match(name)
-        if not m or (m.group("block_n") and not m.group("block_m")):
+        if not m:
             raise ValueError(f"not a kernel config name: {name!r}")
-        g = m.groupdict()
-        num = lambda k: None if g[k] is None else int(g[k])  # noqa: E731
-        cfg = cls(g["family"], g["arch"], g["dtype"], num("head_dim"), num("block_m"), num("block_n"),
-                  int(g["waves_per_eu"]), int(g["num_warps"]), int(g["num_stages"]),
-                  None if g["pre_load_v"] is None else g["pre_load_v"] == "1")
-        if cfg.name != name:  # e.g. leading zeros: one spelling per config
-            raise ValueError(f"not a kernel config name: {name!r} (spelled {cfg.name!r})")
-        return cfg
+        family, arch, dtype, hd, bm, bn, wpe, warps, stages, plv = m.groups()
+        return cls(family, arch, dtype, None if hd is None else int(hd), None if bm is None else int(bm),
+                   None if bn is None else int(bn), int(wpe), int(warps), int(stages),
+                   None if plv is None else plv == "1")
 
     @classmethod
     def try_parse(cls, name: str) -> "KernelConfig | None":
