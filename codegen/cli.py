@@ -3,7 +3,9 @@
 Exit codes (an API): 0 ok, 1 drift (--check), 2 user error, 3 upstream/build/GPU failure or a
 missing environment (no torch, no Triton, no GPU), 130 interrupted.
 
-Start-up stays light: building the app imports typer and rich only. The commands of the later
+Start-up stays light: building the app imports typer only (messages go through
+`codegen.console`; rich loads with the stage that draws a table or a progress bar, or for
+`--help`). The commands of the later
 stages live in their stage's `cli` module, which is imported when the command runs (or its own
 `--help` is asked for); the root `--help` lists them from `STAGE_COMMANDS`.
 """
@@ -20,17 +22,14 @@ try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
     from typing import Callable, Optional
 
     import typer
-    from rich.console import Console
     from typer.core import TyperGroup
 
     from . import __version__
+    from .console import say
     from .errors import EXIT_DRIFT, EXIT_INTERRUPTED, CodegenError
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\n")
     raise SystemExit(130) from None
-
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
-stdout = Console(highlight=False, soft_wrap=True)
 
 # command -> (module whose `register(app, guarded)` defines it, its one-line help for the root
 # --help). tests/test_cli_help.py checks each line against the command's own help.
@@ -120,7 +119,7 @@ def _root(
 def _interrupted() -> None:
     if not _state["interrupt_reported"]:
         _state["interrupt_reported"] = True
-        stderr.print("[yellow]interrupted[/]")
+        say(("interrupted", "yellow"))
 
 
 def guarded(fn: Callable) -> Callable:
@@ -136,15 +135,15 @@ def guarded(fn: Callable) -> Callable:
             if _state["debug"]:
                 traceback.print_exc()
             # messages are plain text: no markup, no emoji codes (`x.yaml:100:7:` is not an emoji)
-            stderr.print("[bold red]error:[/]", end=" " if "\n" not in str(exc) else "\n")
-            if "\n" not in str(exc):
-                stderr.print(str(exc), markup=False, emoji=False)
+            message = str(exc)
+            if "\n" not in message:
+                say(("error:", "bold red"), " ", message)
             else:
-                for line in str(exc).splitlines():
-                    stderr.print(f"  {line}", markup=False, emoji=False)
+                say(("error:", "bold red"))
+                for line in message.splitlines():
+                    say(f"  {line}")
             if exc.hint:
-                stderr.print("[dim]hint:[/]", end=" ")
-                stderr.print(exc.hint, markup=False, emoji=False)
+                say(("hint:", "dim"), " ", exc.hint)
             raise typer.Exit(exc.exit_code) from None
         except KeyboardInterrupt:
             _interrupted()
@@ -155,7 +154,7 @@ def guarded(fn: Callable) -> Callable:
 
 def print_warnings(warnings: list[str]) -> None:
     for w in warnings:
-        stderr.print(w, markup=False, style="yellow")
+        say((w, "yellow"))
 
 
 SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml).")
@@ -181,16 +180,14 @@ def render(
         diff = diff_overlay(ov, out)
         if diff:
             sys.stdout.writelines(diff)
-            stderr.print(
-                f"[red]drift:[/] {out} is not the render of {loaded.display}; "
-                f"run: mi100-codegen render{' --spec ' + str(spec) if spec else ''} --out {out}"
-            )
+            say(("drift:", "red"), f" {out} is not the render of {loaded.display}; "
+                f"run: mi100-codegen render{' --spec ' + str(spec) if spec else ''} --out {out}")
             raise typer.Exit(EXIT_DRIFT)
-        stderr.print(f"[green]up to date:[/] {out} ({len(ov.files)} files)")
+        say(("up to date:", "green"), f" {out} ({len(ov.files)} files)")
         return
     changed = write_overlay(ov, out)
     verdict = "wrote" if changed else "identical"
-    stderr.print(f"{verdict}: {out} ({len(ov.files)} files, {len(ov.edits)} edits, spec {loaded.display})")
+    say(f"{verdict}: {out} ({len(ov.files)} files, {len(ov.edits)} edits, spec {loaded.display})")
 
 
 @spec_app.command("check")
@@ -207,8 +204,8 @@ def spec_check(
     print_warnings(loaded.warnings)
     counts = {f: len(c) for f, c in expand_space(loaded.spec).items()}
     summary = ", ".join(f"{f} {n}" for f, n in counts.items())
-    stderr.print(f"[green]ok:[/] {loaded.display}: {loaded.spec.arch}, head dims "
-                 f"{list(loaded.spec.head_dims)}, candidate configs: {summary}")
+    say(("ok:", "green"), f" {loaded.display}: {loaded.spec.arch}, head dims "
+        f"{list(loaded.spec.head_dims)}, candidate configs: {summary}")
 
 
 @spec_app.command("schema")
