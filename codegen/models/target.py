@@ -166,7 +166,7 @@ class FamilySpace(_Model):
     pre_load_v: list[bool] | None = Field(
         None, description="attn_fwd only: load V before the softmax (PRE_LOAD_V)."
     )
-    exclude: list[ExcludeRule] = Field(default_factory=list)
+    exclude: list[ExcludeRule] = Field([])
 
 
 class TuningSpace(_Model):
@@ -243,12 +243,12 @@ class Rows(_Model):
     """Where the target's own tuning-database rows come from until measured rows exist."""
 
     donor_gpu: str = Field(description="Existing GPU whose tuned rows seed the target's rows.")
-    waves_per_eu_caps: list[WavesCap] = Field(default_factory=list)
+    waves_per_eu_caps: list[WavesCap] = Field([])
     default_max_waves_per_eu: int | None = Field(
         None, ge=0, le=10, description="Cap applied to every seeded row (after the specific caps)."
     )
     tile_replacements: list[TileReplacement] = Field(
-        default_factory=list,
+        default=[],
         description="Seeded rows with these tiles get another tile (before the waves_per_eu caps): "
         "for donor configs that spill on the target even at waves_per_eu=1.",
     )
@@ -259,7 +259,7 @@ class Rows(_Model):
         "the target at any tile. One of the family's tuning num_warps.",
     )
     split_backward: list[SplitBackward] = Field(
-        default_factory=list,
+        default=[],
         description="Backward passes routed to the split backend instead of the fused kernel "
         "(op_attn_bwd rows, 0.11b and later).",
     )
