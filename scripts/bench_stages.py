@@ -21,6 +21,13 @@ every requested release is extracted once, then copied for each run.
 `--cli` picks the command measured: default this checkout's `python -m codegen.cli`; e.g.
 `--cli mi100-codegen` measures the installed entry point. If `plan --json` reports how its time
 splits between upstream's generator and our own code, the split is printed under the table.
+
+`--baseline REF` (a git ref of this repository, or a folder holding another checkout) measures
+that code side by side with this checkout in the same run: every stage runs once for each, on
+its own fresh tree copy, alternating which goes first, so both see the same machine. Cells then
+read `before → after (ratio)`. Each checkout's Python files are byte-compiled before timing, as
+pip does at install, so no run pays for compiling them. The `bar` column holds issue 12's
+targets; a median over its bar is marked ✗.
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
 SAMPLE = 8
+# issue 12's targets, seconds (median, idle 2-core machine); stages without one have none
+BARS = {"help": 0.3, "spec-check": 0.5, "render": 0.5, "apply": 3.0, "apply-again": 1.0, "revert": 1.0}
 
 
 @dataclass(frozen=True)
@@ -122,21 +131,63 @@ class TreeSource:
         return dest
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One code base measured: this checkout ('after') or the --baseline ('before')."""
+
+    name: str
+    cli: tuple[str, ...]
+    cwd: Path
+    env: dict
+
+
 @dataclass
 class Result:
-    times: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (release, stage) -> s
-    failures: dict[tuple[str, str], str] = field(default_factory=dict)
+    times: dict[tuple[str, str, str], list[float]] = field(default_factory=dict)  # (variant, release, stage) -> s
+    failures: dict[tuple[str, str, str], str] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)  # release -> lines
+
+
+def variant(name: str, cli: list[str], code: Path, root: Path) -> Variant:
+    """`cli` run from `code` (a checkout) with that checkout first on PYTHONPATH and a cache of its own."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(code)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["MI100_CODEGEN_CACHE"] = os.environ.get("MI100_CODEGEN_CACHE") or str(root / f"cache-{name}")
+    return Variant(name, tuple(cli), code, env)
+
+
+def byte_compile(code: Path) -> None:
+    """Compile a checkout's Python files once, as pip does at install (PYTHONDONTWRITEBYTECODE
+    or a fresh clone would otherwise make every timed run compile them)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "-j", "0", str(code / "codegen")],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+def baseline_checkout(ref: str, root: Path) -> tuple[Path, str]:
+    """(folder holding the baseline code, its description): a folder as given, or `git archive REF`."""
+    given = Path(ref)
+    if (given / "codegen" / "cli.py").is_file():
+        return given.resolve(), str(given)
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "--verify", f"{ref}^{{commit}}"],
+                         capture_output=True, text=True)
+    if rev.returncode != 0:
+        raise SystemExit(f"error: --baseline {ref}: neither a checkout folder nor a commit of {REPO}")
+    dest = root / "baseline"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    data = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=data, check=True)
+    return dest, f"commit {rev.stdout.strip()}"
 
 
 def fill(argv: tuple[str, ...], tree: Path | None, work: Path) -> list[str]:
     return [a.replace("{tree}", str(tree)).replace("{work}", str(work)) for a in argv]
 
 
-def run_one(cli: list[str], stage: Stage, tree: Path | None, work: Path, env: dict) -> tuple[int, float, str, str]:
-    argv = cli + fill(stage.argv, tree, work)
+def run_one(v: Variant, stage: Stage, tree: Path | None, work: Path) -> tuple[int, float, str, str]:
+    argv = list(v.cli) + fill(stage.argv, tree, work)
     t0 = time.monotonic()
-    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(argv, cwd=v.cwd, env=v.env, capture_output=True, text=True)
     return proc.returncode, time.monotonic() - t0, proc.stdout, proc.stderr
 
 
@@ -164,78 +215,101 @@ def precompile_notes(report: dict) -> list[str]:
             f"{t.get('spilling', '?')} spilling, mean compile {t.get('mean_compile_s', '?')} s"]
 
 
-def bench(args, cli: list[str], stages: list[Stage], releases: list[str], source: TreeSource | None,
-          root: Path) -> Result:
+def bench(args, variants: list[Variant], stages: list[Stage], releases: list[str],
+          source: TreeSource | None, root: Path) -> Result:
     res = Result()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env.setdefault("MI100_CODEGEN_CACHE", str(root / "cache"))
     if source is not None:
         source.prepare(releases)
     for rel in releases:
         for run in range(args.runs):
-            work = root / f"{rel}-run{run + 1}"
-            shutil.rmtree(work, ignore_errors=True)
-            work.mkdir(parents=True)
-            tree = source.fresh(rel, work / f"aotriton-{rel}") if source is not None else None
-            ok: set[str] = set()
-            for st in stages:
-                tag = f"[{rel} run {run + 1}/{args.runs}] {st.key}"
-                if st.needs and st.needs not in ok and st.needs in {s.key for s in stages}:
-                    res.failures[(rel, st.key)] = f"skipped ({st.needs} failed)"
-                    log(f"{tag}: skipped ({st.needs} failed)")
-                    continue
-                if st.key in ("plan", "precompile") and "revert" in ok:
-                    rc, _, _, err = run_one(cli, BY_KEY["apply"], tree, work, env)  # untimed re-apply
-                    if rc != 0:
-                        res.failures[(rel, st.key)] = f"re-apply failed (exit {rc})"
-                        log(f"{tag}: re-apply failed (exit {rc}): {err.strip()[-300:]}")
-                        continue
-                    ok.discard("revert")
-                log(f"{tag} ...")
-                rc, took, out, err = run_one(cli, st, tree, work, env)
-                if rc != 0:
-                    res.failures[(rel, st.key)] = f"exit {rc}"
-                    log(f"{tag}: exit {rc} after {took:.1f} s: {err.strip()[-500:]}")
-                    continue
-                ok.add(st.key)
-                res.times.setdefault((rel, st.key), []).append(took)
-                log(f"{tag}: {took:.2f} s")
-                if run == 0 and st.json_out:
-                    try:
-                        data = json.loads(out) if st.json_out == "stdout" else \
-                            json.loads(Path(fill((st.json_out,), tree, work)[0]).read_text())
-                    except (OSError, ValueError) as exc:
-                        res.notes.setdefault(rel, []).append(f"{st.key}: no JSON report ({exc})")
-                    else:
-                        notes = plan_notes(data) if st.key == "plan" else precompile_notes(data)
-                        res.notes.setdefault(rel, []).extend(notes)
-            if not args.keep:
+            # alternate which code base goes first, so neither always runs on a warmer machine
+            order = variants if run % 2 == 0 else variants[::-1]
+            works, trees, ok = {}, {}, {v.name: set() for v in variants}
+            for v in variants:
+                works[v.name] = work = root / f"{rel}-run{run + 1}" / v.name
                 shutil.rmtree(work, ignore_errors=True)
+                work.mkdir(parents=True)
+                trees[v.name] = source.fresh(rel, work / f"aotriton-{rel}") if source is not None else None
+            for st in stages:
+                for v in order:
+                    bench_one(res, v, st, stages, rel, run, args.runs, works[v.name], trees[v.name], ok[v.name],
+                              label=f"{v.name} " if len(variants) > 1 else "")
+            if not args.keep:
+                shutil.rmtree(root / f"{rel}-run{run + 1}", ignore_errors=True)
     return res
 
 
-def table(res: Result, stages: list[Stage], releases: list[str], args, cli: list[str], source_desc: str) -> str:
-    head = "| stage | " + " | ".join(releases) + " |"
+def bench_one(res: Result, v: Variant, st: Stage, stages: list[Stage], rel: str, run: int, runs: int,
+              work: Path, tree: Path | None, ok: set[str], label: str) -> None:
+    key = (v.name, rel, st.key)
+    tag = f"[{rel} run {run + 1}/{runs}] {label}{st.key}"
+    if st.needs and st.needs not in ok and st.needs in {s.key for s in stages}:
+        res.failures[key] = f"skipped ({st.needs} failed)"
+        log(f"{tag}: skipped ({st.needs} failed)")
+        return
+    if st.key in ("plan", "precompile") and "revert" in ok:
+        rc, _, _, err = run_one(v, BY_KEY["apply"], tree, work)  # untimed re-apply
+        if rc != 0:
+            res.failures[key] = f"re-apply failed (exit {rc})"
+            log(f"{tag}: re-apply failed (exit {rc}): {err.strip()[-300:]}")
+            return
+        ok.discard("revert")
+    log(f"{tag} ...")
+    rc, took, out, err = run_one(v, st, tree, work)
+    if rc != 0:
+        res.failures[key] = f"exit {rc}"
+        log(f"{tag}: exit {rc} after {took:.1f} s: {err.strip()[-500:]}")
+        return
+    ok.add(st.key)
+    res.times.setdefault(key, []).append(took)
+    log(f"{tag}: {took:.2f} s")
+    if run == 0 and st.json_out:
+        try:
+            data = json.loads(out) if st.json_out == "stdout" else \
+                json.loads(Path(fill((st.json_out,), tree, work)[0]).read_text())
+        except (OSError, ValueError) as exc:
+            notes = [f"{st.key}: no JSON report ({exc})"]
+        else:
+            notes = plan_notes(data) if st.key == "plan" else precompile_notes(data)
+        res.notes.setdefault(rel, []).extend(f"{label}{n}" for n in notes)
+
+
+def _median(res: Result, key: tuple[str, str, str], runs: int) -> tuple[float | None, str]:
+    """(median, its text) of one cell; a failure's text when no run succeeded."""
+    ts = res.times.get(key)
+    if not ts:
+        return None, res.failures.get(key, "–")
+    m = statistics.median(ts)
+    return m, f"{m:.2f}" + ("" if len(ts) == runs else f" ({len(ts)}/{runs} ok)")
+
+
+def table(res: Result, stages: list[Stage], releases: list[str], args, variants: list[Variant],
+          source_desc: str, baseline_desc: str | None) -> str:
+    bars = any(st.key in BARS for st in stages)
+    head = "| stage | " + " | ".join(releases) + (" | bar |" if bars else " |")
+    after = variants[0]
+    what = (f"before = {baseline_desc}, after = this checkout, side by side in one run (cells: before → after "
+            f"(after/before))" if baseline_desc else f"command `{' '.join(after.cli)}`")
     lines = [
-        f"Median of {args.runs} run(s), wall seconds per process (start-up included); "
-        f"command `{' '.join(cli)}`; trees: {source_desc}; {os.cpu_count()} CPUs; "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        f"Median of {args.runs} run(s), wall seconds per process (start-up included); {what}; "
+        f"trees: {source_desc}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         head,
-        "|---|" + "---:|" * len(releases),
+        "|---|" + "---:|" * (len(releases) + bars),
     ]
     for st in stages:
+        bar = BARS.get(st.key)
         cells = []
         for rel in releases:
-            ts = res.times.get((rel, st.key))
-            if ts and len(ts) == args.runs:
-                cells.append(f"{statistics.median(ts):.2f}")
-            elif ts:
-                cells.append(f"{statistics.median(ts):.2f} ({len(ts)}/{args.runs} ok)")
-            else:
-                cells.append(res.failures.get((rel, st.key), "–"))
-        lines.append(f"| {st.label} | " + " | ".join(cells) + " |")
+            m, text = _median(res, (after.name, rel, st.key), args.runs)
+            if bar is not None and m is not None and m > bar:
+                text += " ✗"
+            if baseline_desc:
+                b, btext = _median(res, ("before", rel, st.key), args.runs)
+                ratio = f" ({m / b:.2f}×)" if m is not None and b else ""
+                text = f"{btext} → {text}{ratio}"
+            cells.append(text)
+        lines.append(f"| {st.label} | " + " | ".join(cells) + (f" | {bar:g} |" if bar is not None else " | |" if bars else " |"))
     notes = [f"- {rel}: {n}" for rel in releases for n in res.notes.get(rel, [])]
     if notes:
         lines += [""] + notes
@@ -250,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
     ap.add_argument("--stages", help="comma-separated subset of: " + ", ".join(s.key for s in STAGES))
     ap.add_argument("--cli", help="command to measure (default: this checkout's `python -m codegen.cli`)")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="also measure this git ref of the repository (or a checkout folder), side by side")
     ap.add_argument("--archive", type=Path, help="release archive (default: shared/upstream/ of the nearest ancestor)")
     ap.add_argument("--workdir", type=Path, help="where trees are extracted and copied (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep each run's tree and outputs")
@@ -268,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown stage: {', '.join(bad)} (stages: {', '.join(BY_KEY)})")
     stages = [s for s in STAGES if s.key in keys]
+    if args.baseline and args.cli:
+        ap.error("--baseline compares two checkouts with `python -m codegen.cli`; leave out --cli")
     cli = shlex.split(args.cli) if args.cli else [sys.executable, "-m", "codegen.cli"]
 
     need_tree = any(s.needs_tree for s in stages)
@@ -280,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     source_desc = (f"git archive of {git_dir}" if git_dir else str(archive)) if need_tree else "none needed"
 
     if args.dry_run:
-        print(f"releases: {', '.join(releases)}; runs: {args.runs}; trees: {source_desc}")
+        print(f"releases: {', '.join(releases)}; runs: {args.runs}; trees: {source_desc}"
+              + (f"; baseline: {args.baseline}" if args.baseline else ""))
         for st in stages:
             print(f"{st.key:12} {' '.join(cli + fill(st.argv, Path('TREE') if st.needs_tree else None, Path('WORK')))}")
         return 0
@@ -296,14 +375,21 @@ def main(argv: list[str] | None = None) -> int:
         source = TreeSource(root / "pristine", archive, git_dir) if need_tree else None
         if source is not None:
             (root / "pristine").mkdir(exist_ok=True)
-        res = bench(args, cli, stages, releases, source, root)
+        variants = [variant("after", cli, REPO, root)]
+        baseline_desc = None
+        if args.baseline:
+            code, baseline_desc = baseline_checkout(args.baseline, root)
+            variants.append(variant("before", cli, code, root))
+        for v in variants if not args.cli else []:
+            byte_compile(v.cwd)
+        res = bench(args, variants, stages, releases, source, root)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
         if tmp is not None and not args.keep:
             tmp.cleanup()
-    text = table(res, stages, releases, args, cli, source_desc)
+    text = table(res, stages, releases, args, variants, source_desc, baseline_desc)
     sys.stdout.write(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
