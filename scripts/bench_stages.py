@@ -18,8 +18,10 @@ every requested release is extracted once, then copied for each run.
     scripts/bench_stages.py --dry-run                       # what would run; runs nothing
     scripts/bench_stages.py --stages help,spec-check        # tree-free stages only (no extraction)
 
-`--cli` picks the command measured: default this checkout's `python -m codegen.cli`; e.g.
-`--cli mi100-codegen` measures the installed entry point. If `plan --json` reports how its time
+`--cli` picks the command measured. The default runs this checkout's `codegen.cli:main` the way
+the `mi100-codegen` console script that pip installs runs it (`python -c`, ENTRY_POINT below),
+which is what a user types; `python -m codegen.cli` would add runpy's ~10 ms. `--cli
+mi100-codegen` measures an installed entry point. If `plan --json` reports how its time
 splits between upstream's generator and our own code, the split is printed under the table.
 
 `--baseline REF` (a git ref of this repository, or a folder holding another checkout) measures
@@ -48,6 +50,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
 SAMPLE = 8
+# what pip's console script for `mi100-codegen = codegen.cli:main` does
+ENTRY_POINT = "import sys; from codegen.cli import main; sys.argv[0] = 'mi100-codegen'; sys.exit(main())"
 # issue 12's targets, seconds (median, idle 2-core machine); stages without one have none
 BARS = {"help": 0.3, "spec-check": 0.5, "render": 0.5, "apply": 3.0, "apply-again": 1.0, "revert": 1.0}
 
@@ -274,6 +278,11 @@ def bench_one(res: Result, v: Variant, st: Stage, stages: list[Stage], rel: str,
         res.notes.setdefault(rel, []).extend(f"{label}{n}" for n in notes)
 
 
+def describe(cli: tuple[str, ...]) -> str:
+    return "mi100-codegen (this checkout, as the console script runs it)" if cli[1:] == ("-c", ENTRY_POINT) \
+        else shlex.join(cli)
+
+
 def _median(res: Result, key: tuple[str, str, str], runs: int) -> tuple[float | None, str]:
     """(median, its text) of one cell; a failure's text when no run succeeded."""
     ts = res.times.get(key)
@@ -289,7 +298,7 @@ def table(res: Result, stages: list[Stage], releases: list[str], args, variants:
     head = "| stage | " + " | ".join(releases) + (" | bar |" if bars else " |")
     after = variants[0]
     what = (f"before = {baseline_desc}, after = this checkout, side by side in one run (cells: before → after "
-            f"(after/before))" if baseline_desc else f"command `{' '.join(after.cli)}`")
+            f"(after/before))" if baseline_desc else f"command `{describe(after.cli)}`")
     lines = [
         f"Median of {args.runs} run(s), wall seconds per process (start-up included); {what}; "
         f"trees: {source_desc}; {os.cpu_count()} CPUs; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
@@ -323,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs per release; the table shows the median (default 3)")
     ap.add_argument("--out", type=Path, help="also write the Markdown table here")
     ap.add_argument("--stages", help="comma-separated subset of: " + ", ".join(s.key for s in STAGES))
-    ap.add_argument("--cli", help="command to measure (default: this checkout's `python -m codegen.cli`)")
+    ap.add_argument("--cli", help="command to measure (default: this checkout's codegen.cli:main, run as the "
+                                  "console script runs it)")
     ap.add_argument("--baseline", metavar="REF",
                     help="also measure this git ref of the repository (or a checkout folder), side by side")
     ap.add_argument("--archive", type=Path, help="release archive (default: shared/upstream/ of the nearest ancestor)")
@@ -345,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown stage: {', '.join(bad)} (stages: {', '.join(BY_KEY)})")
     stages = [s for s in STAGES if s.key in keys]
     if args.baseline and args.cli:
-        ap.error("--baseline compares two checkouts with `python -m codegen.cli`; leave out --cli")
-    cli = shlex.split(args.cli) if args.cli else [sys.executable, "-m", "codegen.cli"]
+        ap.error("--baseline compares two checkouts run as the console script runs them; leave out --cli")
+    cli = shlex.split(args.cli) if args.cli else [sys.executable, "-c", ENTRY_POINT]
 
     need_tree = any(s.needs_tree for s in stages)
     git_dir = os.environ.get("AOTRITON_GIT")
@@ -361,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"releases: {', '.join(releases)}; runs: {args.runs}; trees: {source_desc}"
               + (f"; baseline: {args.baseline}" if args.baseline else ""))
         for st in stages:
-            print(f"{st.key:12} {' '.join(cli + fill(st.argv, Path('TREE') if st.needs_tree else None, Path('WORK')))}")
+            print(f"{st.key:12} {shlex.join(cli + fill(st.argv, Path('TREE') if st.needs_tree else None, Path('WORK')))}")
         return 0
 
     tmp = None

@@ -39,9 +39,19 @@ def test_tree_free_rows_are_measured(tmp_path):
     assert out.read_text() == r.stdout
     assert f"| stage | {rel} |" in r.stdout
     for label in ("CLI start (`--help`)", "`spec check`"):
-        assert re.search(rf"^\| {re.escape(label)} \| \d+\.\d\d \|$", r.stdout, re.M), r.stdout
+        assert re.search(rf"^\| {re.escape(label)} \| \d+\.\d\d( ✗)? \| 0\.[35] \|$", r.stdout, re.M), r.stdout
     assert "apply" not in r.stdout.split("| stage |")[1]
     assert f"[{rel} run 1/1] help: " in r.stderr  # progress on stderr, not in the table
+
+
+def test_baseline_is_measured_side_by_side(tmp_path):
+    """--baseline REF: the same stage for both code bases in one run, cells `before → after (ratio)`."""
+    rel = SUPPORTED_RELEASES[-1]
+    r = _run("--stages", "spec-check", "--releases", rel, "--runs", "1", "--baseline", "HEAD")
+    assert r.returncode == 0, r.stderr
+    assert "before = commit " in r.stdout and "after = this checkout" in r.stdout
+    assert re.search(r"^\| `spec check` \| \d+\.\d\d → \d+\.\d\d( ✗)? \(\d+\.\d\d×\) \| 0\.5 \|$", r.stdout, re.M), r.stdout
+    assert f"[{rel} run 1/1] before spec-check: " in r.stderr and f"[{rel} run 1/1] after spec-check: " in r.stderr
 
 
 def test_refusals():
@@ -49,3 +59,7 @@ def test_refusals():
     assert r.returncode == 2 and "not a supported release: 0.14b" in r.stderr
     r = _run("--stages", "compile", "--dry-run")
     assert r.returncode == 2 and "unknown stage: compile" in r.stderr
+    r = _run("--stages", "help", "--baseline", "no-such-ref-xyz", "--runs", "1")
+    assert r.returncode != 0 and "neither a checkout folder nor a commit" in r.stderr
+    r = _run("--baseline", "HEAD", "--cli", "mi100-codegen", "--dry-run")
+    assert r.returncode == 2 and "leave out --cli" in r.stderr
