@@ -26,6 +26,7 @@ STYLES: dict[str, dict] = {
     "dim": {"dim": True},
 }
 
+
 def use_color() -> bool | None:
     """False/True when the environment decides, None to let the stream decide (a TTY gets colour)."""
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") in ("dumb", "unknown"):
@@ -35,11 +36,10 @@ def use_color() -> bool | None:
     return None
 
 
-def say(*parts: str | tuple[str, str], end: str = "\n", err: bool = True) -> None:
-    """Write `parts` (plain text, or (text, style) with a style of STYLES) and `end` to stderr
-    (stdout with err=False)."""
+def say(*parts: str | tuple[str, str]) -> None:
+    """Write `parts` (plain text, or (text, style) with a style of STYLES) as one line to stderr."""
     text = "".join(p if isinstance(p, str) else typer.style(p[0], **STYLES[p[1]]) for p in parts)
-    typer.echo(text + end, nl=False, err=err, color=use_color())
+    typer.echo(text, err=True, color=use_color())
 
 
 __all__ = ["STYLES", "say", "use_color"]

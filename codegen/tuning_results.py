@@ -18,7 +18,6 @@ once as `file:line: column: message` (exit 2), like spec errors.
 This module is pure data handling (no I/O beyond the two CSVs): render imports it, so keep it light.
 """
 
-
 import csv
 import io
 import math

@@ -79,29 +79,32 @@ def test_root_help_line_is_the_commands_own(name):
     assert STAGE_COMMANDS[name][1] == own
 
 
+def _modules_after(argvs: list[list[str]], select: str) -> subprocess.CompletedProcess:
+    """Run `main` in a fresh interpreter once per argv (each must exit 0), then print
+    `MODULES [...]`: the sorted names of sys.modules for which the expression SELECT (over `m`) holds."""
+    code = ("import sys\nfrom codegen.cli import main\n"
+            f"for argv in {argvs!r}:\n"
+            "    sys.argv = ['mi100-codegen', *argv]\n"
+            "    try:\n        main()\n    except SystemExit as exc:\n        assert not exc.code, exc.code\n"
+            f"print('MODULES', sorted(m for m in sys.modules if {select}))\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
 def test_root_help_imports_no_stage():
-    code = ("import sys\nfrom codegen.cli import main\nsys.argv = ['mi100-codegen', '--help']\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('libcst', 'jinja2', 'pydantic', 'triton',"
-            " 'torch', 'ruamel') or (m.startswith('codegen.') and m not in ('codegen.cli', 'codegen.console', 'codegen.errors')))\n"
-            "print('HEAVY', heavy)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+    out = _modules_after([["--help"]], "m.split('.')[0] in ('libcst', 'jinja2', 'pydantic', 'triton', 'torch', "
+                         "'ruamel') or (m.startswith('codegen.') and m not in ('codegen.cli', 'codegen.console', "
+                         "'codegen.errors'))")
+    assert "MODULES []" in out.stdout, out.stdout + out.stderr
     assert "apply" in out.stdout and "validate" in out.stdout  # listed all the same
 
 
 def test_render_and_spec_check_never_import_rich(tmp_path):
     """Their messages are one-line verdicts (codegen.console): rich, ~40 ms of start-up, loads only
     with a stage that draws a table or a progress bar (docs/bench.md)."""
-    code = ("import sys\nfrom codegen.cli import main\n"
-            f"for argv in (['render', '--out', {str(tmp_path / 'ov')!r}], ['spec', 'check']):\n"
-            "    sys.argv = ['mi100-codegen', *argv]\n"
-            "    try:\n        main()\n    except SystemExit as exc:\n        assert not exc.code, exc.code\n"
-            "print('RICH', sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert "RICH []" in out.stdout, out.stdout + out.stderr
+    out = _modules_after([["render", "--out", str(tmp_path / "ov")], ["spec", "check"]],
+                         "m.split('.')[0] == 'rich'")
+    assert "MODULES []" in out.stdout, out.stdout + out.stderr
     assert "wrote: " in out.stderr and "ok: rules/mi100.yaml: gfx908" in out.stderr
 
 

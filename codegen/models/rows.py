@@ -6,7 +6,6 @@ small pure functions (`codegen.apply.dbrows`); `to_json()` is what `rows/<arch>.
 `RowsPlan.from_json` reads it back.
 """
 
-
 from dataclasses import dataclass, field
 from typing import Any
 

@@ -5,7 +5,6 @@ the hardware limits static analysis needs, what to build (head dims, dtypes, fea
 tuning space per kernel family, and where seeded tuning rows come from.
 """
 
-
 import re
 from typing import Annotated, Literal
 
