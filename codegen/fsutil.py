@@ -74,3 +74,46 @@ def atomic_copy(src: str | Path, dest: str | Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+INPUT_LIMIT = 64 << 20  # bytes: no data file, state file or spec of ours comes near it
+
+
+def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT) -> bytes:
+    """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
+    directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
+    most `limit` bytes is read; anything else is one UserError naming the path."""
+    import errno
+    import stat
+
+    from .errors import UserError
+
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = {errno.ELOOP: "a symbolic-link loop", errno.ENOENT: "does not exist",
+               errno.ENOTDIR: "a component of the path is not a directory"}.get(exc.errno, exc.strerror or str(exc))
+        raise UserError(f"{path}: cannot read this {what}: {why}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise UserError(f"{path}: this {what} is {kind}, not a regular file")
+        chunks, size = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read this {what}: {exc.strerror or exc}") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise UserError(f"{path}: this {what} is larger than {limit:,} bytes; refusing to read it")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
