@@ -14,7 +14,8 @@ import subprocess
 from typing import Any
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the process group `proc` leads (started with start_new_session=True), else `proc`."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError, OSError):
@@ -37,16 +38,16 @@ def run(cmd: list[str], *, timeout: float, capture_output: bool = False, input: 
         try:
             out, err = proc.communicate(input, timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(proc)
+            kill_group(proc)
             try:
                 proc.communicate(timeout=5)
             except subprocess.TimeoutExpired:  # a descendant that left the group still holds a pipe
                 pass
             raise subprocess.TimeoutExpired(cmd, timeout) from None
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             raise
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
-__all__ = ["run"]
+__all__ = ["kill_group", "run"]

@@ -283,7 +283,6 @@ def test_prune_to_with_only_rules_already_there_leaves_it_byte_identical(tmp_pat
     assert spec.read_bytes() == before
 
 
-WINNER_HEADER = None
 
 
 def _winners_with(tmp_path, **cells) -> Path:

@@ -19,7 +19,6 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from ..errors import UserError
 from ..fsutil import atomic_write, read_input, write_if_changed
 from ..models import FAMILIES, expand_space
 from ..overlay_inputs import read_compile_report
