@@ -137,9 +137,13 @@ def guarded(fn: Callable) -> Callable:
         except typer.Exit:
             raise
         except MemoryError:
-            _report(SystemFailure("out of memory (MemoryError): nothing more was done",
-                                  hint="free memory or raise the memory limit (ulimit -v), then re-run "
-                                       "the same command: every stage is safe to re-run"))
+            _report(SystemFailure("out of memory (MemoryError) while running this command",
+                                  hint=_MEMORY_HINT))
+        except RuntimeError as exc:  # threading's words for ENOMEM/EAGAIN when a thread is created
+            if "can't start new thread" not in str(exc):
+                raise
+            _report(SystemFailure("cannot start a thread: out of memory or past the process limit",
+                                  hint=_MEMORY_HINT))
         except OSError as exc:
             if exc.errno not in _SYSTEM_ERRNOS:
                 raise
@@ -156,8 +160,11 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
-# errors of the machine, not of the command: a full disk or quota, an I/O error (exit 3)
-_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
+_MEMORY_HINT = ("free memory or raise the limit (ulimit -v, ulimit -u), then re-run the same command: "
+                "every stage is safe to re-run")
+
+# errors of the machine, not of the command: a full disk or quota, an I/O error, no memory (exit 3)
+_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
 
 
 def _check_cwd() -> None:

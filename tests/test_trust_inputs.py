@@ -425,3 +425,34 @@ def test_committed_compile_reports_fit_the_model(arch):
     raw = json.loads((REPO / "tuning" / arch / "compile_report.json").read_text())
     assert report is not None and report["configs"].keys() == raw["configs"].keys()
     assert report["configs"] == raw["configs"]
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.aotriton
+def test_apply_under_a_memory_limit_is_one_message_exit_3(fresh_tree):
+    """A real `apply` under address-space limits from "fails at once" to "enough": each run ends
+    0 or 3 (MemoryError, or a thread that cannot start), never a traceback; a failed one leaves
+    the tree as it was."""
+    import resource
+
+    tree = fresh_tree("0.11b")
+    before = _tree_bytes(tree)
+    seen = set()
+    for kib in (150_000, 160_000, 200_000, 350_000):
+        def limit(kib=kib):
+            resource.setrlimit(resource.RLIMIT_AS, (kib * 1024, kib * 1024))
+
+        p = subprocess.run([sys.executable, "-c", "from codegen.cli import main; main()", "apply", str(tree)],
+                           capture_output=True, text=True, timeout=300, preexec_fn=limit, cwd=REPO)
+        out = p.stdout + p.stderr
+        assert p.returncode in (0, 3) and "Traceback" not in out, (kib, out[-2000:])
+        seen.add(p.returncode)
+        if p.returncode == 3:
+            assert "out of memory" in out or "cannot start a thread" in out, out
+            assert _tree_bytes(tree) == before, f"{kib} KiB: the failed apply changed the tree"
+        else:
+            break
+    assert 3 in seen, "no limit was low enough to fail: lower the first one"
