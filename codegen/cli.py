@@ -15,8 +15,10 @@ from __future__ import annotations
 import sys
 
 try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
+    import errno
     import functools
     import importlib
+    import os
     import traceback
     from pathlib import Path
     from typing import Callable, Optional
@@ -26,7 +28,7 @@ try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
 
     from . import __version__
     from .console import say
-    from .errors import EXIT_DRIFT, EXIT_INTERRUPTED, CodegenError
+    from .errors import EXIT_DRIFT, EXIT_INTERRUPTED, CodegenError, SystemFailure, UserError
 except KeyboardInterrupt:
     sys.stderr.write("interrupted\n")
     raise SystemExit(130) from None
@@ -128,23 +130,29 @@ def guarded(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            _check_cwd()
+            result = fn(*args, **kwargs)
+            sys.stdout.flush()  # a full disk under stdout shows here, not as a shutdown traceback
+            return result
         except typer.Exit:
             raise
+        except MemoryError:
+            _report(SystemFailure("out of memory (MemoryError) while running this command",
+                                  hint=_MEMORY_HINT))
+        except RuntimeError as exc:  # threading's words for ENOMEM/EAGAIN when a thread is created
+            if "can't start new thread" not in str(exc):
+                raise
+            _report(SystemFailure("cannot start a thread: out of memory or past the process limit",
+                                  hint=_MEMORY_HINT))
+        except OSError as exc:
+            if exc.errno not in _SYSTEM_ERRNOS:
+                raise
+            if exc.filename is None:  # stdout itself (`> /dev/full`)
+                _mute_stdout()
+                _report(SystemFailure(f"cannot write the output: {exc.strerror or exc}"))
+            _report(SystemFailure(f"{exc.filename}: {exc.strerror or exc}"))
         except CodegenError as exc:
-            if _state["debug"]:
-                traceback.print_exc()
-            # messages are plain text: no markup, no emoji codes (`x.yaml:100:7:` is not an emoji)
-            message = str(exc)
-            if "\n" not in message:
-                say(("error:", "bold red"), " ", message)
-            else:
-                say(("error:", "bold red"))
-                for line in message.splitlines():
-                    say(f"  {line}")
-            if exc.hint:
-                say(("hint:", "dim"), " ", exc.hint)
-            raise typer.Exit(exc.exit_code) from None
+            _report(exc)
         except KeyboardInterrupt:
             _interrupted()
             raise typer.Exit(EXIT_INTERRUPTED) from None
@@ -152,9 +160,60 @@ def guarded(fn: Callable) -> Callable:
     return wrapper
 
 
+_MEMORY_HINT = ("free memory or raise the limit (ulimit -v, ulimit -u), then re-run the same command: "
+                "every stage is safe to re-run")
+
+# errors of the machine, not of the command: a full disk or quota, an I/O error, no memory (exit 3)
+_SYSTEM_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ENOMEM}
+
+
+def _check_cwd() -> None:
+    """A working directory that was deleted (os.getcwd raises): one message, before any work."""
+    try:
+        os.getcwd()
+    except OSError:
+        raise UserError("the working directory no longer exists (it was deleted or unmounted)",
+                        hint="cd to an existing folder and run the command again") from None
+
+
+def _mute_stdout() -> None:
+    """Point stdout at /dev/null once writing to it failed (ENOSPC): the shutdown's flush of the
+    buffered rest then succeeds instead of printing a traceback."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _report(exc: CodegenError) -> None:
+    """One message (and a hint) on stderr, then exit with the error's code."""
+    if _state["debug"]:
+        traceback.print_exc()
+    # messages are plain text: no markup, no emoji codes (`x.yaml:100:7:` is not an emoji)
+    message = str(exc)
+    if "\n" not in message:
+        say(("error:", "bold red"), " ", message)
+    else:
+        say(("error:", "bold red"))
+        for line in message.splitlines():
+            say(f"  {line}")
+    if exc.hint:
+        say(("hint:", "dim"), " ", exc.hint)
+    raise typer.Exit(exc.exit_code) from None
+
+
 def print_warnings(warnings: list[str]) -> None:
     for w in warnings:
         say((w, "yellow"))
+
+
+def _path_option(value):
+    """preflight.path_option, loaded when a path option is parsed (not at start-up)."""
+    from .preflight import path_option
+
+    return path_option(value)
 
 
 SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml).")
@@ -164,7 +223,8 @@ SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embe
 @guarded
 def render(
     spec: Optional[Path] = SpecOpt,
-    out: Path = typer.Option(Path("aotriton_overlay"), "--out", help="Overlay directory to write."),
+    out: Path = typer.Option(Path("aotriton_overlay"), "--out", parser=_path_option, metavar="PATH",
+                             help="Overlay directory to write."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
@@ -224,6 +284,12 @@ def main() -> None:
     except KeyboardInterrupt:
         _interrupted()
         sys.exit(EXIT_INTERRUPTED)
+    except OSError as exc:  # outside a command body (`--version > /dev/full`)
+        if exc.errno not in _SYSTEM_ERRNOS:
+            raise
+        _mute_stdout()
+        say(("error:", "bold red"), f" cannot write the output: {exc.strerror or exc}")
+        sys.exit(SystemFailure.exit_code)
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED:
             _interrupted()

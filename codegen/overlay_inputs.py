@@ -6,27 +6,68 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from .errors import UserError
+from pydantic import ValidationError
+
+from .errors import DataFileError, printable
+from .fsutil import read_input
 from .models import TargetSpec
-from .models.limits import waves_per_eu_limits
+from .models.limits import CompileReport, waves_per_eu_limits
 from .models.rows import OverlayInputs, Winner
 from .render import Overlay, plan_overlay
-from .resources import data_dir
+from .resources import data_dir, display_path
 from .spec import LoadedSpec
 from .tuning_results import load_winner_rows
 from .upstream.layouts import DEFAULT_LAYOUT
 
 
+REPORT_LIMIT = 16 << 20  # bytes; the committed reports are well under 1 MB
+_MAX_SHOWN = 12
+
+
+def read_compile_report(path: Path, display: str | None = None) -> dict | None:
+    """A compile report (`precompile --tuning-report`), validated by its model
+    (`codegen.models.limits.CompileReport`), as plain data; None when the path does not exist.
+    The one reader: render, apply, build and precompile's merge all come through here. Anything
+    else (not a regular file, not UTF-8 JSON, nested past the parser, `[]`, a config without a
+    verdict, a negative count) is one DataFileError, every problem as `file: location: message`."""
+    path = Path(path)
+    display = display or display_path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    raw = read_input(path, what="compile report", limit=REPORT_LIMIT)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFileError([f"{display}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"]) from None
+    except json.JSONDecodeError as exc:
+        raise DataFileError([f"{display}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"]) from None
+    except RecursionError:
+        raise DataFileError([f"{display}: not a compile report: nested too deeply"]) from None
+    if not isinstance(data, dict):
+        raise DataFileError([f"{display}: not a compile report: expected a JSON object with "
+                             f"'configs', found {type(data).__name__}"])
+    try:
+        report = CompileReport.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors(include_url=False):
+            loc = ".".join(printable(str(p)) for p in e["loc"]) or "(top level)"
+            msg = ("required field is missing" if e["type"] == "missing" else
+                   "unknown key" if e["type"] == "extra_forbidden" else
+                   "expected a mapping (JSON object)" if e["type"] in ("model_type", "dict_type") else
+                   e["msg"].removeprefix("Value error, "))
+            lines.append(f"{display}: {loc}: {msg}")
+        more = len(lines) - _MAX_SHOWN
+        raise DataFileError(lines[:_MAX_SHOWN] + ([f"{display}: ... and {more} more"] if more > 0 else [])) from None
+    return report.model_dump(mode="json")
+
+
 def committed_report(arch: str) -> dict | None:
     """tuning/<arch>/compile_report.json as committed (None when there is none)."""
-    path = data_dir("tuning") / arch / "compile_report.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise UserError(f"tuning/{arch}/compile_report.json: not valid JSON: {exc}") from None
+    return read_compile_report(data_dir("tuning") / arch / "compile_report.json",
+                               f"tuning/{printable(arch)}/compile_report.json")
 
 
 def load_limits(spec: TargetSpec) -> dict | None:
@@ -51,4 +92,4 @@ def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
     return plan_overlay(loaded, layout, load_inputs(loaded.spec))
 
 
-__all__ = ["load_inputs", "load_limits", "load_measured", "render_overlay"]
+__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "render_overlay"]

@@ -20,6 +20,13 @@ def user_cache_dir(name: str) -> Path:
     return Path(base) / "mi100-codegen" / name
 
 
+def cache_origin() -> str:
+    """The environment variable that places `user_cache_dir` (for messages about it)."""
+    if os.environ.get(ENV_CACHE):
+        return ENV_CACHE
+    return "XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "HOME"
+
+
 def data_dir(name: str) -> Path:
     """`rules`, `templates` or `tuning`."""
     for candidate in (_PKG / "_data" / name, _PKG.parent / name):
@@ -40,12 +47,16 @@ def display_path(path: Path) -> str:
     under the data folder for embedded files, else the path as given."""
     path = Path(path)
     try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):  # a symbolic-link loop, a working directory that is gone
+        return str(path)
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
         pass
     for name in ("rules", "templates", "tuning"):
         try:
-            return f"{name}/{path.resolve().relative_to(data_dir(name).resolve())}"
-        except (ValueError, FileNotFoundError):
+            return f"{name}/{resolved.relative_to(data_dir(name).resolve())}"
+        except (ValueError, OSError, RuntimeError):
             continue
     return str(path)

@@ -17,6 +17,7 @@ import re
 from pydantic import BaseModel, ValidationError
 
 from .errors import SpecError, UserError, printable
+from .fsutil import read_input
 from .models import Diagnostic, TargetSpec, check_target
 from .resources import default_spec_path, display_path
 
@@ -68,16 +69,20 @@ class _Positions:
         # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
+        # a node ruamel composed without positions (a tagged collection, `arch: !custom [a]`)
+        # takes its parent's: `find` walks up to the nearest located path
         if isinstance(node, CommentedMap):
             for key in node:
-                k_line, k_col = node.lc.key(key)
-                self.table[loc + (str(key),)] = (k_line + 1, k_col + 1)
+                self._put(loc + (str(key),), node.lc.key(key))
                 self.walk(node[key], loc + (str(key),))
         elif isinstance(node, CommentedSeq):
             for i, item in enumerate(node):
-                i_line, i_col = node.lc.item(i)
-                self.table[loc + (i,)] = (i_line + 1, i_col + 1)
+                self._put(loc + (i,), node.lc.item(i))
                 self.walk(item, loc + (i,))
+
+    def _put(self, loc: Loc, mark: Any) -> None:
+        if isinstance(mark, (tuple, list)) and len(mark) >= 2 and all(isinstance(v, int) for v in mark[:2]):
+            self.table[loc] = (mark[0] + 1, mark[1] + 1)
 
     def find(self, loc: Loc) -> tuple[int, int]:
         loc = tuple(loc)
@@ -273,19 +278,17 @@ def _expansion_error(doc: Any) -> tuple[tuple[int, int], str] | None:
 
 
 def _read_text(path: Path, display: str) -> str:
-    """The spec's text: bounded in size, UTF-8, not empty; one located error otherwise."""
+    """The spec's text: a regular file (never a FIFO, a device or a link loop: fsutil.read_input),
+    bounded in size, UTF-8, not empty; one located error otherwise."""
     try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_SPEC_BYTES + 1)
-    except FileNotFoundError:
-        raise UserError(f"{display}: spec file not found") from None
-    except IsADirectoryError:
-        raise UserError(f"{display}: is a directory, not a spec file") from None
-    except OSError as exc:
-        raise UserError(f"{display}: cannot read spec: {exc.strerror}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError([f"{display}: spec is larger than {MAX_SPEC_BYTES // 1024} KiB (the limit; "
-                         f"the default spec is about 10 KB): not read"])
+        raw = read_input(path, what="spec file", limit=MAX_SPEC_BYTES)
+    except UserError as exc:
+        if "larger than" in exc.message:
+            raise SpecError([f"{display}: spec is larger than {MAX_SPEC_BYTES // 1024} KiB (the limit; "
+                             f"the default spec is about 10 KB): not read"]) from None
+        if not path.exists() and not path.is_symlink():
+            raise UserError(f"{display}: spec file not found") from None
+        raise UserError(exc.message.replace(str(path), display, 1)) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -346,6 +349,16 @@ _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*(?: [A-Za-z0-9_.,+/()-]+)*")
 _RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)+[a-df-z][a-z]*")  # 0.11b: never a number
 _SPECIAL = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "nan", "inf"}
+_NOT_PLAIN_ASCII = re.compile(r"[^\t\n\x20-\x7e]")
+
+
+def _plain_characters(text: str) -> bool:
+    """Only characters libyaml (YAML 1.1) and ruamel (YAML 1.2) read alike: tab, LF, printable
+    ASCII and printable non-ASCII. Not: a byte-order mark after the first character (libyaml
+    drops one anywhere, ruamel reads it as content), CR, NEL, LS, PS (line breaks in one and
+    not the other), other controls and format characters."""
+    body = text[1:] if text.startswith("\ufeff") else text
+    return all(ch.isprintable() for ch in set(_NOT_PLAIN_ASCII.findall(body)))
 
 
 def _fast_scalar(ev: Any, text: str) -> Any:
@@ -375,9 +388,12 @@ def _fast_scalar(ev: Any, text: str) -> Any:
 def _fast_doc(text: str) -> dict | None:
     """The document as plain data via libyaml's event parser (C, ~20x ruamel's round-trip
     loader), or None where it might differ from the round-trip loader's reading or the loader
-    would refuse it: no libyaml, a parse error, anchors, aliases, tags, directives, more than one
-    document, a duplicate key, a non-string key, any scalar `_fast_scalar` cannot vouch for, or
-    past the nesting/node limits. None sends the caller to the located path (ruamel)."""
+    would refuse it: no libyaml, a character outside `_plain_characters`, a parse error, anchors,
+    aliases, tags, directives, more than one document, a duplicate key, a non-string key, any
+    scalar `_fast_scalar` cannot vouch for, or past the nesting/node limits. None sends the
+    caller to the located path (ruamel)."""
+    if not _plain_characters(text):
+        return None
     try:
         # CLI start-up, and pyyaml is optional here: without libyaml every spec takes the ruamel path
         import yaml

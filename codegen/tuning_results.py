@@ -24,11 +24,12 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from .errors import DataFileError, UserError, printable
-from .fsutil import write_if_changed
+from .errors import DataFileError, printable
+from .fsutil import read_input, write_if_changed
 from .models import TargetSpec
+from .models.target import tile_problems
 from .resources import display_path
 
 WINNER_COLUMNS = (
@@ -50,6 +51,7 @@ INT_COLUMNS = ("head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k", 
                "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v", "candidates")
 FLOAT_COLUMNS = ("time_ms",)
 
+CSV_LIMIT = 256 << 20  # bytes; a full tuning run's measurements.csv is a few MB
 WINNERS_FILE = "winners.csv"
 MEASUREMENTS_FILE = "measurements.csv"
 
@@ -94,6 +96,17 @@ class _Row(BaseModel):
     source: str
 
 
+    @field_validator("block_n")
+    @classmethod
+    def _tile(cls, block_n: int, info: ValidationInfo) -> int:
+        block_m = info.data.get("block_m")
+        if block_m is not None:
+            problems = tile_problems(block_m, block_n)
+            if problems:
+                raise ValueError(f"tile {block_m}x{block_n} is not one the kernels take: {'; '.join(problems)}")
+        return block_n
+
+
 class WinnerRow(_Row):
     """One row of winners.csv (fields: WINNER_CSV_COLUMNS)."""
 
@@ -128,7 +141,7 @@ def _cell_errors(exc: ValidationError, raw: dict) -> list[tuple[str, str]]:
         elif e["type"] == "finite_number":
             msg = f"{raw.get(col)!r} is not a finite number"
         else:
-            msg = e["msg"] + (f" (got {raw.get(col)!r})" if col in raw else "")
+            msg = e["msg"].removeprefix("Value error, ") + (f" (got {raw.get(col)!r})" if col in raw else "")
         out.append((col, msg))
     return out
 
@@ -138,7 +151,7 @@ def read_csv(path: Path) -> list[dict]:
 
     Raises DataFileError with every problem found (`file:line: column: message`)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return []
     display = display_path(path)
     model, columns = _ROW_MODELS.get(path.name, _ROW_MODELS[MEASUREMENTS_FILE])
@@ -176,10 +189,7 @@ def read_csv(path: Path) -> list[dict]:
 
 def _read_text(path: Path, display: str, columns: tuple[str, ...]) -> str:
     """The file as UTF-8 text, not empty; one located error otherwise."""
-    try:
-        raw_bytes = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{display}: cannot read: {exc.strerror or exc}") from None
+    raw_bytes = read_input(path, what="tuning results file", limit=CSV_LIMIT)
     try:
         text = raw_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:

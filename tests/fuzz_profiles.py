@@ -5,6 +5,8 @@ in the default run (well under a minute on 2 cores), >= 1,000 per input kind und
 |---|---|---|
 | specs (tests/test_fuzz_spec.py: values, keys, syntax) | 3 x 30 = 90 | 3 x 400 = 1,200 |
 | tuning CSVs (tests/test_fuzz_tuning_csv.py: cells, bytes) | 2 x 150 = 300 | 2 x 600 = 1,200 |
+| compile reports (tests/test_fuzz_data_files.py: reader, through the CLI) | 40 + 15 = 55 | 400 (reader) |
+| upstream tuning logs (tests/test_fuzz_data_files.py: `tune import`) | 40 | 400 |
 """
 
 from __future__ import annotations

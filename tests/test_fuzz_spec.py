@@ -210,3 +210,34 @@ def test_fast_yaml_path_agrees_with_ruamel_slow(kind):
         _fast_agrees(text)
 
     run()
+
+
+# Texts the slow fuzzer found where libyaml and ruamel read differently (issue 20): a U+FEFF that
+# is not the first character (libyaml drops a byte-order mark anywhere, ruamel reads it as
+# content and refuses the line), and other characters the two YAML versions break lines at.
+DISAGREEING = {
+    "bom_then_indented_blank_line": BASE_TEXT + "\ufeff\n  ",
+    "bom_at_end": BASE_TEXT + "\ufeff",
+    "indented_blank_line_then_bom": BASE_TEXT + "  \n\ufeff",
+    "bom_mid_line": BASE_TEXT.replace("arch: gfx908", "arch: \ufeffgfx908", 1),
+    "next_line_char": BASE_TEXT.replace("\ndescription", "\x85description", 1),
+    "line_separator": BASE_TEXT + "\u2028",
+    "carriage_return": BASE_TEXT.replace("\n", "\r", 3),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREEING))
+def test_fast_path_declines_what_the_readers_disagree_on(case):
+    from codegen.spec import _fast_doc
+
+    text = DISAGREEING[case]
+    assert _fast_doc(text) is None
+    _fast_agrees(text)
+    _check(text)
+
+
+def test_fast_path_still_reads_a_leading_bom_and_non_ascii_comments():
+    from codegen.spec import _fast_doc
+
+    assert _fast_doc("\ufeff" + BASE_TEXT) is not None  # a byte-order mark first: both skip it
+    assert _fast_doc("# MI100 – é\n" + BASE_TEXT) is not None

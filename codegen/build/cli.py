@@ -11,6 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .. import preflight
+from ..preflight import path_option
 from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 
 
@@ -57,8 +59,8 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def build(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton source tree with the overlay applied."),
-        prefix: Path = typer.Option(..., "--prefix", help="Install prefix (lib/libaotriton_v2.so.*, lib/aotriton.images/)."),
-        build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Build directory (default: AOTRITON_DIR/build)."),
+        prefix: Path = typer.Option(..., "--prefix", parser=path_option, metavar="PATH", help="Install prefix (lib/libaotriton_v2.so.*, lib/aotriton.images/)."),
+        build_dir: Optional[Path] = typer.Option(None, "--build-dir", parser=path_option, metavar="PATH", help="Build directory (default: AOTRITON_DIR/build)."),
         jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel jobs (default: CPUs available)."),
         noimage: bool = typer.Option(False, "--noimage", help="Build the C++ runtime only (no kernel images, no Triton)."),
         for_tuning: bool = typer.Option(False, "--for-tuning", help="Tuning build: every config of the spec's tuning space."),
@@ -81,6 +83,12 @@ def register(app: typer.Typer, guarded) -> None:
         from .run import cpu_count
         from .verify import VerifyError
 
+        # every output before any work (no venv, no CMake, no image build)
+        preflight.output_dir(prefix, "--prefix")
+        if build_dir is not None or aotriton_dir.is_dir():  # no tree: detect() says so
+            preflight.output_dir(build_dir if build_dir is not None else aotriton_dir / "build", "--build-dir")
+        if python is None:
+            preflight.cache_folder("toolchain")  # the build venv
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,

@@ -19,6 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import processes
 from ..errors import UpstreamError, UserError
 from ..fsutil import write_if_changed
 from ..upstream import Adapter
@@ -190,12 +191,18 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
     if venv.exists() and marker.read_text().strip() != tc.python:
         shutil.rmtree(venv)  # ours, made for another interpreter: start over
     if not py.exists():
-        proc = subprocess.run([tc.python, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                              capture_output=True, text=True)
+        try:
+            proc = processes.run([tc.python, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                                 capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise UpstreamError(f"creating the build venv {venv} did not finish within 10 min (killed)") from None
         if proc.returncode != 0:
             raise UpstreamError(f"cannot create the build venv {venv}: {proc.stderr.strip()[-500:]}")
-    site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
-                          capture_output=True, text=True)
+    try:
+        site = processes.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    except subprocess.TimeoutExpired:
+        raise UpstreamError(f"the build venv {venv} did not answer within 60 s (killed)") from None
     if site.returncode != 0:
         raise UpstreamError(f"the build venv {venv} does not run: {site.stderr.strip()[-500:]}")
     _atomic_write(marker, (tc.python + "\n").encode())

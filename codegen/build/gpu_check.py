@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import processes
 from ..fsutil import move_into_place, write_if_changed
 from .configure import render_support
 from .prereq import hip_header
@@ -91,7 +92,7 @@ def compile_stub(cxx: str, include: Path, work: Path) -> Path:
            "-o", str(tmp)]
     try:
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            proc = processes.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise GpuCheckError(f"cannot compile the stand-in HIP device with {cxx}: {exc}") from None
         if proc.returncode != 0:
@@ -111,8 +112,8 @@ def call_check_gpu(lib: Path, symbol: str, stub: Path, arch: str, *, compute_uni
     env.update({ENV_ARCH: f"{arch}:sramecc-:xnack-", ENV_NAME: f"stand-in {arch}", ENV_CUS: str(compute_units),
                 ENV_WARP: str(warp_size)})
     try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, str(lib), symbol], env=env, capture_output=True,
-                              text=True, timeout=120)
+        proc = processes.run([sys.executable, "-c", _PROBE, str(lib), symbol], env=env, capture_output=True,
+                             text=True, timeout=120, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"could not run: {exc}"
     out = proc.stdout.strip().splitlines()

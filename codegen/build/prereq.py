@@ -15,6 +15,7 @@ from typing import Callable
 
 from packaging.version import InvalidVersion, Version
 
+from .. import processes
 from ..errors import EnvironmentMissing
 from ..models import TargetSpec
 from ..spec import load_spec
@@ -71,8 +72,17 @@ class Toolchain:
         }
 
 
-def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+def _run(cmd: list[str], timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    """A probe of a tool (`--version`, pkg-config): its whole process group killed after `timeout`."""
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    return processes.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def _pkg_config_lacks(pkgconfig: str, package: str) -> bool:
+    try:
+        return _run([pkgconfig, "--exists", package]).returncode != 0
+    except (OSError, subprocess.TimeoutExpired):
+        return True
 
 
 def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B006 (read-only)
@@ -236,7 +246,7 @@ def _check_tools(missing: list[str], warnings: list[str], min_clang: int | None 
     pkgconfig = shutil.which("pkg-config") or shutil.which("pkgconf")
     if not pkgconfig:
         missing.append("pkg-config: apt-get install -y pkg-config")
-    elif _run([pkgconfig, "--exists", "liblzma"]).returncode != 0:
+    elif _pkg_config_lacks(pkgconfig, "liblzma"):
         missing.append("liblzma (development files, found through pkg-config): apt-get install -y liblzma-dev")
     return {"cmake": cmake or "", "cmake_version": cmake_v, "ninja": ninja or "",
             "ninja_version": _tool_version(ninja) if ninja else "",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .archs import LLVM_AMDGPU_TARGETS
 from .space import expand_family
-from .target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec
+from .target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec, tile_problems
 
 Path = tuple[str | int, ...]
 
@@ -142,14 +142,8 @@ def _check_tiles(spec: TargetSpec, family: str, err) -> None:
     base = ("tuning", family)
     seen: set[tuple[int, int]] = set()
     for i, (m, n) in enumerate(space.block_sizes):
-        for v, axis in ((m, "BLOCK_M"), (n, "BLOCK_N")):
-            if v & (v - 1):
-                err(base + ("block_sizes", i), f"{axis}={v} is not a power of two")
-        if m < n:
-            err(
-                base + ("block_sizes", i),
-                f"BLOCK_M={m} < BLOCK_N={n}: upstream treats M < N as faulty or duplicate",
-            )
+        for problem in tile_problems(m, n):
+            err(base + ("block_sizes", i), problem)
         if (m, n) in seen:
             err(base + ("block_sizes", i), f"duplicate tile [{m}, {n}]")
         seen.add((m, n))

@@ -18,10 +18,63 @@ below 1, never changed, and judged by its own verdict or, when unmeasured, by th
 
 from __future__ import annotations
 
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from .space import KernelConfig
 
+# increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
+# routes away (compiled because upstream compiles every backend, never run)
+VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed")
+Verdict = Literal["ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed"]
 # compiled and no VGPR spill, or never dispatched (rows.split_backward)
 CLEAN_VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores")
+
+_Count = Optional[Annotated[int, Field(ge=0, le=1 << 40)]]
+
+
+class CompileReportEntry(BaseModel):
+    """One config of a compile report: the worst verdict of its kernels and their resources
+    (maxima; occupancy and MFMA count: minima). None where no kernel compiled."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    verdict: Verdict
+    kernels: Annotated[int, Field(ge=0, le=1 << 40)]
+    vgprs: _Count = None
+    agprs: _Count = None
+    sgprs: _Count = None
+    lds_bytes: _Count = None
+    scratch_bytes: _Count = None
+    vgpr_spills: _Count = None
+    sgpr_spills: _Count = None
+    occupancy: _Count = None
+    mfma: _Count = None
+    error: Optional[str] = None
+
+
+class CompileReport(BaseModel):
+    """`tuning/<arch>/compile_report.json` (`precompile --tuning-report`): config name ->
+    entry. Every key is a kernel config name (`KernelConfig.parse`); the reader is
+    `codegen.overlay_inputs.read_compile_report`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    generated: str = ""
+    arch: str
+    gpu: str
+    release: str
+    triton: str
+    configs: dict[str, CompileReportEntry]
+
+    @field_validator("configs")
+    @classmethod
+    def _names(cls, v: dict) -> dict:
+        bad = [k for k in v if KernelConfig.try_parse(k) is None]
+        if bad:
+            raise ValueError(f"{len(bad)} key(s) are not kernel config names, e.g. {bad[0]!r}")
+        return v
 
 
 def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=None) -> dict | None:
@@ -104,5 +157,5 @@ def largest_clean_waves_per_eu(limits: dict | None, cfg: KernelConfig) -> int | 
     return max(clean) if clean else None
 
 
-__all__ = ["CLEAN_VERDICTS", "cap_waves_per_eu", "largest_clean_waves_per_eu", "variant_status",
+__all__ = ["CLEAN_VERDICTS", "VERDICTS", "CompileReport", "CompileReportEntry", "cap_waves_per_eu", "largest_clean_waves_per_eu", "variant_status",
            "waves_per_eu_limits"]

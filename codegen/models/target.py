@@ -9,7 +9,7 @@ import re
 from typing import Annotated, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from .dtypes import DTYPE_INFO
 
@@ -19,8 +19,10 @@ FAMILIES: tuple[str, ...] = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "b
 DTYPES: tuple[str, ...] = tuple(DTYPE_INFO)
 DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 
-ARCH_RE = re.compile(r"^gfx[0-9]{2,4}[a-z]?$")
-GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod([0-9]+)$")
+# \Z, not $: `$` also matches before a trailing newline, and these names are written into
+# upstream's C++ enums and Python tables. The mod number has at most two digits (upstream's are 0-9).
+ARCH_RE = re.compile(r"^gfx[0-9]{2,4}[a-z]?\Z")
+GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod(0|[1-9][0-9]?)\Z")
 
 
 def gpu_arch(gpu: str) -> str:
@@ -39,8 +41,32 @@ def gpu_mod(gpu: str) -> int:
     return int(m.group(2))
 RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$")
 
-PowerOfTwoTile = Annotated[int, Field(ge=16, le=256)]
+TILE_MIN, TILE_MAX = 16, 256
+PowerOfTwoTile = Annotated[int, Field(ge=TILE_MIN, le=TILE_MAX)]
+
+
+def tile_problems(block_m: int, block_n: int) -> list[str]:
+    """Why (BLOCK_M, BLOCK_N) is not a tile the attention kernels take (the one rule: powers of
+    two from 16 to 256, BLOCK_M >= BLOCK_N); [] when it is one."""
+    out = []
+    for v, axis in ((block_m, "BLOCK_M"), (block_n, "BLOCK_N")):
+        if v & (v - 1) or v < 1:
+            out.append(f"{axis}={v} is not a power of two")
+        elif not TILE_MIN <= v <= TILE_MAX:
+            out.append(f"{axis}={v} is outside {TILE_MIN}..{TILE_MAX}")
+    if block_m < block_n:
+        out.append(f"BLOCK_M={block_m} < BLOCK_N={block_n}: upstream treats M < N as faulty or duplicate")
+    return out
 NumWarps = Literal[1, 2, 4, 8, 16]  # the num_warps a tuning space may hold (powers of two)
+
+
+def _gpu_name(v: str) -> str:
+    if not GPU_RE.match(v):
+        raise ValueError(f"'{v}' is not a GPU name like 'gfx908_mod0' (arch, '_mod', 0-99)")
+    return v
+
+
+GpuName = Annotated[str, AfterValidator(_gpu_name)]
 
 
 class _Model(BaseModel):
@@ -348,7 +374,7 @@ class TargetSpec(_Model):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Short name of the target.")
     description: str = ""
     arch: str = Field(description="LLVM target name, e.g. gfx908.")
-    gpus: list[str] = Field(min_length=1, description="AOTriton GPU names (arch + _modN).")
+    gpus: list[GpuName] = Field(min_length=1, description="AOTriton GPU names (arch + _modN).")
     warp_size: Literal[32, 64]
     production_line: Literal["CDNA", "RDNA"]
     hardware: Hardware
@@ -371,9 +397,6 @@ class TargetSpec(_Model):
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: list[str]) -> list[str]:
-        for g in v:
-            if not GPU_RE.match(g):
-                raise ValueError(f"'{g}' is not a GPU name like 'gfx908_mod0'")
         if len(set(v)) != len(v):
             raise ValueError("duplicate GPU")
         return v

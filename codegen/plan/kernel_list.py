@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
+from .. import processes
 from ..errors import UpstreamError, UserError
 from ..models import KernelConfig
 from ..models.dtypes import by_signature
@@ -43,6 +44,8 @@ COMPILE_LIST = "Bare.compile"
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
+
+GENERATOR_TIMEOUT_S = 1800.0  # upstream's generator lists a whole build in well under a minute
 
 
 class KernelEntry(BaseModel):
@@ -117,7 +120,12 @@ def generate_kernel_list(
                    "--target_gpus", *gpus, "--build_dir", str(build)]
             if tuning:
                 cmd.append("--build_for_tuning")
-            proc = subprocess.run(cmd, cwd=tree, env=genv, capture_output=True, text=True)
+            try:
+                proc = processes.run(cmd, cwd=tree, env=genv, capture_output=True, text=True,
+                                     stdin=subprocess.DEVNULL, timeout=GENERATOR_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise UpstreamError(f"the generator of AOTriton {info.release} did not finish within "
+                                    f"{GENERATOR_TIMEOUT_S / 60:g} min (killed)") from None
         if timing is not None:
             timing["upstream_s"] = time.perf_counter() - start
         if proc.returncode:

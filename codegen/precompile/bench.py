@@ -22,12 +22,15 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from .. import processes
 from ..errors import UpstreamError
 from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
 from ..plan.tree import TreeInfo
 from ..toolchain.interpreter import CompilerPython
 from .engine import compile_entries, triton_version
+
+KILL_GRACE_S = 60.0  # past --timeout, an upstream compile (its driver enforces the limit itself) is killed
 
 
 class BenchSide(BaseModel):
@@ -71,6 +74,7 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
                  on_done: Callable[[KernelEntry, bool], None] | None = None) -> tuple[float, int, list[str]]:
     """One compiler process per kernel, `jobs` at a time, as the tree's CMake rule runs them."""
     work = Path(tempfile.mkdtemp(prefix="mi100-codegen-bench-upstream-"))
+    running: list[tuple[subprocess.Popen, KernelEntry, float]] = []
     try:
         driver = work / "compile.py"
         shutil.copy2(info.compiler, driver)
@@ -88,7 +92,6 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
         out_dir = work / "out"
         out_dir.mkdir()
         queue = list(entries)
-        running: list[tuple[subprocess.Popen, KernelEntry, float]] = []
         ok, failures = 0, []
         t0 = time.perf_counter()
         while queue or running:
@@ -101,12 +104,15 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
                        "--waves_per_eu", str(e.config.waves_per_eu), "--target", e.config.arch,
                        "--signature", e.signature, "--timeout", f"{timeout_s / 60:g}"]
                 proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True)
+                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
                 running.append((proc, e, time.perf_counter()))
             time.sleep(0.02)
             for item in list(running):
-                proc, e, _ = item
+                proc, e, started = item
                 if proc.poll() is None:
+                    if time.perf_counter() - started > timeout_s + KILL_GRACE_S:  # compile.py's own limit did not hold
+                        processes.kill_group(proc)
+                        proc.wait()
                     continue
                 running.remove(item)
                 err = proc.stderr.read() if proc.stderr else ""
@@ -120,6 +126,9 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
                     on_done(e, good)
         return time.perf_counter() - t0, ok, failures
     finally:
+        for proc, _e, _t in running:  # Ctrl-C or an error: no compile outlives the bench
+            processes.kill_group(proc)
+            proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -19,9 +19,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
-from ..errors import UserError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, read_input, write_if_changed
 from ..models import FAMILIES, expand_space
+from ..overlay_inputs import read_compile_report
 from ..plan.kernel_list import KernelEntry
 from ..spec import LoadedSpec, load_spec
 from .report import VERDICTS, KernelResult, worst
@@ -95,7 +95,8 @@ def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> i
     yaml.preserve_quotes = True
     yaml.width = 4096
     yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of rules/*.yaml
-    doc = yaml.load(Path(loaded.path).read_text(encoding="utf-8"))
+    original = read_input(loaded.path, what="spec file")
+    doc = yaml.load(original.decode("utf-8"))
     added = 0
     for family in FAMILIES:
         new = rules.get(family, [])
@@ -111,6 +112,9 @@ def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> i
             item.fa.set_flow_style()
             fam["exclude"].append(item)
             added += 1
+    if added == 0:  # nothing to add: the spec's own bytes (a rewrite would lose comments and layout)
+        write_if_changed(Path(out), original)
+        return 0
     buf = io.StringIO()
     yaml.dump(doc, buf)
     text = buf.getvalue()
@@ -166,11 +170,5 @@ def write_compile_report(path: Path, report: dict) -> None:
 
 
 def load_compile_report(folder: Path) -> dict | None:
-    """tuning/<arch>/compile_report.json, or None when absent."""
-    p = Path(folder) / REPORT_NAME
-    if not p.is_file():
-        return None
-    try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise UserError(f"{p}: not valid JSON: {exc}") from None
+    """tuning/<arch>/compile_report.json, or None when absent (`read_compile_report` validates it)."""
+    return read_compile_report(Path(folder) / REPORT_NAME)

@@ -10,14 +10,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from ..models import FAMILIES
+from ..models.limits import VERDICTS
 from ..models.target import Hardware
 from ..plan.kernel_list import KernelEntry
 from .resources import Resources, occupancy
 
 Status = Literal["ok", "failed", "timeout"]
-# increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
-# routes away (compiled because upstream compiles every backend, never run)
-VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed")
 
 
 class KernelResult(BaseModel):

@@ -16,6 +16,7 @@ from .. import preflight
 from ..errors import EXIT_UPSTREAM, CodegenError
 from ..fsutil import atomic_write
 from ..models.rows import splits_backward
+from ..overlay_inputs import read_compile_report
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import check_registered, release_of
 from ..spec import load_spec
@@ -61,6 +62,12 @@ class PrecompileOptions:
         preflight.output_dir(self.keep, "--keep")
         if not self.no_cache:
             preflight.output_dir(self.cache_dir, "--cache-dir")
+            if self.cache_dir is None:
+                preflight.cache_folder("precompile")
+        if self.python is None:
+            preflight.cache_folder("toolchain")  # the build venv
+        if self.tuning_report is not None:
+            read_compile_report(self.tuning_report)  # merged into after the compile: refused now, not then
 
 
 @dataclass(frozen=True)
@@ -263,7 +270,7 @@ def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: Run
                    err: Console, compiler: CompilerPython | None = None) -> None:
     """--descend, --tuning-report and --prune-to: what the compile results feed."""
     report_path = opts.tuning_report
-    previous = json.loads(report_path.read_text()) if report_path and report_path.is_file() else None
+    previous = read_compile_report(report_path) if report_path else None
     all_results = list(run.results)
     interrupted = None
     if opts.descend:
@@ -291,6 +298,8 @@ def run_bench_command(opts: BenchOptions) -> None:
     """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
     if opts.python is not None:
         preflight.interpreter(opts.python)
+    else:
+        preflight.cache_folder("toolchain")  # the build venv
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
     loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))

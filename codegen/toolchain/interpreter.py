@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .. import preflight
+from .. import preflight, processes
 from ..errors import EnvironmentMissing, UserError
 from ..models import TargetSpec
 from ..overlay_inputs import committed_report
@@ -51,16 +51,29 @@ class CompilerPython:
         return f"Triton {self.triton} from {self.origin} {self.venv or self.python}"
 
 
+PROBE_TIMEOUT_S = 60.0  # importing importlib.metadata and reading one version takes well under a second
+
+
 def probe(python: str) -> dict:
     """`{"triton": version or None, "python": [major, minor]}` of another interpreter (read-only)."""
     try:
-        proc = subprocess.run([python, "-c", _PROBE, json.dumps(TRITON_DISTRIBUTIONS)],
-                              capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = processes.run([python, "-c", _PROBE, json.dumps(TRITON_DISTRIBUTIONS)], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentMissing(f"--python {python} did not answer a version probe within "
+                                 f"{PROBE_TIMEOUT_S:g} s (killed): is it a Python interpreter?") from None
+    except OSError as exc:
         raise EnvironmentMissing(f"cannot run Python interpreter {python}: {exc}") from None
     if proc.returncode != 0:
         raise EnvironmentMissing(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
-    return json.loads(proc.stdout)
+    try:
+        found = json.loads(proc.stdout)
+        if not (isinstance(found, dict) and isinstance(found.get("python"), list)):
+            raise ValueError(found)
+    except ValueError:
+        raise EnvironmentMissing(f"--python {python}: its answer to the version probe is not ours "
+                                 f"({proc.stdout.strip()[:200]!r}): is it a Python interpreter?") from None
+    return found
 
 
 def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, triton: str | None = None,

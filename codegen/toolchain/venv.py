@@ -31,6 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
+from .. import processes
 from ..errors import EnvironmentMissing, UserError
 from ..resources import user_cache_dir
 from ..fsutil import move_into_place
@@ -38,6 +39,7 @@ from . import DOCS
 
 FORMAT = 1
 RECORD = "toolchain.json"
+PIP_TIMEOUT_S = 3600.0  # one pip install of Triton and the generator requirements
 LOCK = ".lock"
 TMP_PREFIX = ".tmp-"
 
@@ -184,8 +186,13 @@ def _run_logged(cmd: list[str], log: Path, what: str) -> None:
     with open(log, "a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
-        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env=pip_env(), text=True)
+        try:
+            proc = processes.run(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=pip_env(), text=True, timeout=PIP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise VenvError(f"{what} did not finish within {PIP_TIMEOUT_S / 60:g} min (killed); pip's log: {log}",
+                            hint=f"check the network or your pip configuration, or pre-create the venv offline "
+                                 f"({DOCS})") from None
     if proc.returncode != 0:
         tail = [ln for ln in log.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
         last = next((ln.strip() for ln in reversed(tail) if "error" in ln.lower()), tail[-1].strip() if tail else "")
@@ -195,8 +202,12 @@ def _run_logged(cmd: list[str], log: Path, what: str) -> None:
 
 
 def _installed_triton(python: str) -> str:
-    proc = subprocess.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
-                          capture_output=True, text=True, env=pip_env())
+    try:
+        proc = processes.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
+                             capture_output=True, text=True, env=pip_env(), stdin=subprocess.DEVNULL,
+                             timeout=60)
+    except subprocess.TimeoutExpired:
+        raise VenvError("the new build venv's Python did not report its Triton within 60 s (killed)") from None
     if proc.returncode != 0:
         raise VenvError(f"the new build venv's Python cannot report its Triton: {proc.stderr.strip()[-300:]}")
     return proc.stdout.strip()

@@ -11,6 +11,8 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
+from ..preflight import finite, iso_date, path_option
+
 
 class _DefaultRunGroup(TyperGroup):
     """Dispatch `tune ARGS` to `tune run ARGS` unless ARGS starts with a subcommand."""
@@ -42,9 +44,9 @@ def run_cmd(
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Only causal / only non-causal entries (default: both)."),
     dropout: Optional[bool] = typer.Option(None, "--dropout/--no-dropout", help="Only entries with / without dropout (default: the spec's features)."),
     bias: Optional[bool] = typer.Option(None, "--bias/--no-bias", help="Only entries with / without bias (default: the spec's features)."),
-    budget_min: Optional[float] = typer.Option(None, "--budget-min", min=0, help="Start no new entry after M minutes (finished entries are kept; --resume continues)."),
+    budget_min: Optional[float] = typer.Option(None, "--budget-min", min=0, callback=finite, help="Start no new entry after M minutes (finished entries are kept; --resume continues)."),
     resume: bool = typer.Option(False, "--resume", help="Skip entries already measured in OUT."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Results folder (default: tuning/<arch>)."),
+    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List grid entries and candidate configs; touch no GPU."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON on stdout."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml)."),
@@ -65,10 +67,10 @@ def run_cmd(
 @tune_app.command("import")
 def import_cmd(
     file: Path = typer.Argument(..., help="JSON lines from upstream's test/tune_flash.py --json_file."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Results folder (default: tuning/<arch>)."),
+    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded one)."),
     proxy: bool = typer.Option(False, "--proxy", help="Also import records of other archs, labelled as proxies."),
-    date: Optional[str] = typer.Option(None, "--date", help="Date to record (YYYY-MM-DD; default: today, UTC)."),
+    date: Optional[str] = typer.Option(None, "--date", callback=iso_date, help="Date to record (YYYY-MM-DD; default: today, UTC)."),
 ) -> None:
     """Ingest upstream tuning logs (JSON lines) as measurements and winners."""
     from .run import ImportOptions, run_import  # CLI start-up: the stage loads when the command runs

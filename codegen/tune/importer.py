@@ -20,8 +20,15 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
+from typing import Annotated, Union
+
+from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
+                      model_validator)
+
+from ..errors import DataFileError, printable
+from ..fsutil import read_input
 from ..models import FAMILIES, KernelConfig, TargetSpec
+from ..models.target import tile_problems
 from ..models.dtypes import by_torch
 from .grid import SEQLEN_BINS, GridEntry
 from .store import Provenance, config_columns, entry_columns
@@ -62,9 +69,22 @@ class ImportResult:
 def _time_ms(t) -> float | None:
     if isinstance(t, list) and t:
         t = t[0]  # upstream stores [median, p20, p80]
-    if isinstance(t, (int, float)) and math.isfinite(t):
-        return float(t)
-    return None
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        return None
+    try:
+        t = float(t)  # an integer past float's range: OverflowError
+    except OverflowError:
+        return None
+    return t if math.isfinite(t) and t >= 0 else None
+
+
+def _adiffs_text(adiffs) -> str:
+    """upstream's adiffs for the errors column (short: a log line may hold anything there)."""
+    try:
+        text = json.dumps(adiffs)
+    except (RecursionError, ValueError, TypeError):
+        return "(unreadable)"
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _any_nan(adiffs) -> bool:
@@ -72,27 +92,105 @@ def _any_nan(adiffs) -> bool:
     return any(isinstance(v, float) and math.isnan(v) for v in vals)
 
 
+Int = Annotated[int, Field(strict=True)]  # a JSON integer: not 64.5, not true, not 1e400
+Flag = Union[StrictBool, Annotated[int, Field(strict=True, ge=0, le=1 << 31)]]  # truthy: as table_tool reads it
+
+
+class _Inputs(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    Q_dtype: str
+    head_dim: Annotated[Int, Field(ge=1, le=1 << 16)] = Field(validation_alias=AliasChoices("D_HEAD", "BLOCK_DMODEL"))
+    seqlen_q: Annotated[Int, Field(ge=1, le=1 << 31)] = Field(
+        validation_alias=AliasChoices("Max_seqlen_q", "max_seqlen_q", "seqlen_q"))
+    seqlen_k: Annotated[Int, Field(ge=1, le=1 << 31)] = Field(
+        validation_alias=AliasChoices("Max_seqlen_k", "max_seqlen_k", "seqlen_k"))
+    causal: Flag = Field(0, validation_alias=AliasChoices("CAUSAL_TYPE", "CAUSAL"))
+    dropout: Flag = Field(False, validation_alias="ENABLE_DROPOUT")
+    bias: Flag = Field(0, validation_alias="BIAS_TYPE")
+
+
+class _Kernel(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    BLOCK_M: Annotated[Int, Field(ge=1, le=1 << 16)]
+    BLOCK_N: Annotated[Int, Field(ge=1, le=1 << 16)]
+    PRE_LOAD_V: Flag = False
+
+    @model_validator(mode="after")
+    def _tile(self) -> "_Kernel":
+        problems = tile_problems(self.BLOCK_M, self.BLOCK_N)
+        if problems:
+            raise ValueError(f"tile {self.BLOCK_M}x{self.BLOCK_N} is not one the kernels take: {'; '.join(problems)}")
+        return self
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    waves_per_eu: Annotated[Int, Field(ge=0, le=64)] = 0
+    num_warps: Annotated[Int, Field(ge=1, le=64)] = 4
+    num_stages: Annotated[Int, Field(ge=0, le=64)] = 1
+
+
+def _none_to_empty(v):
+    return {} if v is None else v
+
+
+class TuningRecord(BaseModel):
+    """The fields of one upstream tuning record we read (others are ignored); the one parser of
+    a line of `tune import FILE`. What it accepts is what the CSVs we write accept on the next
+    read (`codegen.tuning_results`): positive sizes, tiles the kernels take."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    kernel_name: str
+    arch: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:+-]{1,64}$")]  # written into the CSVs' device column
+    inputs: _Inputs
+    tuned_kernel: _Kernel
+    compiler_options: Annotated[_Options, BeforeValidator(_none_to_empty)] = _Options()
+
+
+def _problem(e: dict) -> str:
+    """One pydantic error of a record, in our words."""
+    if e["type"] == "missing":
+        return "required field is missing"
+    if e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        return f"expected a mapping (JSON object), found {_json_type(e.get('input'))}"
+    if e["type"] in ("int_type", "int_from_float") and isinstance(e.get("input"), float):
+        return f"expected an integer, found {_shown(e['input'])}"
+    return e["msg"].removeprefix("Value error, ")
+
+
+def _json_type(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
 def _record(j: dict, path: Path, lineno: int) -> dict:
-    """The fields of one upstream tuning record; UserError (file:line) when one is malformed."""
-    fam = j.get("kernel_name")
+    """The fields of one upstream tuning record; DataFileError (file:line: field: message) when
+    one is missing or malformed."""
     try:
-        inp, tk, co = j["inputs"], j["tuned_kernel"] or {}, j["compiler_options"] or {}
-        return {
-            "family": fam, "arch": str(j["arch"]),
-            "dtype": _short_dtype(inp["Q_dtype"]),
-            "head_dim": _round_up(int(_first(inp, "D_HEAD", "BLOCK_DMODEL")), HEAD_DIM_BINS),
-            "seqlen_q": _round_up(int(_first(inp, "Max_seqlen_q", "max_seqlen_q", "seqlen_q")), SEQLEN_BINS),
-            "seqlen_k": _round_up(int(_first(inp, "Max_seqlen_k", "max_seqlen_k", "seqlen_k")), SEQLEN_BINS),
-            "causal": bool(_first(inp, "CAUSAL_TYPE", "CAUSAL", default=0)),
-            "dropout": bool(inp.get("ENABLE_DROPOUT", False)),
-            "bias": bool(inp.get("BIAS_TYPE", 0)),
-            "block_m": int(tk["BLOCK_M"]), "block_n": int(tk["BLOCK_N"]),
-            "pre_load_v": bool(tk.get("PRE_LOAD_V", False)) if fam == "attn_fwd" else None,
-            "waves_per_eu": int(co.get("waves_per_eu", 0)),
-            "num_warps": int(co.get("num_warps", 4)), "num_stages": int(co.get("num_stages", 1)),
-        }
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{path}:{lineno}: not an upstream tuning record ({exc!r} missing or malformed)") from None
+        rec = TuningRecord.model_validate(j)
+    except ValidationError as exc:
+        lines = []
+        for e in exc.errors(include_url=False):
+            loc = ".".join(printable(str(p)) for p in e["loc"]) or "(record)"
+            lines.append(f"{path}:{lineno}: not an upstream tuning record: {loc}: {_problem(e)}")
+        raise DataFileError(lines) from None
+    inp, tk, co = rec.inputs, rec.tuned_kernel, rec.compiler_options
+    fam = rec.kernel_name
+    return {
+        "family": fam, "arch": rec.arch,
+        "dtype": _short_dtype(inp.Q_dtype),
+        "head_dim": _round_up(inp.head_dim, HEAD_DIM_BINS),
+        "seqlen_q": _round_up(inp.seqlen_q, SEQLEN_BINS),
+        "seqlen_k": _round_up(inp.seqlen_k, SEQLEN_BINS),
+        "causal": bool(inp.causal), "dropout": bool(inp.dropout), "bias": bool(inp.bias),
+        "block_m": tk.BLOCK_M, "block_n": tk.BLOCK_N,
+        "pre_load_v": bool(tk.PRE_LOAD_V) if fam == "attn_fwd" else None,
+        "waves_per_eu": co.waves_per_eu, "num_warps": co.num_warps, "num_stages": co.num_stages,
+    }
 
 
 def _status(j: dict, t: float | None) -> str:
@@ -104,35 +202,61 @@ def _status(j: dict, t: float | None) -> str:
     return "ok"
 
 
+LOG_LIMIT = 1 << 30  # bytes: upstream's logs of a whole tuning run are tens of MB
+
+
 def _json_lines(path: Path):
-    """(line number, JSON object) of every non-empty line."""
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise UserError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
+    """(line number, JSON object, None) of every non-empty line, or (line number, None, message)
+    for a malformed one (not UTF-8, not JSON, numbers past the parser, nesting past the
+    interpreter, not an object), located as file:line."""
+    raw = read_input(path, what="tuning log", limit=LOG_LIMIT)
+    for lineno, chunk in enumerate(raw.split(b"\n"), 1):
+        if not chunk.strip():
             continue
         try:
-            j = json.loads(line)
+            j = json.loads(chunk.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            yield lineno, None, (f"{path}:{lineno}: not UTF-8 text (byte 0x{chunk[exc.start]:02x}): expected "
+                                 "upstream's JSON lines")
         except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: not a JSON line: {exc.msg}") from None
-        if not isinstance(j, dict):
-            raise UserError(f"{path}:{lineno}: expected a JSON object per line")
-        yield lineno, j
+            yield lineno, None, f"{path}:{lineno}: not a JSON line: {exc.msg} (column {exc.colno})"
+        except RecursionError:
+            yield lineno, None, f"{path}:{lineno}: not an upstream tuning record: nested too deeply"
+        except ValueError as exc:  # an integer with more digits than the parser allows
+            yield lineno, None, f"{path}:{lineno}: not a JSON line: {printable(str(exc))[:120]}"
+        else:
+            if isinstance(j, dict):
+                yield lineno, j, None
+            else:
+                yield lineno, None, f"{path}:{lineno}: expected a JSON object per line, found {type(j).__name__}"
+
+
+_MAX_ERRORS = 20
 
 
 def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
                   space: dict[tuple, set[str]] | None = None) -> ImportResult:
     res = ImportResult()
-    for lineno, j in _json_lines(path):
+    errors: list[str] = []
+    for lineno, j, problem in _json_lines(path):
+        if problem is not None:
+            errors.append(problem)
+            if len(errors) >= _MAX_ERRORS:
+                break
+            continue
         if j.get("result") != "tuned":
-            res.skip(f"result {j.get('result', 'missing')!r}")
+            res.skip(f"result {_shown(j.get('result', 'missing'))}")
             continue
         if j.get("kernel_name") not in FAMILIES:
-            res.skip(f"kernel {j.get('kernel_name')!r}")
+            res.skip(f"kernel {_shown(j.get('kernel_name'))}")
             continue
-        f = _record(j, path, lineno)
+        try:
+            f = _record(j, path, lineno)
+        except DataFileError as exc:
+            errors.extend(exc.lines)
+            if len(errors) >= _MAX_ERRORS:
+                break
+            continue
         fam, arch, dt, hd = f["family"], f["arch"], f["dtype"], f["head_dim"]
         if dt is None:
             res.skip("dtype")
@@ -154,9 +278,17 @@ def parse_records(path: Path, spec: TargetSpec, accept_proxy: bool, date: str,
                           triton="", torch="", date=date, source="import:test/tune_flash.py")
         row = {**entry_columns(entry, spec.primary_gpu), **config_columns(cfg), "status": _status(j, t),
                "time_ms": t if t is not None else "",
-               "errors": "" if adiffs is None else f"adiffs={json.dumps(adiffs)}",
+               "errors": "" if adiffs is None else f"adiffs={_adiffs_text(adiffs)}",
                "same_kernel_as": "", **prov.as_dict()}
         _, rows = res.entries.setdefault(entry.name, (entry, []))
         # the same kernel measured twice (a resumed upstream run): keep the later line
         rows[:] = [r for r in rows if r["config"] != cfg.name] + [row]
+    if errors:
+        raise DataFileError(errors[:_MAX_ERRORS])
     return res
+
+
+def _shown(value) -> str:
+    """A value of the log for a message: short, one line (it may be anything: a list, a mapping)."""
+    text = printable(repr(value))
+    return text if len(text) <= 40 else text[:39] + "…"

@@ -7,14 +7,16 @@ from typing import Optional
 
 import typer
 
+from ..preflight import path_option
+
 
 def register(app: typer.Typer, guarded) -> None:
     @app.command("validate")
     @guarded
     def validate(
         spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (head dims, dtypes, configs)."),
-        json_out: Optional[Path] = typer.Option(None, "--json", help="Write the JSON report here."),
-        md_out: Optional[Path] = typer.Option(None, "--md", help="Write the Markdown report here."),
+        json_out: Optional[Path] = typer.Option(None, "--json", parser=path_option, metavar="PATH", help="Write the JSON report here."),
+        md_out: Optional[Path] = typer.Option(None, "--md", parser=path_option, metavar="PATH", help="Write the Markdown report here."),
         kernels: Optional[Path] = typer.Option(None, "--kernels", help="Run the Triton kernels of this AOTriton "
                                                "source tree (TREE/tritonsrc) with the spec's configs instead of SDPA."),
         backend: list[str] = typer.Option(["flash", "efficient"], "--backend", help="SDPA backends to force."),
