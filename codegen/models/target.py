@@ -37,7 +37,7 @@ def gpu_mod(gpu: str) -> int:
     if not m:
         raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
     return int(m.group(2))
-RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$")
+RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$|^[0-9]+\.[0-9]+\.[0-9]+-dev$")  # a tag, or a snapshot of main
 
 PowerOfTwoTile = Annotated[int, Field(ge=16, le=256)]
 NumWarps = Literal[1, 2, 4, 8, 16]  # the num_warps a tuning space may hold (powers of two)
@@ -335,7 +335,7 @@ class Upstream(_Model):
     def _tags(cls, v: list[str]) -> list[str]:
         for tag in v:
             if not RELEASE_RE.match(tag):
-                raise ValueError(f"'{tag}' is not a release tag like '0.11b'")
+                raise ValueError(f"'{tag}' is not a release tag like '0.11b' (or a snapshot like '0.14.0-dev')")
         if len(set(v)) != len(v):
             raise ValueError("duplicate release")
         return v
