@@ -108,9 +108,9 @@ def register(app: typer.Typer, guarded) -> None:
 
         console = _console()
         loaded = load_spec(spec)
-        release = detect(aotriton_dir.resolve())  # the tree's record; refuses unknown trees first
         for w in loaded.warnings:
             console.print(w, markup=False, style="yellow")
+        release = detect(aotriton_dir.resolve())  # the tree's record; refuses unknown trees, writes nothing
         try:
             with console.status("applying…") as status:
                 result = apply_overlay(aotriton_dir, loaded, pretend=pretend,

@@ -51,9 +51,9 @@ class PlanTiming:
 
 
 def run_plan(opts: PlanOptions, timing: dict | None = None):
-    """(loaded spec, entries, summary, the tree's release record). Refusals (bad interpreter, bad spec, unknown release, and in
-    generate_kernel_list a target the tree does not register) come before upstream's generator
-    runs. `timing` receives `upstream_s`."""
+    """(loaded spec, entries, summary, the tree's release record). Refusals (bad interpreter, bad
+    spec, unknown release, and in generate_kernel_list a target the tree does not register) come
+    before upstream's generator runs. `timing` receives `upstream_s`."""
     preflight.interpreter(opts.python)
     loaded = load_spec(opts.spec)
     spec = loaded.spec
