@@ -15,6 +15,7 @@ from codegen.apply.engine import ApplyConflict, apply_overlay
 from codegen.apply.revert import revert_tree
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
+from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import make_fake_tree, snapshot, spec_variant
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu
@@ -211,7 +212,7 @@ def test_revert_refuses_an_unknown_release_it_never_applied_but_reverts_an_appli
     assert res.exit_code == 2, res.output
     assert [l for l in res.stderr.splitlines() if l.strip()] == [
         f"error: {tree}: AOTriton 0.15.0 (as its CMakeLists.txt says) is not supported; supported releases: "
-        "0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b, 0.14.0-dev"]
+        + ", ".join(SUPPORTED_RELEASES)]
     assert "nothing to revert" not in res.output and snapshot(tree) == before
 
     cm.write_text(cm.read_text().replace("MINOR_INT 15", "MINOR_INT 12"))
