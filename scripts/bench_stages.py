@@ -10,7 +10,8 @@ venv of the spec's Triton (docs/toolchain.md): when it is not cached yet, the fi
 (minutes, pip), which the median of three runs leaves out; create it beforehand for --runs 1.
 
 Trees come from AOTRITON_GIT (a git dir of ROCm/aotriton, `git archive TAG`) or the shared release
-archive `shared/upstream/aotriton-releases.tar.xz` of the nearest ancestor folder (or --archive);
+archive `shared/upstream/aotriton-releases.tar.xz` of the nearest ancestor folder (or --archive;
+a snapshot of main, e.g. 0.14.0-dev, from `aotriton-main-<yyyymmdd>.tar.xz` beside it);
 every requested release is extracted once, then copied for each run.
 
     scripts/bench_stages.py                                 # all supported releases, 3 runs
@@ -109,24 +110,37 @@ class TreeSource:
         return f"git archive from {self.git_dir}" if self.git_dir else f"{self.archive}"
 
     def prepare(self, tags: list[str]) -> None:
+        from codegen.upstream import by_release
+
         todo = [t for t in tags if not (self.cache / f"aotriton-{t}").is_dir()]
         if not todo:
             return
         t0 = time.monotonic()
+        snapshots = [t for t in todo if by_release(t).snapshot]
         if self.git_dir:
             for tag in todo:
                 dest = self.cache / f"aotriton-{tag}"
                 dest.mkdir(parents=True)
-                data = subprocess.run(["git", "-C", self.git_dir, "archive", tag], check=True,
+                ref = by_release(tag).commit if tag in snapshots else tag
+                data = subprocess.run(["git", "-C", self.git_dir, "archive", ref], check=True,
                                       capture_output=True).stdout
                 subprocess.run(["tar", "-x", "-C", str(dest)], input=data, check=True)
         else:
-            members = [f"aotriton-{t}" for t in todo]
-            proc = subprocess.run(["tar", "-xJf", str(self.archive), "-C", str(self.cache), *members],
-                                  capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise SystemExit(f"error: cannot extract {', '.join(members)} from {self.archive}: "
-                                 f"{proc.stderr.strip()}")
+            # a snapshot of main is its own archive beside the releases' (aotriton-main-<yyyymmdd>,
+            # top folder aotriton-main/): tests/conftest.py reads the same TAGS convention
+            jobs = [(self.archive, [f"aotriton-{t}" for t in todo if t not in snapshots], None)]
+            jobs += [(self.archive.parent / f"aotriton-main-{by_release(t).date.replace('-', '')}.tar.xz",
+                      ["aotriton-main"], t) for t in snapshots]
+            for archive, members, rename in jobs:
+                if not members:
+                    continue
+                proc = subprocess.run(["tar", "-xJf", str(archive), "-C", str(self.cache), *members],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit(f"error: cannot extract {', '.join(members)} from {archive}: "
+                                     f"{proc.stderr.strip()}")
+                if rename is not None:
+                    (self.cache / "aotriton-main").rename(self.cache / f"aotriton-{rename}")
         log(f"extracted {', '.join(todo)} in {time.monotonic() - t0:.1f} s")
 
     def fresh(self, tag: str, dest: Path) -> Path:

@@ -5,12 +5,14 @@
 3. the shared release archive `shared/upstream/aotriton-releases.tar.xz` in the checkout's parent
    folder (`../shared/...`; for a git worktree further up, the nearest ancestor that has one) or
    AOTRITON_ARCHIVE: every release it holds is extracted in one `tar` call, once per session, on
-   first use.
+   first use; snapshots of main (`TAGS` line `main(<name>) <commit> <date>`, e.g. 0.14.0-dev) come
+   from `aotriton-main-<yyyymmdd>.tar.xz` beside it (top folder `aotriton-main/`), extracted the
+   same way. With AOTRITON_GIT a snapshot is its record's commit.
 
 Tests that need a tree skip with the reason only when none of the three is available. The list of
-releases is not repeated here: `SUPPORTED_TAGS` is the upstream adapter table
-(`codegen.upstream.SUPPORTED_RELEASES`), `ARCHIVE_TAGS` the archive's `TAGS` file (which also holds
-releases we do not support, if any, for the refusal tests)."""
+releases is not repeated here: `SUPPORTED_TAGS` is the record table
+(`codegen.upstream.SUPPORTED_RELEASES`, snapshots of main included), `ARCHIVE_TAGS` the archive's
+`TAGS` file (which also holds releases we do not support, if any, for the refusal tests)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.upstream import SUPPORTED_RELEASES, read_version, release_name
+from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, UnsupportedTree
 
 REPO = Path(__file__).resolve().parents[1]
 ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
@@ -44,24 +46,39 @@ def release_archive() -> Path | None:
     return None
 
 
-def archive_tags(archive: Path | None = None) -> tuple[str, ...]:
-    """The tags the archive holds, from the `TAGS` file beside it (`tag commit date` per line)."""
-    archive = archive or release_archive()
-    if archive is None:
-        return ()
+def _archive_entries(archive: Path) -> dict[str, tuple[Path, str]]:
+    """tag -> (archive file, top folder), from the `TAGS` file beside the archive (`tag commit
+    date` per line; a snapshot of main is `main(<name>) commit date`, in its own archive)."""
     tags_file = archive.parent / "TAGS"
     if not tags_file.is_file():
-        return ()
-    return tuple(line.split()[0] for line in tags_file.read_text().splitlines() if line.strip())
+        return {}
+    out = {}
+    for line in tags_file.read_text().splitlines():
+        if not line.strip():
+            continue
+        tag, _commit, date = line.split()[:3]
+        if tag.startswith("main(") and tag.endswith(")"):
+            out[tag[5:-1]] = (archive.parent / f"aotriton-main-{date.replace('-', '')}.tar.xz", "aotriton-main")
+        else:
+            out[tag] = (archive, f"aotriton-{tag}")
+    return out
+
+
+def archive_tags(archive: Path | None = None) -> tuple[str, ...]:
+    """The tags (and snapshot names) the archives hold, from the `TAGS` file."""
+    archive = archive or release_archive()
+    return tuple(_archive_entries(archive)) if archive is not None else ()
 
 
 ARCHIVE_TAGS: tuple[str, ...] = archive_tags()
 
 
 def _tree_version(tree: Path) -> str | None:
-    """The release tag a tree's CMakeLists.txt says (the adapters' own reader and printer)."""
-    version = read_version(tree)
-    return release_name(version) if version else None
+    """The release a tree is (the adapters' own detection), None when it is none of them."""
+    try:
+        return detect(tree).release
+    except UnsupportedTree:
+        return None
 
 
 @pytest.fixture(scope="session")
@@ -70,10 +87,10 @@ def _pristine_cache(tmp_path_factory):
 
 
 def _extract_archive(archive: Path, cache: Path) -> Path:
-    """All releases of the archive, extracted once (one tar call) into cache/archive/."""
-    dest = cache / "archive"
+    """Everything an archive holds, extracted once (one tar call) into cache/<archive name>/."""
+    dest = cache / archive.name.split(".tar")[0]
     if not dest.exists():
-        tmp = cache / ".archive.tmp"
+        tmp = cache / f".{dest.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         subprocess.run(["tar", "-xJf", str(archive), "-C", str(tmp)], check=True)
@@ -94,8 +111,9 @@ def pristine_tree(_pristine_cache):
                 tmp = _pristine_cache / f".{tag}.tmp"
                 shutil.rmtree(tmp, ignore_errors=True)
                 tmp.mkdir()
+                ref = by_release(tag).commit if by_release(tag).snapshot else tag
                 archive = subprocess.run(
-                    ["git", "-C", git_dir, "archive", tag], check=True, capture_output=True
+                    ["git", "-C", git_dir, "archive", ref], check=True, capture_output=True
                 ).stdout
                 subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
                 tmp.rename(dest)
@@ -108,11 +126,15 @@ def pristine_tree(_pristine_cache):
             return tree
         archive = release_archive()
         if archive is not None:
-            if tag not in archive_tags(archive):
-                pytest.skip(f"{archive} has no release {tag} (its TAGS: {', '.join(archive_tags(archive))})")
-            tree = _extract_archive(archive, _pristine_cache) / f"aotriton-{tag}"
+            entries = _archive_entries(archive)
+            if tag not in entries:
+                pytest.skip(f"{archive} has no release {tag} (its TAGS: {', '.join(entries)})")
+            holder, top = entries[tag]
+            if not holder.is_file():
+                pytest.fail(f"{archive.parent}/TAGS lists {tag} but there is no {holder.name}")
+            tree = _extract_archive(holder, _pristine_cache) / top
             if not tree.is_dir():
-                pytest.fail(f"{archive}: TAGS lists {tag} but the archive has no aotriton-{tag}/")
+                pytest.fail(f"{holder}: TAGS lists {tag} but the archive has no {top}/")
             return tree
         pytest.skip(NO_TREE)
 

@@ -15,6 +15,7 @@ from codegen.apply.engine import ApplyConflict, apply_overlay
 from codegen.apply.revert import revert_tree
 from codegen.apply import journal
 from codegen.apply.dbrows import read_tarxz
+from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import make_fake_tree, snapshot, spec_variant
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu
@@ -185,13 +186,13 @@ def test_failure_leaves_tree_unchanged(tmp_path, spec, monkeypatch, fail_at):
 
 
 def test_cli_refuses_newer_release_with_one_message(tmp_path):
-    tree = make_fake_tree(tmp_path / "t", (0, 14, 0))
+    tree = make_fake_tree(tmp_path / "t", (0, 15, 0))
     (tree / "modules").mkdir()
     before = snapshot(tree)
     res = CliRunner().invoke(app, ["apply", str(tree)])
     assert res.exit_code == 2
     assert len([l for l in res.stderr.splitlines() if l.strip()]) == 1
-    assert "AOTriton 0.14b is not supported; supported releases: " in res.stderr
+    assert "AOTriton 0.15.0 (as its CMakeLists.txt says) is not supported; supported releases: " in res.stderr
     assert "Traceback" not in res.stderr
     assert snapshot(tree) == before
 
@@ -203,21 +204,21 @@ def test_revert_refuses_an_unknown_release_it_never_applied_but_reverts_an_appli
     CMakeLists.txt, so the changed version lines are a local change that --force discards."""
     tree = make_fake_tree(tmp_path / "t", (0, 12, 0))
     cm = tree / "CMakeLists.txt"
-    bumped = cm.read_text().replace("MINOR_INT 12", "MINOR_INT 14")
+    bumped = cm.read_text().replace("MINOR_INT 12", "MINOR_INT 15")
     assert bumped != cm.read_text()
     cm.write_text(bumped)
     before = snapshot(tree)
     res = CliRunner().invoke(app, ["revert", str(tree)])
     assert res.exit_code == 2, res.output
     assert [l for l in res.stderr.splitlines() if l.strip()] == [
-        f"error: {tree}: AOTriton 0.14b is not supported; supported releases: 0.10b, 0.11b, 0.11.1b, "
-        "0.11.2b, 0.12b, 0.12.1b, 0.13b"]
+        f"error: {tree}: AOTriton 0.15.0 (as its CMakeLists.txt says) is not supported; supported releases: "
+        + ", ".join(SUPPORTED_RELEASES)]
     assert "nothing to revert" not in res.output and snapshot(tree) == before
 
-    cm.write_text(cm.read_text().replace("MINOR_INT 14", "MINOR_INT 12"))
+    cm.write_text(cm.read_text().replace("MINOR_INT 15", "MINOR_INT 12"))
     pristine = snapshot(tree)
     apply_overlay(tree, spec)
-    cm.write_text(cm.read_text().replace("MINOR_INT 12", "MINOR_INT 14"))
+    cm.write_text(cm.read_text().replace("MINOR_INT 12", "MINOR_INT 15"))
     res = CliRunner().invoke(app, ["revert", str(tree)])
     assert res.exit_code == 2 and "CMakeLists.txt" in res.output and "not supported" not in res.output
     res = CliRunner().invoke(app, ["revert", str(tree), "--force"])

@@ -22,7 +22,7 @@ from codegen.errors import UserError
 from codegen.resources import default_spec_path
 from codegen.spec import load_spec
 from codegen.upstream import detect
-from fake_tree import make_fake_tree, snapshot, spec_variant
+from fake_tree import make_fake_tree, releases_line, snapshot, spec_variant
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -128,7 +128,7 @@ def test_ctrl_c_is_exit_130_without_traceback(tmp_path, monkeypatch):
 
 def test_spec_for_other_releases_is_refused_with_the_list(tmp_path):
     tree = make_fake_tree(tmp_path / "t", (0, 11, 0))
-    p = spec_variant(tmp_path, **{"releases: [0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b]": "releases: [0.12b, 0.11.2b]"})
+    p = spec_variant(tmp_path, **{releases_line(): "  releases: [0.12b, 0.11.2b]"})
     before = snapshot(tree)
     res = _cli("apply", str(tree), "--spec", str(p))
     assert res.exit_code == 2 and "Traceback" not in res.output
@@ -330,7 +330,7 @@ def test_real_tree_refusals_come_first_and_change_nothing(fresh_tree, tmp_path, 
     assert res.exit_code == 2 and "v3python/compile.py" in res.stderr and "already mentions gfx908" in res.stderr
     gt.write_text(gtext)
     res = _cli("apply", str(tree), "--spec", str(spec_variant(tmp_path, **{
-        "releases: [0.10b, 0.11b, 0.11.1b, 0.11.2b, 0.12b, 0.12.1b, 0.13b]": "releases: [0.11.1b]"})))
+        releases_line(): "  releases: [0.11.1b]"})))
     assert res.exit_code == 2 and f"AOTriton {tag}, but" in res.stderr and "0.11.1b" in res.stderr
     assert snapshot(tree) == before
 

@@ -156,8 +156,8 @@ def test_local_edit_at_anchor_refused_real(fresh_tree, tag):
         ["include/aotriton/util.h", "v3python/gpu_targets.py"]
     assert snapshot(tree) == before
 
-# A newer release (a 0.13b copy claiming 0.14.0) refused cleanly by apply and every other stage:
-# tests/test_releases_real.py.
+# A newer tree (main claiming 0.15.0, a 0.13b copy claiming 0.14.0) refused cleanly by apply and
+# every other stage: tests/test_releases_real.py.
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.upstream import RELEASE_IDS, by_release
+from codegen.errors import UserError
+from codegen.upstream import by_release
 from codegen.build.configure import (BuildRequest, commit_ids, plan_configure,
                                      write_support_files)
 from codegen.build.prereq import Toolchain
@@ -82,15 +83,28 @@ def test_hip_compat_only_for_old_hip(tmp_path):
     ("0.11.2b", {"AOTRITON_CI_SUPPLIED_SHA1"}),
     ("0.12b", {"AOTRITON_CI_SUPPLIED_SHA1", "AOTRITON_GIT_TREESHA1"}),
     ("0.12.1b", {"AOTRITON_CI_SUPPLIED_SHA1", "AOTRITON_GIT_TREESHA1"}),
+    ("0.13b", {"AOTRITON_CI_SUPPLIED_SHA1", "AOTRITON_GIT_TREESHA1"}),
 ])
 def test_commit_ids_per_release(tmp_path, release, expect):
     adapter = by_release(release)
     ids = commit_ids(tmp_path, adapter, None)
     assert set(ids) == expect
     if ids:
-        assert ids["AOTRITON_CI_SUPPLIED_SHA1"] == RELEASE_IDS[adapter.version][0]
+        assert ids["AOTRITON_CI_SUPPLIED_SHA1"] == adapter.commit_ids[0]
     if "AOTRITON_GIT_TREESHA1" in ids:
-        assert ids["AOTRITON_GIT_TREESHA1"] == RELEASE_IDS[adapter.version][1]
+        assert ids["AOTRITON_GIT_TREESHA1"] == adapter.commit_ids[1]
+
+
+def test_commit_ids_snapshot_without_tree_id(tmp_path, monkeypatch):
+    """main's snapshot: its commit is known, its tree id is not (a git archive): an extract
+    without .git needs AOTRITON_GIT_TREESHA1, and the message says so."""
+    dev = by_release("0.14.0-dev")
+    monkeypatch.delenv("AOTRITON_CI_SUPPLIED_SHA1", raising=False)
+    monkeypatch.delenv("AOTRITON_GIT_TREESHA1", raising=False)
+    with pytest.raises(UserError, match=f"no known tree id for commit {dev.commit}"):
+        commit_ids(tmp_path, dev, None)
+    monkeypatch.setenv("AOTRITON_GIT_TREESHA1", "c" * 40)
+    assert commit_ids(tmp_path, dev, None) == {"AOTRITON_CI_SUPPLIED_SHA1": dev.commit, "AOTRITON_GIT_TREESHA1": "c" * 40}
 
 
 def test_commit_ids_git_tree_and_env(tmp_path, monkeypatch):
@@ -111,7 +125,8 @@ def test_knobs_persisted_and_deterministic(tmp_path):
     files = dict((p, d) for p, d, _ in a.files)
     env_cmake = files["mi100-codegen/env.cmake"].decode()
     assert 'set(ENV{AOTRITON_FLASH_BLOCK_DMODEL} "64")' in env_cmake
-    assert f'set(ENV{{AOTRITON_GIT_TREESHA1}} "{RELEASE_IDS[(0, 12, 0)][1]}")' in env_cmake
+    tree12 = by_release("0.12b").commit_ids[1]
+    assert f'set(ENV{{AOTRITON_GIT_TREESHA1}} "{tree12}")' in env_cmake
     assert str(tmp_path) not in env_cmake and str(tmp_path) not in files["mi100-codegen/build.env"].decode()
     for data in files.values():
         assert data.endswith(b"\n") and not data.endswith(b"\n\n") and b"\r" not in data
@@ -150,10 +165,10 @@ def test_env_cmake_sets_environment_for_configure(tmp_path):
                           f"-DCMAKE_PROJECT_INCLUDE_BEFORE={build / 'mi100-codegen' / 'env.cmake'}"],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 0, out.stderr
-    assert f"SHA={RELEASE_IDS[(0, 11, 0)][0]} HD=64" in out.stdout
+    assert f"SHA={by_release('0.11b').commit_ids[0]} HD=64" in out.stdout
     # A re-configure (what ninja runs) gets them from the cache entry alone.
     out2 = subprocess.run([cmake, str(tmp_path / "b")], capture_output=True, text=True, env=env)
-    assert f"SHA={RELEASE_IDS[(0, 11, 0)][0]} HD=64" in out2.stdout
+    assert f"SHA={by_release('0.11b').commit_ids[0]} HD=64" in out2.stdout
 
 
 def test_tree_inputs_change_the_fingerprint(tmp_path):

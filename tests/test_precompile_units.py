@@ -365,13 +365,14 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
     neither the spilling count nor the limits table treats them as spilling. Without an op database
     (0.10b) nothing is routed, so they stay what they are."""
     from codegen.precompile import run as prun
+    from codegen.upstream import by_release
 
     fuse = "bwd_kernel_fuse.gfx1030.bf16.d64.M16N16.wpe1.w8.s1"
     dq = "bwd_kernel_dq.gfx1030.bf16.d64.M16N16.wpe1.w8.s1"
     results = [_result(fuse, wpe=1, occ=4, vgpr_spills=16), _result(dq, wpe=1, occ=4, vgpr_spills=5),
                _result(fuse.replace("bf16", "fp16"), wpe=1, occ=4)]
     spec = load_spec("rules/rdna2.yaml").spec
-    marked = prun.mark_not_dispatched(results, spec, "0.11b")
+    marked = prun.mark_not_dispatched(results, spec, by_release("0.11b"))
     assert [r.verdicts for r in marked] == [["not dispatched"], ["spills"], ["ok"]]
     assert marked[0].resources.vgpr_spills == 16  # the figures stay
     info = RunInfo(gpu="gfx1030_mod0", arch="gfx1030", release="0.11b", triton="3.5.1", build="normal", planned=3,
@@ -381,4 +382,4 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
     limits = waves_per_eu_limits({"arch": "gfx1030", "configs": {fuse: {"verdict": "not dispatched"}}}, "gfx1030")
     assert largest_clean_waves_per_eu(limits, KernelConfig.parse(fuse)) == 1
 
-    assert [r.verdicts for r in prun.mark_not_dispatched(results, spec, "0.10b")] == [["spills"], ["spills"], ["ok"]]
+    assert [r.verdicts for r in prun.mark_not_dispatched(results, spec, by_release("0.10b"))] == [["spills"], ["spills"], ["ok"]]

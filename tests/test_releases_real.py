@@ -1,7 +1,8 @@
-"""Releases newer than the adapter table, on real trees: a copy of 0.13b (the newest supported
-release) that claims 0.14.0 in its CMake version lines, as upstream's development branch does.
-Every stage that takes a tree refuses them with one message naming the supported releases, exit 2,
-and writes nothing (not in the tree, not the build prefix)."""
+"""Trees newer than the record table, on real trees: a copy of main (0.14.0-dev, the newest known
+tree) that claims 0.15.0 in its CMake version lines (an unknown version), and a copy of 0.13b that
+claims 0.14.0 (a known version in a layout its record does not have: what a newer tree of the same
+version looks like). Every stage that takes a tree refuses them with one message naming the
+supported releases, exit 2, and writes nothing (not in the tree, not the build prefix)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,16 @@ def _claiming(src: Path, dest: Path, minor: int) -> Path:
     return dest
 
 
-def test_newer_release_refused_by_every_stage(pristine_tree, tmp_path):
-    tree = _claiming(pristine_tree("0.13b"), tmp_path / "aotriton-dev", 14)
-    shown = "0.14b"
+# (source release, the minor version it is made to claim, what the one line says)
+CASES = (
+    ("0.14.0-dev", 15, "AOTriton 0.15.0 (as its CMakeLists.txt says) is not supported; "),
+    ("0.13b", 14, "says AOTriton 0.14.0 but is not 0.14.0-dev (main at 30ae967, not a release) (missing: "),
+)
+
+
+@pytest.mark.parametrize("src,minor,says", CASES, ids=["unknown-version", "unknown-layout"])
+def test_newer_tree_refused_by_every_stage(pristine_tree, tmp_path, src, minor, says):
+    tree = _claiming(pristine_tree(src), tmp_path / "aotriton-dev", minor)
     before = snapshot(tree)
     prefix = tmp_path / "prefix"
     for stage in STAGES:
@@ -50,7 +58,7 @@ def test_newer_release_refused_by_every_stage(pristine_tree, tmp_path):
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert res.exit_code == 2, (argv, res.output)
         assert len(lines) == 1, (argv, res.stderr)
-        assert f"AOTriton {shown} " in lines[0], lines[0]
+        assert says in lines[0], lines[0]
         assert lines[0].endswith("supported releases: " + ", ".join(SUPPORTED_RELEASES)), lines[0]
         assert "Traceback" not in res.output
         assert res.stdout == "", (argv, res.stdout)

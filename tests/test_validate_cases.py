@@ -223,7 +223,8 @@ def test_report_compares_the_gpus_compute_units_with_the_spec():
 
 @pytest.mark.aotriton
 @pytest.mark.parametrize("tag, folder", [("0.11.2b", "tritonsrc"), ("0.12.1b", "tritonsrc"),
-                                         ("0.13b", "modules/flash/kernel")])
+                                         ("0.13b", "modules/flash/kernel"),
+                                         ("0.14.0-dev", "modules/flash/kernel")])
 def test_kernel_folder_comes_from_the_adapter(pristine_tree, tag, folder):
     """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel);
     tune accepts every release's tree (its launchers pass arguments by name)."""

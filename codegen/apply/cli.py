@@ -59,12 +59,6 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
     console.print(f"{result.command}: {summary}")
 
 
-def _has_op_db(release: str) -> bool:
-    from ..upstream import by_release  # CLI start-up: loads only after an apply ran
-
-    return by_release(release).op_db is not None
-
-
 def _print_compile_check(console: Console, result) -> None:
     """The seeded rows against tuning/<arch>/compile_report.json (see codegen.apply.dbrows)."""
     capped, unclean, unmeasured, checked = 0, set(), set(), False
@@ -109,21 +103,23 @@ def register(app: typer.Typer, guarded) -> None:
 
         Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
         from ..spec import load_spec  # CLI start-up: the engine (libcst, sqlite) loads only when run
+        from ..upstream import detect
         from .engine import ApplyConflict, apply_overlay
 
         console = _console()
         loaded = load_spec(spec)
         for w in loaded.warnings:
             console.print(w, markup=False, style="yellow")
+        release = detect(aotriton_dir.resolve())  # the tree's record; refuses unknown trees, writes nothing
         try:
             with console.status("applying…") as status:
                 result = apply_overlay(aotriton_dir, loaded, pretend=pretend,
-                                       progress=lambda msg: status.update(msg))
+                                       progress=lambda msg: status.update(msg), release=release)
         except ApplyConflict as exc:
             raise _printed(console, exc, as_json, "apply") from None
         _print_result(console, result)
-        if loaded.spec.rows.split_backward and result.release and not _has_op_db(result.release):
-            console.print(f"rows.split_backward: AOTriton {result.release} has no op database to route with; its "
+        if loaded.spec.rows.split_backward and release.op_db is None:
+            console.print(f"rows.split_backward: AOTriton {release.label} has no op database to route with; its "
                           "fused backward kernels stay selectable (PyTorch's v2 path calls attn_bwd_fused for "
                           "short sequences)", markup=False, style="yellow")
         if as_json:

@@ -562,6 +562,9 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
         work.close()
 
 
+SHARD_SUFFIX = ".sqlite3.tar.xz"
+
+
 def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
                listdir: Callable[[str], list[str]]) -> list[dict]:
     """What DB files apply writes for this release: [{path, kind: 'upsert'|'shard', donor?, required}]."""
@@ -571,8 +574,11 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
             out.append({"path": adapter.op_db, "kind": "upsert", "required": False})
         return out
     donor_root = f"{adapter.shard_root}/{_donor_arch(plan.donor_gpu)}"
-    shards = sorted(f"{fam}/{name}" for fam in listdir(donor_root) for name in listdir(f"{donor_root}/{fam}")
-                    if name.endswith(".sqlite3.tar.xz"))
+    # shards lie in a folder per family (<arch>/flash/<kernel>, 0.11.1b-0.13b) or directly in the
+    # arch folder (main: one database folder per family): read from the tree, not assumed
+    shards = sorted([name for name in listdir(donor_root) if name.endswith(SHARD_SUFFIX)]
+                    + [f"{fam}/{name}" for fam in listdir(donor_root) if not fam.endswith(SHARD_SUFFIX)
+                       for name in listdir(f"{donor_root}/{fam}") if name.endswith(SHARD_SUFFIX)])
     if not shards:
         raise DonorError(f"{donor_root}: no tuning-database shards for the donor GPU {plan.donor_gpu}",
                          hint="pick a rows.donor_gpu that this release has tuned rows for")

@@ -387,15 +387,16 @@ def commit_apply(p: ApplyPlan, progress: Progress) -> Result:
 
 
 def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
-                  progress: Progress | None = None) -> Result:
+                  progress: Progress | None = None, release: Adapter | None = None) -> Result:
     """Apply the overlay rendered from `loaded` to the AOTriton tree `tree`.
 
     Returns a Result with per-file verdicts; raises ApplyConflict (nothing written) when a file
     cannot be changed safely, UnsupportedTree for a release that is not supported, UserError for
-    other refusals. `pretend` is the plan alone: the same computation, nothing written."""
+    other refusals. `pretend` is the plan alone: the same computation, nothing written. `release`:
+    the tree's record when the caller detected it already."""
     tree = Path(tree).resolve()
     progress = progress or (lambda msg: None)
-    adapter = detect(tree)  # refuses unknown trees before anything is written
+    adapter = release or detect(tree)  # the tree's record (refuses unknown trees before anything is written)
     with Locked(tree):
         recovered = None
         if pretend:

@@ -39,7 +39,7 @@ def gpu_mod(gpu: str) -> int:
     if not m:
         raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
     return int(m.group(2))
-RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$")
+RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$|^[0-9]+\.[0-9]+\.[0-9]+-dev$")  # a tag, or a snapshot of main
 
 TILE_MIN, TILE_MAX = 16, 256
 PowerOfTwoTile = Annotated[int, Field(ge=TILE_MIN, le=TILE_MAX)]
@@ -361,7 +361,7 @@ class Upstream(_Model):
     def _tags(cls, v: list[str]) -> list[str]:
         for tag in v:
             if not RELEASE_RE.match(tag):
-                raise ValueError(f"'{tag}' is not a release tag like '0.11b'")
+                raise ValueError(f"'{tag}' is not a release tag like '0.11b' (or a snapshot like '0.14.0-dev')")
         if len(set(v)) != len(v):
             raise ValueError("duplicate release")
         return v

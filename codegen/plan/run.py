@@ -51,9 +51,9 @@ class PlanTiming:
 
 
 def run_plan(opts: PlanOptions, timing: dict | None = None):
-    """(loaded spec, entries, summary). Refusals (bad interpreter, bad spec, unknown release, and in
-    generate_kernel_list a target the tree does not register) come before upstream's generator
-    runs. `timing` receives `upstream_s`."""
+    """(loaded spec, entries, summary, the tree's release record). Refusals (bad interpreter, bad
+    spec, unknown release, and in generate_kernel_list a target the tree does not register) come
+    before upstream's generator runs. `timing` receives `upstream_s`."""
     preflight.interpreter(opts.python)
     loaded = load_spec(opts.spec)
     spec = loaded.spec
@@ -62,7 +62,8 @@ def run_plan(opts: PlanOptions, timing: dict | None = None):
     fp32 = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
     entries = generate_kernel_list(opts.tree, list(spec.gpus), opts.python, arch=spec.arch, tuning=opts.tuning, env=fp32,
                                    timing=timing)
-    return loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning else "normal")
+    return (loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning else "normal"),
+            info.adapter)
 
 
 def show_plan(opts: PlanOptions) -> None:
@@ -72,7 +73,7 @@ def show_plan(opts: PlanOptions) -> None:
         err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
                   "tree's head dims, as it would for cmake")
     start, clock = time.perf_counter(), {}
-    loaded, entries, summary = run_plan(opts, clock)
+    loaded, entries, summary, _release = run_plan(opts, clock)
     timing = PlanTiming(time.perf_counter() - start, clock.get("upstream_s", 0.0))
     if opts.as_json:
         doc = {**summary.model_dump(mode="json"), "timing": timing.as_json()}

@@ -22,7 +22,7 @@ from ..plan.tree import check_registered, release_of
 from ..spec import load_spec
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import CompilerPython, compiler_python
-from ..upstream import by_release
+from ..upstream import Adapter
 from . import engine
 from .bench import run_bench
 from .cache import CompileCache, default_cache_dir
@@ -199,7 +199,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
-    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
+    loaded, entries, summary, release = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
@@ -207,7 +207,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))
     run = _compile(opts, loaded.spec, chosen, jobs, cache, err, compiler)
-    run.results = mark_not_dispatched(run.results, loaded.spec, summary.release)
+    run.results = mark_not_dispatched(run.results, loaded.spec, release)
     info = RunInfo(gpu=summary.gpu, arch=summary.arch, release=summary.release, triton=run.triton,
                    build=summary.build, planned=summary.total, sampled=len(chosen), sample=opts.sample,
                    jobs=jobs, wall_s=round(run.wall_s, 2), compiled_now=run.compiled_now,
@@ -221,12 +221,12 @@ def run_precompile(opts: PrecompileOptions) -> None:
     _after_compile(opts, loaded, chosen, run, info, jobs, cache, err, compiler)
 
 
-def mark_not_dispatched(results: list, spec, release: str) -> list:
+def mark_not_dispatched(results: list, spec, release: Adapter) -> list:
     """Fused-backward kernels of the passes rows.split_backward routes to the split backend are
     compiled (upstream compiles every backend) but never run: their verdict is 'not dispatched'.
     Only where the release has an op database to route with (0.11b and later)."""
     rules = spec.rows.split_backward
-    if not rules or by_release(release).op_db is None:
+    if not rules or release.op_db is None:
         return results
     return [r.model_copy(update={"dispatched": False})
             if r.family == "bwd_kernel_fuse" and splits_backward(rules, r.dtype, r.head_dim) else r
@@ -302,7 +302,7 @@ def run_bench_command(opts: BenchOptions) -> None:
         preflight.cache_folder("toolchain")  # the build venv
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
+    loaded, entries, summary, _release = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..upstream import ADAPTERS, release_name
+from ..upstream.releases import SUPPORTED, TORCH_LINES, by_release, release_name
 from .elf import DynamicInfo, read_dynamic
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
@@ -24,33 +24,17 @@ IMAGES_DIR = "aotriton.images"
 HIP_LIB = "libtorch_hip.so"
 
 # PyTorch feature release -> the AOTriton release its official wheels link, and the PyTorch branch
-# a from-source rebuild uses. The one table of torch lines (docs/torch.md and docs/releases.md
-# list its sources); everything else (status, rebuild-recipe, scripts/mi100_recipe.sh) reads it.
-@dataclass(frozen=True)
-class TorchLine:
-    torch: str  # feature release, '2.13'
-    aotriton: str  # AOTriton tag its wheels link, '0.12b'
-    branch: str  # PyTorch branch for `torch rebuild-recipe`
-    note: str = ""
-
+# a from-source rebuild uses: the records' `torch_lines` (codegen.upstream.releases, the one
+# owner; docs/torch.md and docs/releases.md list the sources); status, rebuild-recipe and
+# scripts/mi100_recipe.sh read it from here (TORCH_LINES, imported above).
 
 # Image formats `torch install` was checked against on a real install tree: 'aks2' (up to
 # 0.12.1b) and 0.13b's 'zip' (a smoke image build of 0.13b, installed into and restored from a
 # ROCm-torch ELF fixture that links its v3 entry points, byte-identical; docs/torch.md).
+# Snapshots of main (0.14.0-dev) are no release a PyTorch line links: not built for torch.
 TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2", "zip")
-TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in ADAPTERS.values() if a.image_format in TORCH_IMAGE_FORMATS)
-
-
-TORCH_LINES: tuple[TorchLine, ...] = (
-    TorchLine("2.7", "0.9.2b", "release/2.7"),
-    TorchLine("2.8", "0.10b", "release/2.8"),
-    TorchLine("2.9", "0.11b", "release/2.9"),
-    TorchLine("2.10", "0.11.1b", "release/2.10"),
-    TorchLine("2.11", "0.11.2b", "release/2.11", "AMD's own ROCm/pytorch builds of 2.11 link 0.13b"),
-    TorchLine("2.12", "0.11.2b", "release/2.12", "AMD's own ROCm/pytorch builds of 2.12 link 0.13b"),
-    TorchLine("2.13", "0.12b", "release/2.13", "0.12.1b is its ABI-compatible point release"),
-    TorchLine("2.14", "0.13b", "main", "PyTorch main (next: 2.14)"),
-)
+TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in SUPPORTED
+                                        if a.image_format in TORCH_IMAGE_FORMATS and not a.snapshot)
 TORCH_TO_AOTRITON: dict[str, str] = {t.torch: t.aotriton for t in TORCH_LINES}
 
 
@@ -76,10 +60,10 @@ def tag_line(tag: str) -> str | None:
 def library_name(tag: str) -> str:
     """The file `libtorch_hip.so` needs for an AOTriton tag: '0.12b' -> 'libaotriton_v2.so.0.12.0'
     (upstream sets VERSION major.minor.patch and no SOVERSION)."""
-    v = parse_tag(tag)
-    if v is None:
-        raise ValueError(f"not an AOTriton tag: {tag}")
-    return "libaotriton_v2.so.{}.{}.{}".format(*v)
+    try:
+        return by_release(tag).library
+    except KeyError:
+        raise ValueError(f"not an AOTriton release mi100-codegen knows: {tag}") from None
 
 
 def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None:

@@ -2,7 +2,8 @@
 
 `registration_gaps` is the one answer to "does this tree know the target?" (plan and build ask
 it); `refuse_unsuitable_tree` is what apply checks before it computes anything: the spec must
-list the tree's release, and the arch must be one the release does not ship already."""
+list the tree's release, and the arch must be one the release does not ship already (the
+record's `shipped_archs`)."""
 
 from __future__ import annotations
 
@@ -14,30 +15,16 @@ from ..models import TargetSpec
 from . import Adapter
 from .layouts import layout_of
 
-# The archs each release ships (the keys of its AOTRITON_ARCH_TO_PACK at the tag).
-_BASE = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1150", "gfx1151", "gfx1200", "gfx1201",
-         "gfx1250")
-SHIPPED_ARCHS: dict[tuple[int, int, int], tuple[str, ...]] = {
-    (0, 10, 0): _BASE,
-    (0, 11, 0): _BASE + ("gfx1102",),
-    (0, 11, 1): _BASE + ("gfx1102", "gfx1103"),
-    (0, 11, 2): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
-    (0, 12, 0): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
-    (0, 12, 1): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
-    (0, 13, 0): _BASE + ("gfx1102", "gfx1103", "gfx1152", "gfx1153"),
-}
-
-
 def refuse_unsuitable_tree(tree: Path, adapter: Adapter, spec: TargetSpec, spec_display: str) -> None:
     """UserError (exit 2) when the spec is not for this tree's release, or the release already
     supports the arch. Reads nothing."""
     if adapter.release not in spec.upstream.releases:
         raise UserError(
-            f"{tree}: AOTriton {adapter.release}, but {spec_display} is for upstream.releases "
+            f"{tree}: AOTriton {adapter.label}, but {spec_display} is for upstream.releases "
             f"{', '.join(spec.upstream.releases)}",
             hint=f"apply to a tree of one of those releases, or add {adapter.release} to upstream.releases "
                  f"once the spec was checked against it")
-    if spec.arch in SHIPPED_ARCHS.get(adapter.version, ()):
+    if spec.arch in adapter.shipped_archs:
         raise UserError(
             f"{tree}: AOTriton {adapter.release} already supports {spec.arch} (it ships kernels and tuning "
             f"rows for it); mi100-codegen adds archs a release does not ship",
@@ -72,4 +59,4 @@ def registration_gaps(tree: Path, layout: str, gpus: list[str], arch: str | None
     return gaps
 
 
-__all__ = ["SHIPPED_ARCHS", "refuse_unsuitable_tree", "registration_gaps"]
+__all__ = ["refuse_unsuitable_tree", "registration_gaps"]
