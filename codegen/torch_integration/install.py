@@ -22,7 +22,7 @@ from filelock import FileLock, Timeout
 
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
 from ..fsutil import atomic_copy, atomic_write, move_into_place
-from .elf import ElfError, read_dynamic
+from ..elfinfo import ElfError, read_dynamic
 from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
     IMAGES_DIR,

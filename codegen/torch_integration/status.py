@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .elf import ElfError, read_dynamic
+from ..elfinfo import ElfError, read_dynamic
 from .install import MANIFEST, default_backup_dir, read_manifest
 from .layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
                      unsupported_line_message)
