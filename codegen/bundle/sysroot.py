@@ -32,7 +32,7 @@ from filelock import FileLock
 from ..errors import EnvironmentMissing, UserError
 from ..resources import user_cache_dir
 
-FORMAT = 1
+FORMAT = 2
 RECORD = "sysroot.json"
 
 
@@ -45,9 +45,12 @@ class HipSource:
     packages: tuple[str, ...]   # the first one's version must start with f"{major}."
 
 
+# the runtime and its headers, and the two packages its CMake config loads (find_dependency):
+# AOTriton's CMake finds HIP through that config
+_CMAKE_DEPS = ("libamd-comgr-dev", "libamd-comgr3", "libhsa-runtime-dev", "libhsa-runtime64-1")
 HIP_SOURCES: dict[int, HipSource] = {
-    6: HipSource(6, "sid", ("libamdhip64-dev", "libamdhip64-6")),
-    7: HipSource(7, "experimental", ("libamdhip64-dev", "libamdhip64-7")),
+    6: HipSource(6, "sid", ("libamdhip64-dev", "libamdhip64-6", *_CMAKE_DEPS)),
+    7: HipSource(7, "experimental", ("libamdhip64-dev", "libamdhip64-7", *_CMAKE_DEPS)),
 }
 
 
@@ -68,6 +71,11 @@ class Sysroot:
     @property
     def include(self) -> Path:
         return self.root / "usr" / "include"
+
+    @property
+    def prefix(self) -> Path:
+        """The `usr` folder: a CMake prefix (CMAKE_PREFIX_PATH) holding hip's config."""
+        return self.root / "usr"
 
     @property
     def runtime(self) -> Path:
@@ -264,6 +272,9 @@ def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path
             if tmp.resolve() not in real.parents:
                 raise _offline(src, f"{lib.name} links outside the sysroot", entry)
             record["runtime"] = real.relative_to(tmp.resolve()).as_posix()
+            # hip-config.cmake checks that its bin folder exists (hipcc's, from another package);
+            # the runtime build uses the host compiler, so an empty one does
+            (tmp / "usr" / "bin").mkdir(exist_ok=True)
             (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             if entry.exists():
                 shutil.rmtree(entry)

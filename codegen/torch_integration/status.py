@@ -68,6 +68,7 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
                 "prefix_library": m.get("prefix_library"),
                 "files": len(m["entries"]),
                 "library_matches_install": matches,
+                "bundle": m.get("bundle"),
             }
             if not matches:
                 out["problems"].append("the AOTriton file changed since our install (torch reinstalled?)")
@@ -102,6 +103,10 @@ def format_status(s: dict) -> str:
         o = s["ours"]
         lines.append(f"our build:        installed for {o['arch']} ({o['prefix_library']}, {o['files']} files; "
                      f"backup {o['backup_dir']})")
+        b = o.get("bundle")
+        if b:
+            lines.append(f"bundle:           {b.get('file')}  (AOTriton {b.get('release')}, {b.get('arch')}, HIP "
+                         f"{b.get('hip_major')}; sha256 {str(b.get('sha256'))[:16]}…; {b.get('label')})")
     else:
         lines.append("our build:        not installed")
     for p in s["problems"]:
