@@ -63,7 +63,8 @@ class DispatchCase:
 
 def dispatch_cases(spec: TargetSpec) -> list[DispatchCase]:
     """validate's SDPA matrix (dtypes × head dims × causal × its prime-length shapes), one shape
-    whose lengths are tile multiples, and bias / dropout variants where the spec builds them."""
+    whose lengths are tile multiples, and bias (not causal) / dropout variants where the spec
+    builds them."""
     out = []
     for dtype in spec.dtypes:
         for hd in sorted(spec.head_dims):
@@ -73,7 +74,9 @@ def dispatch_cases(spec: TargetSpec) -> list[DispatchCase]:
                     out.append(DispatchCase(base, dtype, hd, causal, shape))
                 shape = SHAPES[1]
                 tag = f"{dtype}.d{hd}.{'causal' if causal else 'full'}.{shape.tag}"
-                if spec.features.bias:
+                # PyTorch refuses attn_mask together with is_causal, and upstream's generator
+                # disables causal functionals with a bias (rules/flash/_common.py): bias only without
+                if spec.features.bias and not causal:
                     out.append(DispatchCase(tag + ".bias", dtype, hd, causal, shape, bias=True))
                 if spec.features.dropout:
                     out.append(DispatchCase(tag + ".dropout", dtype, hd, causal, shape, dropout=0.25))
@@ -107,13 +110,48 @@ def aks2_images(path: Path) -> dict[str, bytes]:
     return out
 
 
-def image_index(images: Path) -> dict[str, str]:
-    """fnv1a64 of each packed code object -> `<package>/<stem>` (package relative to images)."""
-    index = {}
-    for pkg in sorted(images.rglob("*.aks2")):
-        for stem, img in aks2_images(pkg).items():
-            index[fnv1a64(img)] = f"{pkg.relative_to(images).with_suffix('').as_posix()}/{stem}"
-    return index
+def elf_extent(image: bytes) -> int:
+    """How far an ELF64 image reaches, computed as the stub computes it from the pointer it is
+    given (the header tables and every section with file contents): the bytes it hashes."""
+    if len(image) < 64 or image[:4] != b"\x7fELF":
+        return 0
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+    for i in range(shnum):
+        off = shoff + i * shentsize
+        if off + 0x28 > len(image):
+            break
+        typ = struct.unpack_from("<I", image, off + 4)[0]
+        s_off, s_size = struct.unpack_from("<QQ", image, off + 0x18)
+        if typ != 8 and s_off + s_size > end and s_off + s_size < (1 << 30):
+            end = s_off + s_size
+    return end
+
+
+class ImageIndex:
+    """The packed code objects of an images folder, found again from what the stub logs: the
+    FNV-1a hash of the bytes a loaded image reaches (`elf_extent`). Hashes are computed only for
+    images of the logged size."""
+
+    def __init__(self, images: Path):
+        self.by_size: dict[int, list[tuple[str, bytes]]] = {}
+        self._cache: dict[str, str] = {}
+        for pkg in sorted(images.rglob("*.aks2")) if images.is_dir() else []:
+            rel = pkg.relative_to(images).with_suffix("").as_posix()
+            for stem, img in aks2_images(pkg).items():
+                n = elf_extent(img)
+                self.by_size.setdefault(n, []).append((f"{rel}/{stem}", img[:n]))
+
+    def find(self, size: int, fnv: str) -> str | None:
+        if fnv in self._cache:
+            return self._cache[fnv]
+        for name, img in self.by_size.get(size, []):
+            h = fnv1a64(img)
+            self._cache[h] = name
+            if h == fnv:
+                return name
+        return None
 
 
 @dataclass
@@ -166,7 +204,9 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-driver-", dir=cache))
     try:
-        cmd = [cxx, "-std=c++20", "-O1", "-D__HIP_PLATFORM_AMD__", "-I", str(inc), "-isystem", str(hip_include),
+        # the system's own include folder stays where the compiler has it (its #include_next chain)
+        system = [] if hip_include.resolve() == Path("/usr/include") else ["-isystem", str(hip_include)]
+        cmd = [cxx, "-std=c++20", "-O1", "-D__HIP_PLATFORM_AMD__", "-I", str(inc), *system,
                str(DRIVER), "-o", str(tmp / "driver"), f"-L{lib.parent}", f"-l:{lib.name}",
                f"-L{stub.path.parent}", f"-l:{stub.path.name}", "-Wl,--allow-shlib-undefined"]
         r = subprocess.run(cmd, capture_output=True, text=True)
@@ -187,7 +227,7 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
     if arch not in AMDGPU_MACH:
         raise UserError(f"{arch}: no EF_AMDGPU_MACH value known for this arch")
     driver = compile_driver(prefix, hip_include, lib, stub, cache)
-    index = image_index(images) if images.is_dir() else {}
+    index = ImageIndex(images)
     with tempfile.TemporaryDirectory(prefix="mi100-dispatch-") as td:
         log = Path(td) / "stub.jsonl"
         env = {**os.environ, "MI100_STUB_TARGET": target, "MI100_STUB_MACH": str(AMDGPU_MACH[arch]),
@@ -211,16 +251,18 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
             check = rec["check_gpu"]
         elif rec.get("case") in results:
             results[rec["case"]].fwd, results[rec["case"]].bwd = rec["fwd"], rec["bwd"]
-    cur, phase, loads = None, "fwd", 0
+    cur, phase, loads, sizes = None, "fwd", 0, {}
     for ev in events:
         kind = ev.get("event")
         if kind == "case":
             cur, phase = results.get(ev.get("case")), ev.get("phase", "fwd")
         elif kind == "load":
             loads += 1
+            sizes[ev.get("fnv1a64")] = ev.get("bytes", 0)
         elif kind == "launch" and cur is not None:
             cur.launches[phase] += 1
-            stem = index.get(ev.get("fnv1a64", ""), f"(not in the images: {ev.get('kernel')})")
+            h = ev.get("fnv1a64", "")
+            stem = index.find(sizes.get(h, 0), h) or f"(not in the images: {ev.get('kernel')})"
             if stem not in cur.kernels[phase]:
                 cur.kernels[phase].append(stem)
         elif kind == "violation":
@@ -229,5 +271,5 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
                           loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc)
 
 
-__all__ = ["DEVICE_TARGETS", "DispatchCase", "DispatchReport", "LABEL", "aks2_images", "dispatch_cases",
-           "image_index", "run_dispatch"]
+__all__ = ["DEVICE_TARGETS", "DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images",
+           "dispatch_cases", "elf_extent", "run_dispatch"]

@@ -85,8 +85,9 @@ def build_stub(include: Path, runtime: Path, cache: Path, cc: str | None = None)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-stub-", dir=cache))
     try:
         (tmp / "hip_stub.map").write_text(script)
+        system = [] if include.resolve() == Path("/usr/include") else ["-isystem", str(include)]
         cmd = [cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-D__HIP_PLATFORM_AMD__",
-               "-isystem", str(include), "-o", str(tmp / out.name), str(SOURCE),
+               *system, "-o", str(tmp / out.name), str(SOURCE),
                f"-Wl,-soname,libamdhip64.so.{major}", f"-Wl,--version-script={tmp / 'hip_stub.map'}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:

@@ -337,7 +337,7 @@ static size_t elf_size(const unsigned char *p) {
 }
 
 static uint64_t fnv1a(span s) {
-  uint64_t h = 1469598103934665603ULL;
+  uint64_t h = 14695981039346656037ULL; /* FNV-1a 64 offset basis */
   for (size_t i = 0; i < s.n; i++) { h ^= s.p[i]; h *= 1099511628211ULL; }
   return h;
 }
