@@ -59,7 +59,7 @@ def test_bundle_check_passes_with_named_controls(bundle):
     claims = {c["claim"]: c["ok"] for c in rep["link_identity"]}
     assert all(claims.values()) and "hipDeviceProp_t of HIP >= 6 (hipGetDevicePropertiesR0600)" in claims
     d = rep["dispatch"]
-    assert d["check_gpu"] == 0 and d["cases"] == d["cases_ok"] >= 10 and d["launches"] > 0
+    assert d["check_gpu"] == 0 and len(d["cases"]) == d["cases_ok"] >= 10 and d["launches"] > 0
     assert all(c["kernels"]["fwd"] and c["kernels"]["bwd"] for c in d["cases"])
     assert any(c["case"].endswith(".bias") for c in d["cases"]) and any(c["case"].endswith(".dropout") for c in d["cases"])
     kernels = {k for c in d["cases"] for k in c["kernels"]["fwd"]}
@@ -81,3 +81,50 @@ def test_a_tampered_bundle_is_one_message(bundle, tmp_path):
             zout.writestr(info, data)
     r = _cli("bundle", "check", str(t))
     assert r.returncode == 2 and "does not match the manifest" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
+    """`torch install --bundle` of the real bundle into a fake ROCm 6 wheel laid out as PyTorch's
+    scripts leave one (torch/lib/libamdhip64.so, SONAME libamdhip64.so.6 — here the stub HIP
+    runtime —, libtorch_hip.so needing the unversioned name and the library's real v2/v3 entry
+    points, DT_RPATH $ORIGIN); then a fresh process loads libtorch_hip.so (RTLD_NOW: every symbol
+    and version resolved) and asks the installed library's check_gpu for the stub's gfx908."""
+    from codegen.bundle.archive import open_bundle
+    from codegen.bundle.stub import build_stub
+    from codegen.bundle.sysroot import ensure_sysroot
+    from codegen.elfinfo import parse_dynamic
+    from test_torch_install import _cc, build_torch, cli
+
+    b = open_bundle(bundle)
+    lib_bytes = b.members[b.manifest["library"]["file"]]
+    defined = parse_dynamic(lib_bytes).defined
+    wanted = [s for s in sorted(defined) if s.startswith(("_ZN8aotriton2v25flash9check_gpu", "_ZN8aotriton2v35flash8attn_fwd",
+                                                          "_ZN8aotriton2v35flash8attn_bwd"))]
+    assert len(wanted) >= 3, wanted
+    site = tmp_path / "site"
+    root = build_torch(site, version="2.9.0+rocm6.4", hip="6.4.43484", images=False)
+    lib = root / "lib"
+    s6 = ensure_sysroot(6)
+    stub = build_stub(s6.include, s6.runtime, tmp_path / "stub")
+    (lib / "libamdhip64.so").write_bytes(stub.path.read_bytes())     # the wheel's copy: SONAME .so.6
+    link = tmp_path / "link"
+    link.mkdir()
+    _cc(link / "libamdhip64.so", "int hipGetDevice(int *d){*d = 0; return 0;}\n", "-Wl,-soname,libamdhip64.so")
+    decls = "".join(f'void f{i}(void) __asm__("{s}");\n' for i, s in enumerate(wanted))
+    calls = "".join(f"(void*)f{i}, " for i in range(len(wanted)))
+    src = decls + "int hipGetDevice(int*);\nvoid *table[] = {" + calls + "};\nint which_hip(void) { int d; return hipGetDevice(&d); }\n"
+    _cc(lib / "libtorch_hip.so", src, "-Wl,--no-as-needed", f"-L{link}", f"-L{lib}", "-l:libaotriton_v2.so.0.11.0",
+        "-l:libamdhip64.so", "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags")
+    r = cli("torch", "install", "--bundle", str(bundle), "--torch-dir", str(root))
+    assert r.exit_code == 0, r.output
+    code = ("import ctypes, sys\n"
+            f"ctypes.CDLL({str(lib / 'libtorch_hip.so')!r}, mode=ctypes.RTLD_GLOBAL)\n"
+            f"aot = ctypes.CDLL({str(lib / 'libaotriton_v2.so.0.11.0')!r})\n"
+            f"fn = getattr(aot, {wanted[0]!r}) if 'check_gpu' in {wanted[0]!r} else None\n"
+            "fn.argtypes = [ctypes.c_void_p]; print(fn(None))\n")
+    assert "check_gpu" in wanted[0]
+    env = {"MI100_STUB_TARGET": "gfx908:sramecc+:xnack-", "MI100_STUB_MACH": "48", "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
+    s = json.loads(cli("torch", "status", "--torch-dir", str(root), "--json").stdout)
+    assert s["ours"]["bundle"]["file"] == bundle.name and s["ours"]["bundle"]["hip_major"] == 6
