@@ -96,7 +96,7 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
     total = 0
     for info in z.infolist():
         try:
-            rel_path(info.filename)
+            rel_path(info.filename, (".git",))
         except ValueError as exc:
             raise BundleError(f"{path}: refusing member {info.filename!r}: {exc}") from None
         kind = stat.S_IFMT(info.external_attr >> 16)   # 0: no Unix mode recorded
@@ -121,7 +121,7 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
     listed: dict = manifest["files"]
     for name, rec in listed.items():
         try:
-            rel_path(name)
+            rel_path(name, (".git",))
         except ValueError as exc:
             raise BundleError(f"{path}: the manifest lists {name!r}: {exc}") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("size"), int):
