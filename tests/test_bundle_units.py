@@ -104,3 +104,27 @@ def test_writer_is_atomic_and_readable(tmp_path):
     write_bundle(dest, manifest, files)
     assert sorted(open_bundle(dest).members) == sorted(files)
     assert [p.name for p in tmp_path.iterdir()] == ["b.zip"]
+
+
+def test_cli_refusals_are_one_message(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    junk = tmp_path / "x.mi100-bundle.zip"
+    junk.write_bytes(b"not a zip")
+    r = CliRunner().invoke(app, ["bundle", "check", str(junk)])
+    assert r.exit_code == 2 and "not a bundle or a truncated one" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.aotriton
+def test_bundle_build_refuses_an_unapplied_tree_before_fetching(pristine_tree, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    r = CliRunner().invoke(app, ["bundle", "build", str(pristine_tree("0.11b")), "--hip", "6", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "overlay is not applied" in r.output, r.output
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()

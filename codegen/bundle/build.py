@@ -86,6 +86,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     t0 = time.monotonic()
     tree = tree.resolve()
     adapter = detect(tree)
+    _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
     sysroot = ensure_sysroot(hip, progress=progress)
     t_sysroot = time.monotonic() - t0
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
@@ -166,6 +167,19 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     shutil.rmtree(stage, ignore_errors=True)
     seconds["total"] = round(time.monotonic() - t0, 1)
     return BundleResult(dest, manifest, check, seconds)
+
+
+def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
+    """The build stage's own overlay check (it runs again inside the build)."""
+    from ..apply.lock import read_lock
+    from ..build.builder import resolve_spec
+    from ..build.overlay import check_overlay
+    from ..overlay_inputs import render_overlay
+
+    loaded = resolve_spec(tree, spec_path, adapter.layout)
+    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
+    check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
+                  manifest_sha256=manifest, spec_display=loaded.display)
 
 
 def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
