@@ -1,4 +1,5 @@
-"""A real smoke bundle: AOTriton 0.11b, the smoke spec (gfx908), HIP 6 (Debian sid's headers in
+"""A real smoke bundle: AOTriton 0.11b, the smoke spec (gfx908), HIP 6 when built here, or the major
+of the cached bundle (Debian sid's or experimental's headers in
 the private sysroot), built with `bundle build` and checked with `bundle check`: link identity,
 the library's own dispatch on the stub HIP runtime for every case, the three negative controls;
 then a tampered copy refused.
@@ -51,11 +52,15 @@ def bundle(tmp_path_factory, pristine_tree) -> Path:
     return Path(out["bundle"])
 
 
+def _hip(bundle: Path) -> int:
+    return int(bundle.name.split("-hip")[1].split(".")[0])
+
+
 def test_bundle_check_passes_with_named_controls(bundle):
     r = _cli("bundle", "check", str(bundle), "--json", timeout=3600)
     rep = json.loads(r.stdout)
     assert r.returncode == 0 and rep["ok"], r.stderr[-4000:]
-    assert rep["hip_major"] == 6 and rep["arch"] == "gfx908"
+    assert rep["hip_major"] == _hip(bundle) and rep["arch"] == "gfx908"
     claims = {c["claim"]: c["ok"] for c in rep["link_identity"]}
     assert all(claims.values()) and "hipDeviceProp_t of HIP >= 6 (hipGetDevicePropertiesR0600)" in claims
     d = rep["dispatch"]
@@ -84,8 +89,8 @@ def test_a_tampered_bundle_is_one_message(bundle, tmp_path):
 
 
 def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
-    """`torch install --bundle` of the real bundle into a fake ROCm 6 wheel laid out as PyTorch's
-    scripts leave one (torch/lib/libamdhip64.so, SONAME libamdhip64.so.6 — here the stub HIP
+    """`torch install --bundle` of the real bundle into a fake ROCm wheel of its HIP major laid out as PyTorch's
+    scripts leave one (torch/lib/libamdhip64.so, SONAME libamdhip64.so.<N> — here the stub HIP
     runtime —, libtorch_hip.so needing the unversioned name and the library's real v2/v3 entry
     points, DT_RPATH $ORIGIN); then a fresh process loads libtorch_hip.so (RTLD_NOW: every symbol
     and version resolved) and asks the installed library's check_gpu for the stub's gfx908."""
@@ -102,11 +107,12 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
                                                           "_ZN8aotriton2v35flash8attn_bwd"))]
     assert len(wanted) >= 3, wanted
     site = tmp_path / "site"
-    root = build_torch(site, version="2.9.0+rocm6.4", hip="6.4.43484", images=False)
+    hip = _hip(bundle)
+    root = build_torch(site, version=f"2.9.0+rocm{hip}.4", hip=f"{hip}.4.43484", images=False)
     lib = root / "lib"
-    s6 = ensure_sysroot(6)
-    stub = build_stub(s6.include, s6.runtime, tmp_path / "stub")
-    (lib / "libamdhip64.so").write_bytes(stub.path.read_bytes())     # the wheel's copy: SONAME .so.6
+    sysroot = ensure_sysroot(hip)
+    stub = build_stub(sysroot.include, sysroot.runtime, tmp_path / "stub")
+    (lib / "libamdhip64.so").write_bytes(stub.path.read_bytes())     # the wheel's copy: SONAME .so.<N>
     link = tmp_path / "link"
     link.mkdir()
     _cc(link / "libamdhip64.so", "int hipGetDevice(int *d){*d = 0; return 0;}\n", "-Wl,-soname,libamdhip64.so")
@@ -127,4 +133,4 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
     s = json.loads(cli("torch", "status", "--torch-dir", str(root), "--json").stdout)
-    assert s["ours"]["bundle"]["file"] == bundle.name and s["ours"]["bundle"]["hip_major"] == 6
+    assert s["ours"]["bundle"]["file"] == bundle.name and s["ours"]["bundle"]["hip_major"] == hip
