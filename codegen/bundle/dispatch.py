@@ -178,15 +178,18 @@ class DispatchReport:
     loads: int
     stderr_tail: str = ""
     returncode: int = 0
+    violations: list[str] = field(default_factory=list)   # outside any case (e.g. during check_gpu)
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and self.check_gpu == HIP_SUCCESS and bool(self.cases) and all(c.ok for c in self.cases)
+        return (self.returncode == 0 and self.check_gpu == HIP_SUCCESS and bool(self.cases) and not self.violations
+                and all(c.ok for c in self.cases))
 
     def summary(self) -> dict:
         return {"label": LABEL, "target": self.target, "hip_major": self.hip_major, "check_gpu": self.check_gpu,
                 "cases": len(self.cases), "cases_ok": sum(c.ok for c in self.cases), "code_objects_loaded": self.loads,
                 "launches": sum(sum(c.launches.values()) for c in self.cases), "ok": self.ok,
+                "violations_outside_cases": self.violations,
                 "returncode": self.returncode}
 
 
@@ -251,7 +254,7 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
             check = rec["check_gpu"]
         elif rec.get("case") in results:
             results[rec["case"]].fwd, results[rec["case"]].bwd = rec["fwd"], rec["bwd"]
-    cur, phase, loads, sizes = None, "fwd", 0, {}
+    cur, phase, loads, sizes, outside = None, "fwd", 0, {}, []
     for ev in events:
         kind = ev.get("event")
         if kind == "case":
@@ -266,9 +269,10 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
             if stem not in cur.kernels[phase]:
                 cur.kernels[phase].append(stem)
         elif kind == "violation":
-            (cur.violations if cur is not None else []).append(f"{ev.get('kernel')}: {ev.get('what')}")
+            (cur.violations if cur is not None else outside).append(f"{ev.get('kernel')}: {ev.get('what')}")
     return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
-                          loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc)
+                          loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
+                          violations=outside)
 
 
 __all__ = ["DEVICE_TARGETS", "DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images",
