@@ -43,6 +43,7 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
     "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/{measurements,winners}.csv."),
+    "bundle": ("codegen.bundle.cli", "Drop-in bundles: the runtime built against a HIP major's headers, its images and a manifest, checked on a CPU (link identity, emulated dispatch); never run on a card."),
     "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.torch_integration.elf import read_dynamic
+from codegen.elfinfo import read_dynamic
 from codegen.torch_integration.hip import HipRuntime, hip_mismatch, library_hip, torch_hip
 from test_torch_install import (
     SYM_BWD,
@@ -19,6 +19,7 @@ from test_torch_install import (
     build_prefix,
     build_torch,
     cli,
+    load_which,
     need_cc,
     snapshot,
 )
@@ -31,13 +32,25 @@ def fake_hip(path: Path, major: int) -> Path:
 
 
 def torch_with_hip(site: Path, major: int | None, ship: bool = True, hip: str = "6.4.43482") -> Path:
-    """A fake ROCm torch whose libtorch_hip.so needs libamdhip64.so.<major> (shipped in torch/lib
-    when `ship`, else only named), and the AOTriton it links."""
+    """A fake ROCm torch and the AOTriton it links. `ship`: laid out the way PyTorch's wheel
+    scripts (.ci/manywheel/build_rocm.sh + build_common.sh) leave a ROCm wheel: the HIP runtime
+    copied into torch/lib under the unversioned name `libamdhip64.so` (its SONAME stays
+    `libamdhip64.so.<major>`), every DT_NEEDED on it rewritten to `libamdhip64.so`, DT_RPATH
+    `$ORIGIN`. Not `ship`: a from-source build that needs the system's `libamdhip64.so.<major>`."""
     root = build_torch(site, hip=hip)
     lib = root / "lib"
     if major is not None:
-        where = lib if ship else site / "system"
-        fake_hip(where / f"libamdhip64.so.{major}", major)
+        if ship:
+            fake_hip(lib / "libamdhip64.so", major)
+            # what patchelf --replace-needed leaves, without patchelf: link against a stand-in
+            # whose SONAME is the unversioned name, then ship the copy with the real SONAME
+            link = site / "link-time"
+            link.mkdir()
+            _cc(link / "libamdhip64.so", "int hipInit(unsigned f) { return (int)f; }\n", "-Wl,-soname,libamdhip64.so")
+            hip_link = ("-l:libamdhip64.so", f"-L{link}")
+        else:
+            fake_hip(site / "system" / f"libamdhip64.so.{major}", major)
+            hip_link = (f"-l:libamdhip64.so.{major}", f"-L{site / 'system'}")
         src = (
             f'const char *fwd(void) __asm__("{SYM_FWD}");\n'
             f'const char *bwd(void) __asm__("{SYM_BWD}");\n'
@@ -45,8 +58,8 @@ def torch_with_hip(site: Path, major: int | None, ship: bool = True, hip: str = 
             "int hipInit(unsigned);\n"
             "const char *which_aotriton(void) { hipInit(0); bwd(); chk(); return fwd(); }\n"
         )
-        _cc(lib / "libtorch_hip.so", src, f"-L{lib}", "-l:libaotriton_v2.so.0.11.0", f"-L{where}",
-            f"-l:libamdhip64.so.{major}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-as-needed")
+        _cc(lib / "libtorch_hip.so", src, hip_link[1], f"-L{lib}", "-l:libaotriton_v2.so.0.11.0", hip_link[0],
+            "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags", "-Wl,--no-as-needed")
     return root
 
 
@@ -66,11 +79,13 @@ def test_hip_runtime_names_read_from_fixtures(tmp_path):
     need_cc()
     root = torch_with_hip(tmp_path / "site", 6)
     prefix = prefix_with_hip(tmp_path / "prefix", 5)
-    assert "libamdhip64.so.6" in read_dynamic(root / "lib" / "libtorch_hip.so").needed
+    dyn = read_dynamic(root / "lib" / "libtorch_hip.so")
+    assert "libamdhip64.so" in dyn.needed and dyn.rpath == ("$ORIGIN",) and dyn.runpath == ()
+    assert read_dynamic(root / "lib" / "libamdhip64.so").soname == "libamdhip64.so.6"
     ours = library_hip(read_dynamic(prefix / "lib" / "libaotriton_v2.so.0.11.0"))
     assert ours == HipRuntime("libamdhip64.so.5", 5, "DT_NEEDED")
     theirs = torch_hip(root / "lib", read_dynamic(root / "lib" / "libtorch_hip.so"), "6.4.43482")
-    assert theirs.major == 6 and theirs.source.startswith("ships ")
+    assert theirs == HipRuntime("libamdhip64.so.6", 6, f"ships {root / 'lib' / 'libamdhip64.so'}")
     assert "ROCm 5" in hip_mismatch(ours, theirs) and "ROCm 6" in hip_mismatch(ours, theirs)
     assert hip_mismatch(HipRuntime("libamdhip64.so.6", 6, "DT_NEEDED"), theirs) is None
 
@@ -103,3 +118,16 @@ def test_install_accepts_the_same_rocm_major(tmp_path):
     prefix = prefix_with_hip(tmp_path / "prefix", 6)
     r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(root), "--dry-run")
     assert r.exit_code == 0, r.output
+
+
+def test_a_library_needing_the_versioned_name_loads_into_a_wheel_layout(tmp_path):
+    """Our library needs `libamdhip64.so.6`; the wheel ships only `libamdhip64.so` (SONAME
+    `libamdhip64.so.6`). libtorch_hip.so loads the copy first, and the dynamic linker matches our
+    DT_NEEDED against that loaded object's SONAME: one HIP runtime, no system one needed."""
+    need_cc()
+    root = torch_with_hip(tmp_path / "site", 6)
+    prefix = prefix_with_hip(tmp_path / "prefix", 6)
+    r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(root))
+    assert r.exit_code == 0, r.output
+    assert not (root / "lib" / "libamdhip64.so.6").exists()
+    assert load_which(root) == "mi100"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UpstreamError
-from ..torch_integration.elf import read_dynamic  # the one ELF reader (shared with the torch stage)
+from ..elfinfo import read_dynamic  # the one ELF reader
 from .images import (ImageError, PackedEntry, read_aks2_directory, read_zip_clusters, referenced_kernels,
                      referenced_zip_kernels)
 

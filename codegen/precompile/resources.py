@@ -3,7 +3,7 @@
 Registers, LDS, scratch and spills come from the code object's AMDGPU metadata note (a msgpack
 map, `amdhsa.kernels[]`: `.vgpr_count`, `.agpr_count`, `.sgpr_count`, `.group_segment_fixed_size`,
 `.private_segment_fixed_size`, `.vgpr_spill_count`, `.sgpr_spill_count`, `.wavefront_size`), read
-with pyelftools + msgpack; code size is the `.text` section. An arch without an AGPR file
+with the one ELF reader (`codegen.elfinfo`); code size is the `.text` section. An arch without an AGPR file
 (gfx906) has no `.agpr_count`: 0. Triton allocates its LDS dynamically: the static group segment
 is 0 and the real size is Triton's `metadata.shared`.
 
@@ -15,14 +15,11 @@ estimate (the `; Occupancy: N` kernel-info comment, kept as `llvm_occupancy`) is
 
 from __future__ import annotations
 
-import io
 import re
 
-import msgpack
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 from pydantic import BaseModel, ConfigDict
 
+from ..elfinfo import ElfError, amdgpu_metadata, text_size
 from ..models.target import Hardware
 
 _NOTE_KEYS = {
@@ -34,7 +31,6 @@ _NOTE_KEYS = {
     "sgpr_spills": ".sgpr_spill_count",
 }
 _OPTIONAL_KEYS = {"agprs": ".agpr_count"}  # absent on archs without an AGPR file
-_NT_AMDGPU_METADATA = 32
 _MFMA_RE = re.compile(r"^\s*v_mfma\w*", re.M)
 # the instructions tl.dot lowers to: matrix cores (MFMA on CDNA, WMMA on RDNA3+), else packed
 # dot products (v_dot2*: fp16 on gfx906/gfx10+) or plain fused multiply-adds (v_fma*, v_fmac*,
@@ -76,29 +72,14 @@ class Resources(BaseModel):
         return next((k for k in DOT_KINDS if getattr(self, k)), "none")
 
 
-def _elf(image: bytes) -> ELFFile | None:
-    try:
-        return ELFFile(io.BytesIO(image))
-    except (ELFError, ValueError, OSError):
-        return None
-
-
 def code_object_metadata(image: bytes, kernel_name: str | None = None) -> dict:
     """The AMDGPU metadata of one kernel of a code object (its `amdhsa.kernels` entry)."""
-    elf = _elf(image)
-    if elf is None:
-        raise ValueError("the code object is not an ELF file")
-    kernels: list = []
     try:
-        for sec in elf.iter_sections():
-            if sec.header.sh_type != "SHT_NOTE":
-                continue
-            for note in sec.iter_notes():
-                if note["n_name"] == "AMDGPU" and note["n_type"] in (_NT_AMDGPU_METADATA, "NT_AMDGPU_METADATA"):
-                    meta = msgpack.unpackb(bytes(note["n_descdata"]), raw=False, strict_map_key=False)
-                    kernels.extend(meta.get("amdhsa.kernels", []) if isinstance(meta, dict) else [])
-    except (ELFError, ValueError, msgpack.UnpackException) as exc:
-        raise ValueError(f"unreadable AMDGPU metadata note: {exc}") from None
+        meta = amdgpu_metadata(image)
+    except ElfError as exc:
+        why = str(exc)
+        raise ValueError("the code object is not an ELF file" if "not an ELF file" in why else why) from None
+    kernels = [k for k in meta.get("amdhsa.kernels", []) if isinstance(k, dict)]
     if not kernels:
         raise ValueError("no AMDGPU metadata note (amdhsa.kernels) in the code object")
     if kernel_name is not None:
@@ -110,14 +91,7 @@ def code_object_metadata(image: bytes, kernel_name: str | None = None) -> dict:
 
 def text_section_size(image: bytes) -> int:
     """Size of the .text section of a code object (0 if unreadable)."""
-    elf = _elf(image)
-    if elf is None:
-        return 0
-    try:
-        sec = elf.get_section_by_name(".text")
-    except (ELFError, ValueError):
-        return 0
-    return int(sec.header.sh_size) if sec is not None else 0
+    return text_size(image)
 
 
 def waves_per_eu_bound(llir: str) -> int | None:

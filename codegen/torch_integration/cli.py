@@ -50,8 +50,9 @@ def status(
 
 @torch_app.command("install")
 def install(
-    prefix: Path = typer.Option(..., "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908)."),
+    prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="A bundle file (mi100-codegen bundle build) instead of a prefix."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (for the default arch)."),
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
@@ -59,27 +60,40 @@ def install(
 ) -> None:
     """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
     # CLI start-up: the stage loads when the command runs
-    from .install import apply_install, default_backup_dir, plan_install
+    import tempfile
+
+    from ..errors import UserError
+    from .install import apply_install, default_backup_dir, open_bundle_prefix, plan_install
     from .layout import inspect_prefix, inspect_torch
 
+    if (prefix is None) == (bundle is None):
+        raise UserError("give one of --prefix PREFIX or --bundle FILE")
     t = inspect_torch(torch_dir)
-    p = inspect_prefix(prefix)
-    a = _arch(arch, spec)
-    bdir = backup_dir or default_backup_dir(t)
-    plan = plan_install(t, p, a, bdir)
-    for n in plan.notes:
-        stderr.print(n, style="yellow", markup=False)
-    for act in plan.actions:
-        stderr.print(f"{act.kind:8} {act.rel}", markup=False)
-    if plan.identical:
-        stderr.print(f"[green]identical:[/] our build is already installed in {t.root}")
-        return
-    if dry_run:
-        stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
-        return
-    apply_install(plan, bdir)
-    stderr.print(f"[green]installed:[/] {p.lib.name} as lib/{t.aot_needed.name} + images for {a} "
-                 f"into {t.root} ({plan.summary()}); backup {bdir}")
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
+        record = None
+        if bundle is not None:
+            p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", arch)
+        else:
+            p, a = inspect_prefix(prefix), _arch(arch, spec)
+        bdir = backup_dir or default_backup_dir(t)
+        plan = plan_install(t, p, a, bdir)
+        plan.bundle = record
+        for n in plan.notes:
+            stderr.print(n, style="yellow", markup=False)
+        for act in plan.actions:
+            stderr.print(f"{act.kind:8} {act.rel}", markup=False)
+        if plan.identical:
+            stderr.print(f"[green]identical:[/] our build is already installed in {t.root}")
+            return
+        if dry_run:
+            stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
+            return
+        apply_install(plan, bdir)
+    from rich.markup import escape
+
+    what = f"bundle {record['file']} ({record['label']})" if record else p.lib.name
+    stderr.print(f"[green]installed:[/] {escape(what)} as lib/{t.aot_needed.name} + images for {a} "
+                 f"into {escape(str(t.root))} ({plan.summary()}); backup {escape(str(bdir))}")
     stderr.print("next: mi100-codegen validate --json report.json --md report.md")
 
 @torch_app.command("restore")

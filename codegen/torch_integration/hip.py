@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .elf import DynamicInfo, ElfError, read_dynamic
+from ..elfinfo import DynamicInfo, ElfError, read_dynamic
 
 _HIP_RE = re.compile(r"^libamdhip64(?:-[0-9a-f]{8,})?\.so(?:\.(\d+))?(?:\.[\d.]+)?$")
 

@@ -26,9 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..contain import RelPath, inside
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
 from ..fsutil import atomic_copy, atomic_write, move_into_place, read_input
-from .elf import ElfError, read_dynamic
+from ..elfinfo import ElfError, read_dynamic
 from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
+    inspect_prefix,
     IMAGES_DIR,
     PrefixInstall,
     TorchInstall,
@@ -70,6 +71,7 @@ class InstallPlan:
     created_dirs: list[str]
     notes: list[str] = field(default_factory=list)
     identical: bool = False
+    bundle: dict | None = None      # what the backup manifest records of an installed bundle
 
     def summary(self) -> str:
         counts = {k: sum(1 for a in self.actions if a.kind == k) for k in ("add", "replace", "remove")}
@@ -182,6 +184,43 @@ def _files_under(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file() or p.is_symlink()) if d.is_dir() else []
 
 
+def machine_glibc() -> str | None:
+    """This machine's glibc as a version node (`GLIBC_2.36`), None when not glibc."""
+    try:
+        v = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError):
+        return None
+    parts = v.split()
+    return f"GLIBC_{parts[1]}" if len(parts) == 2 and parts[0] == "glibc" else None
+
+
+def open_bundle_prefix(path: Path, work: Path, arch: str | None,
+                       glibc: str | None = None) -> tuple[PrefixInstall, str, dict]:
+    """A bundle file, verified (every member against its manifest) and checked against this
+    machine (its glibc against the library's needs), extracted below `work` as an install prefix.
+    Returns the prefix, the arch and what the backup manifest records of the bundle. Every
+    refusal is one message (exit 2) before anything of torch is touched."""
+    from ..bundle.archive import extract, open_bundle, sha256
+    from ..elfinfo import version_key
+
+    b = open_bundle(path)
+    m = b.manifest
+    if arch is not None and arch != m.get("arch"):
+        _refuse(f"{path}: a bundle for {m.get('arch')}, not {arch}", hint="install the bundle built for your card")
+    needs = (m.get("library") or {}).get("needs") or {}
+    have = glibc or machine_glibc()
+    want = needs.get("glibc")
+    if want and have and version_key(have) < version_key(want):
+        _refuse(f"{path}: its library needs {want}, this machine has {have}",
+                hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build")
+    root = extract(b, work)
+    prefix = inspect_prefix(root)
+    record = {"file": path.name, "sha256": sha256(path.read_bytes()), "release": m.get("release"),
+              "arch": m.get("arch"), "hip_major": m.get("hip_major"), "label": m.get("label"),
+              "spec_sha256": (m.get("spec") or {}).get("sha256")}
+    return prefix, str(m.get("arch")), record
+
+
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path) -> InstallPlan:
     notes = check_compatible(torch, prefix, arch)
     want = torch.aot_needed
@@ -273,6 +312,7 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
             "arch": plan.arch,
             "library": f"lib/{torch.aot_needed.name}",
             "prefix_library": plan.prefix.lib.name,
+            "bundle": plan.bundle,
             "created_dirs": plan.created_dirs,
             "entries": [
                 {"path": a.rel, "action": a.kind, "sha256_before": a.sha_before, "sha256_after": a.sha_after}

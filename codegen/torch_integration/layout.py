@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..elfinfo import DynamicInfo, read_dynamic
 from ..upstream.releases import SUPPORTED, TORCH_LINES, by_release, release_name
-from .elf import DynamicInfo, read_dynamic
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
 LIB_RE = re.compile(r"^libaotriton(?P<suffix>.*)_v2\.so\.(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)$")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .elf import ElfError, read_dynamic
+from ..elfinfo import ElfError, read_dynamic
 from .install import MANIFEST, default_backup_dir, read_manifest
 from .layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
                      unsupported_line_message)
@@ -68,6 +68,7 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
                 "prefix_library": m.get("prefix_library"),
                 "files": len(m["entries"]),
                 "library_matches_install": matches,
+                "bundle": m.get("bundle"),
             }
             if not matches:
                 out["problems"].append("the AOTriton file changed since our install (torch reinstalled?)")
@@ -102,6 +103,10 @@ def format_status(s: dict) -> str:
         o = s["ours"]
         lines.append(f"our build:        installed for {o['arch']} ({o['prefix_library']}, {o['files']} files; "
                      f"backup {o['backup_dir']})")
+        b = o.get("bundle")
+        if b:
+            lines.append(f"bundle:           {b.get('file')}  (AOTriton {b.get('release')}, {b.get('arch')}, HIP "
+                         f"{b.get('hip_major')}; sha256 {str(b.get('sha256'))[:16]}…; {b.get('label')})")
     else:
         lines.append("our build:        not installed")
     for p in s["problems"]:

@@ -1,0 +1,191 @@
+"""`bundle build`: the AOTriton runtime of an applied tree built against one HIP major's headers
+(the private sysroot), the tree's kernel images, a manifest, checked, written as one file.
+
+The runtime is built by the build stage (`codegen.build.builder.build_tree`, unchanged) with the
+sysroot's `usr` first on CMAKE_PREFIX_PATH, so CMake's `find_package(hip)` takes that major's
+config, headers and `libamdhip64.so.<N>`, in a build folder of its own per major
+(`BUILD-hip<N>`). Kernel images do not depend on the HIP version: with `--images PREFIX` (an
+image install of the same tree and spec by `mi100-codegen build`) the runtime is built
+`--noimage` and the images are taken from PREFIX, then verified against this build's own
+dispatch tables (every kernel they can select packed, non-empty); without it the build stage
+builds both. `bundle check`'s checks (check.py) run on the staged folder before the file is
+written; a failed check writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rich.console import Console
+
+from ..elfinfo import read_dynamic
+from ..errors import UpstreamError, UserError
+from ..upstream import detect
+from .archive import FORMAT, SPEC, bundle_name, sha256, write_bundle
+from .check import CheckReport, check_extracted
+from .dispatch import DEVICE_TARGETS, LABEL
+from .sysroot import ensure_sysroot
+
+
+class BundleBuildError(UpstreamError):
+    """The bundle's runtime or images failed to build, or its checks failed (exit 3)."""
+
+
+@contextmanager
+def _prefix_path(first: Path) -> Iterator[None]:
+    old = os.environ.get("CMAKE_PREFIX_PATH")
+    os.environ["CMAKE_PREFIX_PATH"] = os.pathsep.join([str(first)] + ([old] if old else []))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CMAKE_PREFIX_PATH", None)
+        else:
+            os.environ["CMAKE_PREFIX_PATH"] = old
+
+
+@dataclass
+class BundleResult:
+    path: Path | None
+    manifest: dict
+    check: CheckReport
+    seconds: dict
+
+
+def torch_lines(release: str) -> list[str]:
+    from ..torch_integration.layout import TORCH_LINES, tag_line
+
+    line = tag_line(release)
+    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
+
+
+def _copy_images(src: Path, dest: Path, arch: str) -> None:
+    s = src / "lib" / "aotriton.images" / f"amd-{arch}"
+    if not s.is_dir() or not any(s.rglob("*")):
+        raise UserError(f"{src}: no kernel images for {arch} (lib/aotriton.images/amd-{arch})",
+                        hint=f"build them: mi100-codegen build TREE --prefix {src}")
+    d = dest / "lib" / "aotriton.images" / f"amd-{arch}"
+    if d.exists():
+        shutil.rmtree(d)
+    shutil.copytree(s, d, symlinks=False)
+
+
+def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path, images: Path | None,
+                 build_dir: Path | None, jobs: int, console: Console,
+                 progress: Callable[[str], None]) -> BundleResult:
+    from ..build.builder import BuildOptions, build_tree
+    from ..build.verify import verify_install
+
+    t0 = time.monotonic()
+    tree = tree.resolve()
+    adapter = detect(tree)
+    _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
+    sysroot = ensure_sysroot(hip, progress=progress)
+    t_sysroot = time.monotonic() - t0
+    bdir = (build_dir or tree / f"build-hip{hip}").resolve()
+    prefix = bdir / "mi100-codegen" / "bundle-prefix"
+    with _prefix_path(sysroot.prefix):
+        rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
+                                      show_progress=False), console)
+    problems = list(rep.verification.get("problems", []))
+    if images is not None:
+        _copy_images(images.resolve(), prefix, rep.arch)
+        ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
+                             v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
+                             image_format=adapter.image_format)
+        problems += ver.problems
+        kernels = ver.summary()
+    else:
+        kernels = rep.verification
+    if problems:
+        raise BundleBuildError(f"{tree}: the HIP {hip} build is incomplete: " + "; ".join(problems[:5]),
+                               hint=f"see {rep.log}")
+    t_build = time.monotonic() - t0 - t_sysroot
+    lib = Path(rep.verification["library"])
+    dyn = read_dynamic(lib)
+    hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
+    files: dict[str, bytes] = {}
+    stage = bdir / "mi100-codegen" / "bundle-stage"
+    if stage.exists():
+        shutil.rmtree(stage)
+    (stage / "lib").mkdir(parents=True)
+    shutil.copy2(lib, stage / "lib" / lib.name)
+    shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
+    shutil.copytree(prefix / "include", stage / "include")
+    shutil.copy2(_spec_file(tree, spec_path, adapter.layout), stage / SPEC)
+    for p in sorted(stage.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            files[p.relative_to(stage).as_posix()] = p.read_bytes()
+    manifest = {
+        "format": FORMAT,
+        "label": LABEL,
+        "release": adapter.release,
+        "version": ".".join(map(str, adapter.version)),
+        "torch_lines": torch_lines(adapter.release),
+        "arch": rep.arch,
+        "device_target": DEVICE_TARGETS.get(rep.arch, rep.arch),
+        "hip_major": hip,
+        "spec": {"name": rep.spec, "sha256": rep.spec_sha256, "file": SPEC},
+        "library": {
+            "file": f"lib/{lib.name}", "soname": dyn.soname, "needed": list(dyn.needed),
+            "rpath": list(dyn.rpath), "runpath": list(dyn.runpath), "hip_runtime": hip_needed,
+            "needs": {"glibc": dyn.highest("GLIBC"), "glibcxx": dyn.highest("GLIBCXX")},
+            "hip_imports": dict(x for x in dyn.import_versions if x[0].startswith("hip")),
+        },
+        "built_with": {
+            "hip_headers": {k: v["version"] for k, v in sysroot.record["packages"].items()},
+            "hip_suite": sysroot.record["suite"], "toolchain": rep.toolchain, "machine": platform.machine(),
+            "build_log": rep.log,
+        },
+        "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "missing_count", "empty_count",
+                                                 "packages", "kernels_by_family") if k in kernels},
+        "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in sorted(files.items())},
+    }
+    progress(f"checking the staged bundle ({len(files)} files)")
+    t1 = time.monotonic()
+    check = check_extracted(stage, manifest, progress=progress)
+    t_check = time.monotonic() - t1
+    manifest["verified"] = {
+        "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",
+        "link_identity": [c.as_json() for c in check.claims],
+        "dispatch": check.dispatch.summary() if check.dispatch else None,
+        "negative_controls": [c.as_json() for c in check.controls],
+    }
+    seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
+    if not check.ok:
+        return BundleResult(None, manifest, check, seconds)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / bundle_name(adapter.release, rep.arch, hip)
+    write_bundle(dest, manifest, files)
+    shutil.rmtree(stage, ignore_errors=True)
+    seconds["total"] = round(time.monotonic() - t0, 1)
+    return BundleResult(dest, manifest, check, seconds)
+
+
+def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
+    """The build stage's own overlay check (it runs again inside the build)."""
+    from ..apply.lock import read_lock
+    from ..build.builder import resolve_spec
+    from ..build.overlay import check_overlay
+    from ..overlay_inputs import render_overlay
+
+    loaded = resolve_spec(tree, spec_path, adapter.layout)
+    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
+    check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
+                  manifest_sha256=manifest, spec_display=loaded.display)
+
+
+def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
+    from ..build.builder import resolve_spec
+
+    return resolve_spec(tree, spec_path, layout).path
+
+
+__all__ = ["BundleBuildError", "BundleResult", "build_bundle", "torch_lines"]

@@ -1,0 +1,172 @@
+"""`bundle check`: everything a CPU can prove about a bundle.
+
+1. Integrity: every member against the manifest (archive.open_bundle).
+2. Link identity of the library (the one ELF reader): it needs the HIP runtime of the bundle's
+   major, `libamdhip64.so.<N>` (a torch wheel ships that runtime as `torch/lib/libamdhip64.so`
+   with SONAME `.so.<N>`, and the loader matches our DT_NEEDED to it), and no other; no RPATH or
+   RUNPATH but `$ORIGIN` (a build folder there would be searched on the user's machine); every
+   HIP symbol it imports bound to a version node the real runtime of that major defines
+   (read from the private sysroot's library), and with HIP >= 6 `hipGetDevicePropertiesR0600`,
+   not the pre-6.0 `hipGetDeviceProperties` (whose struct layout differs); the GLIBC/GLIBCXX
+   versions it needs equal what the manifest states (the baseline `torch install` checks).
+3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case.
+4. Negative controls that must fail, each named: a missing image (one kernel package the cases
+   used removed), a code object of another arch (the stub's device mach value set to another
+   arch's), a library linked against another HIP major (the stub of the other major in its place).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
+from ..resources import user_cache_dir
+from ..spec import load_spec
+from .archive import SPEC, Bundle, extract, open_bundle
+from .dispatch import DEVICE_TARGETS, LABEL, DispatchReport, dispatch_cases, run_dispatch
+from .stub import build_stub
+from .sysroot import HIP_SOURCES, ensure_sysroot
+
+HIP_RE_PREFIX = "libamdhip64"
+
+
+@dataclass
+class Claim:
+    name: str
+    ok: bool
+    detail: str
+    where: str = "CPU: ELF read with codegen.elfinfo"
+
+    def as_json(self) -> dict:
+        return {"claim": self.name, "ok": self.ok, "detail": self.detail, "verified": self.where}
+
+
+def link_identity(dyn: DynamicInfo, hip: int, hip_nodes: set[str], stated: dict | None = None) -> list[Claim]:
+    out = []
+    hips = [n for n in dyn.needed if n.startswith(HIP_RE_PREFIX)]
+    want = f"libamdhip64.so.{hip}"
+    out.append(Claim("DT_NEEDED names the HIP runtime of its major", hips == [want],
+                     f"needs {', '.join(hips) or 'no HIP runtime'}; a HIP {hip} torch wheel loads {want} "
+                     f"(its torch/lib/libamdhip64.so carries that SONAME)"))
+    paths = list(dyn.rpath) + list(dyn.runpath)
+    out.append(Claim("no RPATH/RUNPATH outside the library's folder", all(p == "$ORIGIN" for p in paths),
+                     f"RPATH {list(dyn.rpath) or 'none'}, RUNPATH {list(dyn.runpath) or 'none'}"))
+    imports = {s: v for s, v in dyn.import_versions if s.startswith("hip")}
+    foreign = sorted(f"{s}@{v}" for s, v in imports.items() if v not in hip_nodes)
+    out.append(Claim(f"HIP symbols bound to nodes HIP {hip} defines", not foreign and bool(imports),
+                     f"{len(imports)} versioned HIP imports ({', '.join(sorted(set(imports.values())))})"
+                     + (f"; not defined by HIP {hip}: {', '.join(foreign)}" if foreign else "")))
+    unversioned = sorted(s for s in dyn.undefined if s.startswith("hip") and s not in imports)
+    if hip >= 6:
+        old = "hipGetDeviceProperties" in imports or "hipGetDeviceProperties" in unversioned
+        out.append(Claim("hipDeviceProp_t of HIP >= 6 (hipGetDevicePropertiesR0600)",
+                         "hipGetDevicePropertiesR0600" in imports and not old,
+                         "imports " + ", ".join(x for x in ("hipGetDevicePropertiesR0600", "hipGetDeviceProperties")
+                                                if x in imports or x in unversioned)))
+    glibc, glibcxx = dyn.highest("GLIBC"), dyn.highest("GLIBCXX")
+    if stated is not None:
+        ok = stated.get("glibc") == glibc and stated.get("glibcxx") == glibcxx
+        out.append(Claim("GLIBC/GLIBCXX needs as the manifest states", ok,
+                         f"needs {glibc}, {glibcxx or 'no GLIBCXX'}; manifest {stated.get('glibc')}, "
+                         f"{stated.get('glibcxx') or 'no GLIBCXX'}"))
+    return out
+
+
+@dataclass
+class CheckReport:
+    bundle: str
+    manifest: dict
+    claims: list[Claim] = field(default_factory=list)
+    dispatch: DispatchReport | None = None
+    controls: list[Claim] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
+                and bool(self.controls) and all(c.ok for c in self.controls))
+
+    def as_json(self) -> dict:
+        d = self.dispatch
+        return {
+            "bundle": self.bundle, "label": LABEL, "ok": self.ok,
+            "release": self.manifest.get("release"), "arch": self.manifest.get("arch"),
+            "hip_major": self.manifest.get("hip_major"),
+            "link_identity": [c.as_json() for c in self.claims],
+            "dispatch": None if d is None else {
+                **d.summary(),
+                "cases": [{"case": c.case, "ok": c.ok, "fwd": c.fwd, "bwd": c.bwd, "launches": c.launches,
+                           "kernels": c.kernels, "violations": c.violations} for c in d.cases],
+                "stderr": d.stderr_tail},
+            "negative_controls": [c.as_json() for c in self.controls],
+        }
+
+
+def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = None, stub_major: int | None = None,
+              cache: Path, progress: Callable[[str], None]) -> DispatchReport:
+    arch = manifest["arch"]
+    spec = load_spec(root / SPEC).spec
+    sysroot = ensure_sysroot(stub_major or hip, progress=progress)
+    headers = ensure_sysroot(hip, progress=progress)
+    stub = build_stub(sysroot.include, sysroot.runtime, cache / "stub")
+    lib = root / manifest["library"]["file"]
+    return run_dispatch(lib=lib, prefix=root, images=root / "lib" / "aotriton.images", hip_include=headers.include,
+                        stub=stub, arch=mach_arch or arch, cases=dispatch_cases(spec), cache=cache / "driver",
+                        target=DEVICE_TARGETS.get(arch, arch), wave=spec.warp_size)
+
+
+def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
+                    controls: bool = True, name: str = "") -> CheckReport:
+    """Check an extracted bundle folder (also what `bundle build` runs before it writes the file)."""
+    hip = int(manifest["hip_major"])
+    cache = user_cache_dir("bundle-check")
+    rep = CheckReport(name or str(root), manifest)
+    sysroot = ensure_sysroot(hip, progress=progress)
+    nodes = set(read_dynamic(sysroot.runtime).version_defs)
+    dyn = read_dynamic(root / manifest["library"]["file"])
+    rep.claims = link_identity(dyn, hip, nodes, manifest.get("library", {}).get("needs"))
+    progress(f"emulated dispatch: {manifest['arch']} ({DEVICE_TARGETS.get(manifest['arch'], manifest['arch'])}), "
+             f"stub HIP {hip}")
+    rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    if not controls:
+        return rep
+    # 1. a missing image: remove the package of the first kernel the cases launched
+    used = [k for c in rep.dispatch.cases for k in c.kernels["fwd"] if not k.startswith("(")]
+    with tempfile.TemporaryDirectory(prefix="mi100-control-") as td:
+        copy = Path(td) / "b"
+        shutil.copytree(root, copy, symlinks=True)
+        pkg = None
+        if used:
+            pkg = copy / "lib" / "aotriton.images" / (used[0].rsplit("/", 1)[0] + ".aks2")
+            pkg.unlink(missing_ok=True)
+        r = _dispatch(copy, manifest, hip, cache=cache, progress=progress)
+        rep.controls.append(Claim("negative control: a missing image", bool(used) and not r.ok,
+                                  (f"without {used[0].rsplit('/', 1)[0]}.aks2: {r.summary()['cases_ok']} of "
+                                   f"{len(r.cases)} cases pass (must fail)") if used else "no kernel was launched",
+                                  "CPU: emulated dispatch"))
+    other = next(a for a in AMDGPU_MACH if a != manifest["arch"] and a in ("gfx90a", "gfx908"))
+    r = _dispatch(root, manifest, hip, mach_arch=other, cache=cache, progress=progress)
+    rep.controls.append(Claim("negative control: a code object of another arch", not r.ok and r.loads == 0,
+                              f"device mach set to {other}'s: {r.loads} code objects accepted, "
+                              f"{r.summary()['cases_ok']} of {len(r.cases)} cases pass (must fail)",
+                              "CPU: emulated dispatch"))
+    other_major = next(m for m in sorted(HIP_SOURCES, reverse=True) if m != hip)
+    r = _dispatch(root, manifest, hip, stub_major=other_major, cache=cache, progress=progress)
+    rep.controls.append(Claim("negative control: a library linked against another HIP major", not r.ok,
+                              f"against the HIP {other_major} stub (libamdhip64.so.{other_major}): exit "
+                              f"{r.returncode}, {r.stderr_tail.splitlines()[-1] if r.stderr_tail else 'no message'}",
+                              "CPU: emulated dispatch"))
+    return rep
+
+
+def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None) -> CheckReport:
+    b: Bundle = open_bundle(path)
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
+        root = extract(b, Path(td) / "bundle")
+        return check_extracted(root, b.manifest, progress=progress, name=str(path))
+
+
+__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "link_identity"]

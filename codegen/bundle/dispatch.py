@@ -1,0 +1,279 @@
+"""Emulated dispatch: an AOTriton library's own entry points run on a CPU against the stub HIP
+runtime, for every SDPA case of the validation matrix.
+
+`run_dispatch` compiles the driver (`stub/driver.cc`) against the library's installed headers and
+the HIP headers of its major, links it against the library and the stub (`stub.py`), and runs it
+in a child process (a crash is a verdict, not ours) with the stub reporting one device of the
+spec's target. Per case the driver calls `v3::flash::attn_fwd` and `attn_bwd`; the stub checks
+every code object (AMDGPU ELF, the arch's mach value and target features, the kernel and its
+descriptor present) and every launch (block within the kernel's `.max_flat_workgroup_size` and a
+multiple of its wave size, kernel arguments against its metadata), and logs each as a JSON line.
+Each loaded code object is matched, by its FNV-1a hash, to the kernel stem it was packed under in
+the `.aks2` images: that names the kernel and the tuned configuration (`__P__` perf fields, `__CO__`
+compile options) the library's dispatch table picked.
+
+Where it ran: a CPU; the kernels never run. Label: "CPU-built, dispatch emulated; never run on a card".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..elfinfo import AMDGPU_MACH
+from ..errors import EnvironmentMissing, UserError
+from ..models import TargetSpec
+from ..validate.cases import SHAPES, Shape
+from .stub import Stub
+
+DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
+LABEL = "CPU-built, dispatch emulated; never run on a card"
+
+# the target string ROCm reports for each card (hipDeviceProp_t::gcnArchName); the spec names
+# the arch only: MI100 and MI50/MI60 run with SRAM ECC on and XNACK off, RDNA2 has neither feature
+DEVICE_TARGETS = {"gfx908": "gfx908:sramecc+:xnack-", "gfx906": "gfx906:sramecc+:xnack-", "gfx1030": "gfx1030"}
+# sequence lengths that are multiples of every tile (16..256), beside validate's primes
+TILE_SHAPE = Shape(2, 4, 4, 256, 256)
+HIP_SUCCESS = 0
+
+
+@dataclass(frozen=True)
+class DispatchCase:
+    name: str
+    dtype: str
+    head_dim: int
+    causal: bool
+    shape: Shape
+    bias: bool = False
+    dropout: float = 0.0
+
+    def line(self) -> str:
+        s = self.shape
+        return (f"{self.name} {self.dtype} {self.head_dim} {int(self.causal)} {s.batch} {s.heads_q} {s.heads_k} "
+                f"{s.seqlen_q} {s.seqlen_k} {int(self.bias)} {self.dropout}")
+
+
+def dispatch_cases(spec: TargetSpec) -> list[DispatchCase]:
+    """validate's SDPA matrix (dtypes × head dims × causal × its prime-length shapes), one shape
+    whose lengths are tile multiples, and bias (not causal) / dropout variants where the spec
+    builds them."""
+    out = []
+    for dtype in spec.dtypes:
+        for hd in sorted(spec.head_dims):
+            for causal in ((False, True) if spec.features.causal else (False,)):
+                for shape in (*SHAPES, TILE_SHAPE):
+                    base = f"{dtype}.d{hd}.{'causal' if causal else 'full'}.{shape.tag}"
+                    out.append(DispatchCase(base, dtype, hd, causal, shape))
+                shape = SHAPES[1]
+                tag = f"{dtype}.d{hd}.{'causal' if causal else 'full'}.{shape.tag}"
+                # PyTorch refuses attn_mask together with is_causal, and upstream's generator
+                # disables causal functionals with a bias (rules/flash/_common.py): bias only without
+                if spec.features.bias and not causal:
+                    out.append(DispatchCase(tag + ".bias", dtype, hd, causal, shape, bias=True))
+                if spec.features.dropout:
+                    out.append(DispatchCase(tag + ".dropout", dtype, hd, causal, shape, dropout=0.25))
+    return out
+
+
+def fnv1a64(data: bytes) -> str:
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}"
+
+
+def aks2_images(path: Path) -> dict[str, bytes]:
+    """Every kernel image of one .aks2 package by its stem (see codegen.build.images for the
+    format); the decompressed size is bounded by the header's."""
+    data = path.read_bytes()
+    if len(data) < 16 or data[:4] != b"AKS2":
+        raise UserError(f"{path}: not an AKS2 kernel package")
+    _magic, total, count, dir_size = struct.unpack_from("<4sIII", data)
+    if total > 1 << 30:
+        raise UserError(f"{path}: kernel package claims {total} bytes")
+    blob = lzma.LZMADecompressor().decompress(data[16:], max_length=total)
+    out, pos = {}, 0
+    for _ in range(count):
+        _shared, _threads, offset, size, name_len = struct.unpack_from("<IIIII", blob, pos)
+        pos += 20
+        name = blob[pos:pos + name_len].rstrip(b"\0").decode("utf-8", errors="replace")
+        pos += name_len
+        out[name] = blob[dir_size + offset:dir_size + offset + size]
+    return out
+
+
+def elf_extent(image: bytes) -> int:
+    """How far an ELF64 image reaches, computed as the stub computes it from the pointer it is
+    given (the header tables and every section with file contents): the bytes it hashes."""
+    if len(image) < 64 or image[:4] != b"\x7fELF":
+        return 0
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+    for i in range(shnum):
+        off = shoff + i * shentsize
+        if off + 0x28 > len(image):
+            break
+        typ = struct.unpack_from("<I", image, off + 4)[0]
+        s_off, s_size = struct.unpack_from("<QQ", image, off + 0x18)
+        if typ != 8 and s_off + s_size > end and s_off + s_size < (1 << 30):
+            end = s_off + s_size
+    return end
+
+
+class ImageIndex:
+    """The packed code objects of an images folder, found again from what the stub logs: the
+    FNV-1a hash of the bytes a loaded image reaches (`elf_extent`). Hashes are computed only for
+    images of the logged size."""
+
+    def __init__(self, images: Path):
+        self.by_size: dict[int, list[tuple[str, bytes]]] = {}
+        self._cache: dict[str, str] = {}
+        for pkg in sorted(images.rglob("*.aks2")) if images.is_dir() else []:
+            rel = pkg.relative_to(images).with_suffix("").as_posix()
+            for stem, img in aks2_images(pkg).items():
+                n = elf_extent(img)
+                self.by_size.setdefault(n, []).append((f"{rel}/{stem}", img[:n]))
+
+    def find(self, size: int, fnv: str) -> str | None:
+        if fnv in self._cache:
+            return self._cache[fnv]
+        for name, img in self.by_size.get(size, []):
+            h = fnv1a64(img)
+            self._cache[h] = name
+            if h == fnv:
+                return name
+        return None
+
+
+@dataclass
+class CaseResult:
+    case: str
+    fwd: int | None = None
+    bwd: int | None = None
+    kernels: dict[str, list[str]] = field(default_factory=lambda: {"fwd": [], "bwd": []})
+    launches: dict[str, int] = field(default_factory=lambda: {"fwd": 0, "bwd": 0})
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (self.fwd == HIP_SUCCESS and self.bwd == HIP_SUCCESS and not self.violations
+                and self.launches["fwd"] > 0 and self.launches["bwd"] > 0)
+
+
+@dataclass
+class DispatchReport:
+    target: str
+    hip_major: int
+    check_gpu: int | None
+    cases: list[CaseResult]
+    loads: int
+    stderr_tail: str = ""
+    returncode: int = 0
+    violations: list[str] = field(default_factory=list)   # outside any case (e.g. during check_gpu)
+
+    @property
+    def ok(self) -> bool:
+        return (self.returncode == 0 and self.check_gpu == HIP_SUCCESS and bool(self.cases) and not self.violations
+                and all(c.ok for c in self.cases))
+
+    def summary(self) -> dict:
+        return {"label": LABEL, "target": self.target, "hip_major": self.hip_major, "check_gpu": self.check_gpu,
+                "cases": len(self.cases), "cases_ok": sum(c.ok for c in self.cases), "code_objects_loaded": self.loads,
+                "launches": sum(sum(c.launches.values()) for c in self.cases), "ok": self.ok,
+                "violations_outside_cases": self.violations,
+                "returncode": self.returncode}
+
+
+def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache: Path) -> Path:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise EnvironmentMissing("no C++ compiler for the dispatch driver", hint="apt-get install -y g++")
+    inc = prefix / "include"
+    headers = b"".join(p.read_bytes() for p in sorted(inc.rglob("*.h")))
+    key = hashlib.sha256(b"\0".join([DRIVER.read_bytes(), headers, str(hip_include).encode(),
+                                     str(lib).encode(), str(stub.path).encode(), cxx.encode()])).hexdigest()[:16]
+    out = cache / f"driver-{key}"
+    if out.is_file():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-driver-", dir=cache))
+    try:
+        # the system's own include folder stays where the compiler has it (its #include_next chain)
+        system = [] if hip_include.resolve() == Path("/usr/include") else ["-isystem", str(hip_include)]
+        cmd = [cxx, "-std=c++20", "-O1", "-D__HIP_PLATFORM_AMD__", "-I", str(inc), *system,
+               str(DRIVER), "-o", str(tmp / "driver"), f"-L{lib.parent}", f"-l:{lib.name}",
+               f"-L{stub.path.parent}", f"-l:{stub.path.name}", "-Wl,--allow-shlib-undefined"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise EnvironmentMissing(f"the dispatch driver does not compile against {inc}:\n"
+                                     + "\n".join(r.stderr.strip().splitlines()[-15:]))
+        os.replace(tmp / "driver", out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stub: Stub, arch: str,
+                 cases: list[DispatchCase], cache: Path, target: str | None = None, wave: int = 64,
+                 timeout: int = 600) -> DispatchReport:
+    """Run `cases` through the library at `lib` against `stub` (see the module doc)."""
+    target = target or DEVICE_TARGETS.get(arch, arch)
+    if arch not in AMDGPU_MACH:
+        raise UserError(f"{arch}: no EF_AMDGPU_MACH value known for this arch")
+    driver = compile_driver(prefix, hip_include, lib, stub, cache)
+    index = ImageIndex(images)
+    with tempfile.TemporaryDirectory(prefix="mi100-dispatch-") as td:
+        log = Path(td) / "stub.jsonl"
+        env = {**os.environ, "MI100_STUB_TARGET": target, "MI100_STUB_MACH": str(AMDGPU_MACH[arch]),
+               "MI100_STUB_WAVE": str(wave), "MI100_STUB_LOG": str(log),
+               "LD_LIBRARY_PATH": os.pathsep.join([str(stub.path.parent), str(lib.parent)])}
+        try:
+            r = subprocess.run([str(driver)], input="".join(c.line() + "\n" for c in cases), env=env,
+                               capture_output=True, text=True, timeout=timeout)
+            rc, stdout, stderr = r.returncode, r.stdout, r.stderr
+        except subprocess.TimeoutExpired as exc:
+            rc, stdout, stderr = 124, (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "timed out"
+        events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.is_file() else []
+    check = None
+    results: dict[str, CaseResult] = {c.name: CaseResult(c.name) for c in cases}
+    for line in stdout.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if "check_gpu" in rec:
+            check = rec["check_gpu"]
+        elif rec.get("case") in results:
+            results[rec["case"]].fwd, results[rec["case"]].bwd = rec["fwd"], rec["bwd"]
+    cur, phase, loads, sizes, outside = None, "fwd", 0, {}, []
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "case":
+            cur, phase = results.get(ev.get("case")), ev.get("phase", "fwd")
+        elif kind == "load":
+            loads += 1
+            sizes[ev.get("fnv1a64")] = ev.get("bytes", 0)
+        elif kind == "launch" and cur is not None:
+            cur.launches[phase] += 1
+            h = ev.get("fnv1a64", "")
+            stem = index.find(sizes.get(h, 0), h) or f"(not in the images: {ev.get('kernel')})"
+            if stem not in cur.kernels[phase]:
+                cur.kernels[phase].append(stem)
+        elif kind == "violation":
+            (cur.violations if cur is not None else outside).append(f"{ev.get('kernel')}: {ev.get('what')}")
+    return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
+                          loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
+                          violations=outside)
+
+
+__all__ = ["DEVICE_TARGETS", "DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images",
+           "dispatch_cases", "elf_extent", "run_dispatch"]

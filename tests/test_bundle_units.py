@@ -1,0 +1,130 @@
+"""Fast unit tests of the bundle pieces that need no compiler: the validation cases of the
+emulated dispatch, the .aks2 image index, and the bundle reader's refusals (hostile members)."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from codegen.bundle.archive import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
+from codegen.bundle.dispatch import ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64
+from codegen.spec import load_spec
+from test_bundle_stub import code_object
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_dispatch_cases_of_the_smoke_spec():
+    spec = load_spec(REPO / "rules" / "examples" / "smoke.yaml").spec
+    cases = dispatch_cases(spec)
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)) == 2 * 5 + 1 + 2
+    assert any(c.shape.seqlen_q == 256 for c in cases)           # tile multiples
+    assert any(c.shape.seqlen_q == 211 for c in cases)           # primes
+    assert [c.causal for c in cases if c.bias] == [False]
+    assert sorted(c.causal for c in cases if c.dropout) == [False, True]
+
+
+def aks2(images: dict[str, bytes]) -> bytes:
+    directory, blob, off = b"", b"", 0
+    for name, img in images.items():
+        n = name.encode() + b"\0"
+        directory += struct.pack("<IIIII", 0, 256, off, len(img), len(n)) + n
+        blob += img
+        off += len(img)
+    payload = directory + blob
+    return struct.pack("<4sIII", b"AKS2", len(payload), len(images), len(directory)) + lzma.compress(payload)
+
+
+def test_image_index_finds_what_the_stub_hashes(tmp_path):
+    a, b = code_object(0x30, "attn_fwd"), code_object(0x30, "bwd_kernel_dq", kernarg=128)
+    pkg = tmp_path / "amd-gfx908" / "flash" / "attn_fwd" / "FONLY.aks2"
+    pkg.parent.mkdir(parents=True)
+    pkg.write_bytes(aks2({"k1": a + b"\0" * 8, "k2": b}))        # padding past the ELF is not hashed
+    assert aks2_images(pkg)["k2"] == b
+    assert elf_extent(a + b"\0" * 8) == len(a)
+    idx = ImageIndex(tmp_path)
+    assert idx.find(len(a), fnv1a64(a)) == "amd-gfx908/flash/attn_fwd/FONLY/k1"
+    assert idx.find(len(b), fnv1a64(b)) == "amd-gfx908/flash/attn_fwd/FONLY/k2"
+    assert idx.find(len(b), "0" * 16) is None
+    assert fnv1a64(b"") == "cbf29ce484222325"                   # the FNV-1a 64 offset basis
+
+
+def _raw_bundle(path: Path, members: dict[str, bytes], listed: dict[str, bytes] | None = None) -> Path:
+    listed = members if listed is None else listed
+    manifest = {"format": FORMAT, "library": {"file": next(iter(listed), "lib/x")},
+                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in listed.items()}}
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("manifest.json", json.dumps(manifest))
+        for n, b in members.items():
+            z.writestr(n, b)
+    return path
+
+
+def test_reader_refusals(tmp_path):
+    ok = _raw_bundle(tmp_path / "ok.zip", {"lib/libaotriton_v2.so.0.11.0": b"x"})
+    b = open_bundle(ok)
+    root = extract(b, tmp_path / "out")
+    assert (root / "lib" / "libaotriton_v2.so.0.11.0").read_bytes() == b"x"
+    cases = {
+        "dotdot": ({"lib/a": b"x", "../evil": b"y"}, None, "'..' component"),
+        "absolute": ({"lib/a": b"x", "/etc/evil": b"y"}, None, "absolute path"),
+        "git": ({"lib/a": b"x", ".git/config": b"y"}, None, "never ours to change"),
+        "unlisted": ({"lib/a": b"x", "lib/b": b"y"}, {"lib/a": b"x"}, "not listed: lib/b"),
+        "missing": ({"lib/a": b"x"}, {"lib/a": b"x", "lib/b": b"y"}, "missing: lib/b"),
+        "changed": ({"lib/a": b"z"}, {"lib/a": b"x"}, "does not match the manifest"),
+    }
+    for name, (members, listed, words) in cases.items():
+        with pytest.raises(BundleError, match=words.replace("(", r"\(")):
+            open_bundle(_raw_bundle(tmp_path / f"{name}.zip", members, listed))
+    link = tmp_path / "link.zip"
+    with zipfile.ZipFile(link, "w") as z:
+        info = zipfile.ZipInfo("lib/a")
+        info.external_attr = (0o120777) << 16
+        z.writestr(info, "/etc/passwd")
+        z.writestr("manifest.json", "{}")
+    with pytest.raises(BundleError, match="not a regular file"):
+        open_bundle(link)
+    (tmp_path / "junk.zip").write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(BundleError, match="truncated"):
+        open_bundle(tmp_path / "junk.zip")
+
+
+def test_writer_is_atomic_and_readable(tmp_path):
+    dest = tmp_path / "b.zip"
+    files = {"lib/libaotriton_v2.so.0.11.0": b"lib", "lib/aotriton.images/amd-gfx908/flash/x.aks2": b"img"}
+    manifest = {"format": FORMAT, "library": {"file": "lib/libaotriton_v2.so.0.11.0"},
+                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
+    write_bundle(dest, manifest, files)
+    assert sorted(open_bundle(dest).members) == sorted(files)
+    assert [p.name for p in tmp_path.iterdir()] == ["b.zip"]
+
+
+def test_cli_refusals_are_one_message(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    junk = tmp_path / "x.mi100-bundle.zip"
+    junk.write_bytes(b"not a zip")
+    r = CliRunner().invoke(app, ["bundle", "check", str(junk)])
+    assert r.exit_code == 2 and "not a bundle or a truncated one" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.aotriton
+def test_bundle_build_refuses_an_unapplied_tree_before_fetching(pristine_tree, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    r = CliRunner().invoke(app, ["bundle", "build", str(pristine_tree("0.11b")), "--hip", "6", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "overlay is not applied" in r.output, r.output
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()

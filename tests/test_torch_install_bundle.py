@@ -1,0 +1,104 @@
+"""`torch install --bundle FILE` on the ELF fixtures of test_torch_install.py: a bundle made
+from a fixture prefix with the bundle writer (codegen.bundle.archive), installed into a fake
+ROCm torch, reported by `status`, restored byte for byte; a tampered, truncated, wrong-arch or
+too-new-glibc bundle is one message, exit 2, nothing touched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from codegen.bundle.archive import FORMAT, bundle_name, sha256, write_bundle
+from codegen.elfinfo import read_dynamic
+from codegen.torch_integration.install import machine_glibc
+from test_torch_install import build_prefix, build_torch, cli, load_which, need_cc, snapshot
+
+
+def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) -> Path:
+    prefix = build_prefix(tmp_path / "prefix", arch=arch)
+    lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
+    files = {f"lib/{lib.name}": lib.read_bytes()}
+    for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
+        if p.is_file():
+            files[p.relative_to(prefix).as_posix()] = p.read_bytes()
+    dyn = read_dynamic(lib)
+    manifest = {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
+                "arch": arch, "hip_major": 6, "spec": {"sha256": "0" * 64},
+                "library": {"file": f"lib/{lib.name}", "needs": {"glibc": glibc or dyn.highest("GLIBC"), "glibcxx": None}},
+                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
+    out = tmp_path / bundle_name("0.11b", arch, 6)
+    write_bundle(out, manifest, files)
+    return out
+
+
+@pytest.fixture
+def site(tmp_path):
+    need_cc()
+    s = tmp_path / "site-packages"
+    build_torch(s)
+    return s
+
+
+def test_install_bundle_status_restore(site, tmp_path):
+    torch_root = site / "torch"
+    b = make_bundle(tmp_path)
+    before = snapshot(site)
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root))
+    assert r.exit_code == 0, r.output
+    assert "installed: bundle aotriton-0.11b-gfx908-hip6.mi100-bundle.zip" in r.output
+    assert load_which(torch_root) == "mi100"
+    s = json.loads(cli("torch", "status", "--torch-dir", str(torch_root), "--json").stdout)
+    assert s["ours"]["bundle"]["file"] == b.name and s["ours"]["bundle"]["sha256"] == sha256(b.read_bytes())
+    assert s["ours"]["bundle"]["hip_major"] == 6 and s["ours"]["arch"] == "gfx908"
+    text = cli("torch", "status", "--torch-dir", str(torch_root)).stdout
+    assert "bundle:           aotriton-0.11b-gfx908-hip6.mi100-bundle.zip  (AOTriton 0.11b, gfx908, HIP 6" in text
+    assert (torch_root / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "bwd_kernel_dq.aks2").is_file()
+    r = cli("torch", "restore", "--torch-dir", str(torch_root))
+    assert r.exit_code == 0, r.output
+    assert snapshot(site) == before
+
+
+def _refused(site, args, words):
+    before = snapshot(site)
+    r = cli("torch", "install", *args, "--torch-dir", str(site / "torch"))
+    assert r.exit_code == 2, r.output
+    assert words in r.output and "Traceback" not in r.output, r.output
+    assert snapshot(site) == before
+
+
+def test_tampered_bundle_is_refused(site, tmp_path):
+    import zipfile
+
+    b = make_bundle(tmp_path)
+    t = tmp_path / "tampered.zip"
+    with zipfile.ZipFile(b) as zin, zipfile.ZipFile(t, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename.endswith("bwd_kernel_dq.aks2"):
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            zout.writestr(info, data)
+    _refused(site, ["--bundle", str(t)], "does not match the manifest")
+
+
+def test_truncated_or_foreign_files_are_refused(site, tmp_path):
+    b = make_bundle(tmp_path)
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(b.read_bytes()[: b.stat().st_size // 2])
+    _refused(site, ["--bundle", str(cut)], "not a bundle or a truncated one")
+    _refused(site, ["--bundle", str(tmp_path)], "not a regular file")
+
+
+def test_wrong_arch_and_newer_glibc_are_refused(site, tmp_path):
+    b = make_bundle(tmp_path / "a", arch="gfx1030")
+    _refused(site, ["--bundle", str(b), "--arch", "gfx908"], "a bundle for gfx1030, not gfx908")
+    have = machine_glibc()
+    assert have and have.startswith("GLIBC_2.")
+    newer = "GLIBC_2." + str(int(have.split(".")[1]) + 1)
+    b = make_bundle(tmp_path / "b", glibc=newer)
+    _refused(site, ["--bundle", str(b)], f"its library needs {newer}, this machine has {have}")
+
+
+def test_prefix_xor_bundle(site, tmp_path):
+    _refused(site, [], "give one of --prefix PREFIX or --bundle FILE")
