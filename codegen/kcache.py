@@ -1,0 +1,284 @@
+"""The one content-addressed kernel cache of mi100-codegen, shared by `precompile`, `build` (its
+warm-worker compile route) and `bundle build`: one record (+ the code object) per kernel, keyed by
+what decides the code object, never by a release name: the kernel's Triton sources (the file that
+defines it and the siblings it imports), kernel name, signature, compile options, target (arch,
+warp size), Triton version and the compile environment. Two releases whose kernel sources are
+byte-identical (0.12b and 0.12.1b) therefore share every entry.
+
+Entries are possibly hostile input (another user's cache folder, a disk error, an interrupted
+writer): keys are checked to be sha256 hex before they become file names, files are opened without
+following links, and a record carries the sha256 of its code object, checked on every read; an
+entry that fails a check is removed and counted as a miss (the caller recompiles it). Writes are
+atomic (code object first, then the record that commits it), so a killed writer leaves at most a
+temporary file that no reader looks at and `evict` sweeps. The folder is bounded: `evict` removes
+the least recently used entries above `max_bytes`, under a file lock (two builds may share it).
+"""
+
+from __future__ import annotations
+
+import ast
+import errno
+import hashlib
+import json
+import os
+import re
+import stat
+import time
+from functools import lru_cache
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .fsutil import atomic_write as _atomic_write
+from .resources import user_cache_dir
+
+CACHE_FORMAT = 5  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts;
+#                  4: sources = the kernel file's import closure; 5: Triton's metadata sidecar (what
+#                  build writes beside the image), the code object's sha256, shared with build
+CACHE_ENV = {"TRITON_F32_DEFAULT": "ieee"}  # the compile environment the tree's build sets (part of the key)
+DEFAULT_MAX_BYTES = 4 * 1024**3  # a default gfx908 image set is ~3,000 code objects of 20-200 KB
+_KEY_RE = re.compile(r"^[0-9a-f]{64}$")
+_STALE_TMP_S = 3600.0  # a temporary file older than this belongs to a writer that was killed
+
+
+def default_cache_dir() -> Path:
+    """`$MI100_CODEGEN_CACHE/kernels` (or ~/.cache/mi100-codegen/kernels): the one folder precompile,
+    build and bundle build share."""
+    return user_cache_dir("kernels")
+
+
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def _sibling_imports(tree: ast.Module) -> set[str]:
+    """Module names a kernel file imports that may be siblings (`import x`, `from x import`,
+    `from .x import`); AOTriton's kernels import their helpers as top-level siblings."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level <= 1:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _closure(start: Path) -> dict[str, tuple[Path, ast.Module | None]]:
+    """The file and every sibling module it imports, transitively: name -> (path, its AST)."""
+    root = start.parent
+    seen: dict[str, tuple[Path, ast.Module | None]] = {}
+    todo = [start]
+    while todo:
+        p = todo.pop()
+        if p.name in seen:
+            continue
+        tree = _parse(p)
+        seen[p.name] = (p, tree)
+        for name in _sibling_imports(tree) if tree else ():
+            todo.extend(c for c in (root / f"{name}.py", root / name / "__init__.py") if c.is_file())
+    return seen
+
+
+def _defines(tree: ast.Module | None, name: str) -> bool:
+    return tree is not None and any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body)
+
+
+@lru_cache(maxsize=256)
+def source_hash(source: str, kernel_name: str | None = None) -> str:
+    """sha256 over the file that defines the kernel and every sibling module it imports.
+
+    Only that import closure counts, not the whole folder nor a re-exporting entry module:
+    releases that ship the same kernel files beside different tests or tools, or name another
+    entry module (0.12b and 0.12.1b plan `flash.py`, 0.13b `fwd_kernel.py`, …), share entries."""
+    files = _closure(Path(source))
+    if kernel_name:
+        home = next((p for p, tree in files.values() if _defines(tree, kernel_name)), None)
+        if home is not None:
+            files = _closure(home)
+    root = Path(source).parent
+    h = hashlib.sha256()
+    for name in sorted(files):
+        p = files[name][0]
+        h.update(p.relative_to(root).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def cache_key(*, source: str, kernel_name: str, signature: str, num_warps: int, num_stages: int,
+              waves_per_eu: int, arch: str, warp_size: int, triton_version: str) -> str:
+    ident = {
+        "format": CACHE_FORMAT,
+        "sources": source_hash(source, kernel_name),
+        "kernel": kernel_name,
+        "signature": ",".join(s.strip() for s in signature.split(",")),
+        "options": {"num_warps": num_warps, "num_stages": num_stages, "waves_per_eu": waves_per_eu},
+        "target": {"backend": "hip", "arch": arch, "warp_size": warp_size},
+        "triton": triton_version,
+        "env": CACHE_ENV,
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
+
+
+def _read_plain(path: Path, limit: int = 256 * 1024**2) -> bytes | None:
+    """The bytes of a regular file, never through a symbolic link (O_NOFOLLOW), None when absent
+    or not a plain file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+class CompileCache:
+    """`get`/`put` of kernel records; `stats` counts hits, misses and corrupt entries."""
+
+    def __init__(self, root: Path, max_bytes: int = DEFAULT_MAX_BYTES):
+        self.root = Path(root)
+        self.max_bytes = int(max_bytes)
+        self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "evicted": 0}
+        self._puts = 0
+
+    def _path(self, key: str, suffix: str) -> Path:
+        if not _KEY_RE.match(key or ""):
+            raise ValueError(f"not a kernel cache key: {key!r}")
+        return self.root / key[:2] / f"{key}{suffix}"
+
+    def _drop(self, key: str) -> None:
+        self.stats["corrupt"] += 1
+        for suffix in (".json", ".hsaco"):
+            try:
+                self._path(key, suffix).unlink()
+            except OSError:
+                pass
+
+    def get(self, key: str) -> dict | None:
+        """The record of `key`, its code object checked against the sha256 it records; a record
+        that fails a check is removed (the caller compiles the kernel again)."""
+        raw = _read_plain(self._path(key, ".json"), limit=16 * 1024**2)
+        if raw is None:
+            self.stats["misses"] += 1
+            return None
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            self._drop(key)
+            return None
+        if not isinstance(record, dict) or record.get("format") != CACHE_FORMAT:
+            self.stats["misses"] += 1
+            return None
+        if record.get("key") not in (None, key):
+            self._drop(key)
+            return None
+        if record.get("ok"):
+            data = _read_plain(self._path(key, ".hsaco"))
+            if data is None or hashlib.sha256(data).hexdigest() != record.get("hsaco_sha256"):
+                self._drop(key)
+                return None
+            record["_hsaco"] = data
+        self.stats["hits"] += 1
+        try:  # least recently used first out: a hit is a use
+            os.utime(self._path(key, ".json"))
+        except OSError:
+            pass
+        return record
+
+    def hsaco(self, key: str) -> bytes | None:
+        """The checked code object of an `ok` entry (None when absent or corrupt)."""
+        record = self.get(key)
+        return record.get("_hsaco") if record else None
+
+    def put(self, key: str, record: dict, hsaco: bytes | None) -> None:
+        path = self._path(key, ".json")
+        clean = {k: v for k, v in record.items() if k != "_hsaco"}
+        clean.update(format=CACHE_FORMAT, key=key)
+        if hsaco is not None:
+            clean["hsaco_sha256"] = hashlib.sha256(hsaco).hexdigest()
+            _atomic_write(self._path(key, ".hsaco"), hsaco)
+        _atomic_write(path, json.dumps(clean, sort_keys=True, indent=1).encode())
+        self._puts += 1
+        if self._puts % 64 == 0:
+            self.evict()
+
+    def size(self) -> int:
+        return sum(st.st_size for _p, st in self._files())
+
+    def _files(self):
+        if not self.root.is_dir():
+            return
+        for sub in self.root.iterdir():
+            if len(sub.name) != 2 or sub.is_symlink() or not sub.is_dir():
+                continue
+            for f in sub.iterdir():
+                try:
+                    st = f.lstat()
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    yield f, st
+
+    def evict(self, max_bytes: int | None = None) -> int:
+        """Remove the least recently used entries until the folder holds at most `max_bytes`, and
+        temporary files of killed writers; returns the entries removed. Under a file lock: another
+        process evicting at the same time waits (or, after 60 s, this one skips)."""
+        limit = self.max_bytes if max_bytes is None else int(max_bytes)
+        if not self.root.is_dir():
+            return 0
+        try:
+            with FileLock(str(self.root / ".evict.lock"), timeout=60):
+                return self._evict(limit)
+        except Timeout:
+            return 0
+
+    def _evict(self, limit: int) -> int:
+        now = time.time()
+        entries: dict[str, list] = {}
+        for f, st in self._files():
+            if f.name.startswith("."):
+                if now - st.st_mtime > _STALE_TMP_S:
+                    f.unlink(missing_ok=True)
+                continue
+            key, _, suffix = f.name.partition(".")
+            e = entries.setdefault(key, [None, 0, [], st.st_mtime])
+            e[1] += st.st_size
+            e[2].append(f)
+            if suffix == "json":
+                e[0] = st.st_mtime
+        # a code object without its record yet belongs to a writer still at work: left alone unless stale
+        entries = {k: e for k, e in entries.items() if e[0] is not None or now - e[3] > _STALE_TMP_S}
+        for e in entries.values():
+            e[0] = e[3] if e[0] is None else e[0]
+        total = sum(e[1] for e in entries.values())
+        removed = 0
+        for key, (used, size, files, _) in sorted(entries.items(), key=lambda kv: kv[1][0]):
+            if total <= limit:
+                break
+            for f in sorted(files, key=lambda p: not p.name.endswith(".json")):  # the record first
+                try:
+                    f.unlink()
+                except OSError as exc:
+                    if exc.errno != errno.ENOENT:
+                        raise
+            total -= size
+            removed += 1
+        self.stats["evicted"] += removed
+        return removed
+
+
+KernelCache = CompileCache

@@ -1,0 +1,242 @@
+"""build's compile service (warm workers behind the thin client the build venv runs in place of
+the tree's compile.py) against the tree's own compile.py, through real ninja edges written the way
+upstream's CMake writes them (codegen.build.edges), with real Triton compiles of a real AOTriton
+kernel (0.11b's bwd_preprocess, ~1 s each). Marked aotriton + triton; ~30 s on 2 cores."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from codegen.build.compile_pool import CompileService, parse_request
+from codegen.build.configure import prepare_venv
+from codegen.build.edges import write_kernel_ninja
+from codegen.build.prereq import Toolchain
+from codegen.kcache import CompileCache
+from codegen.models import KernelConfig
+from codegen.plan.kernel_list import KernelEntry
+from codegen.precompile.engine import triton_version
+
+CMAKE, NINJA = shutil.which("cmake"), shutil.which("ninja")
+pytestmark = [
+    pytest.mark.aotriton, pytest.mark.triton,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton in this (test) venv"),
+    pytest.mark.skipif(not (CMAKE and NINJA), reason="needs cmake and ninja (apt-get install -y cmake ninja-build)"),
+]
+
+ARCH = "gfx90a"  # a target the pristine compile.py knows (gfx908 is the overlay's addition)
+SIG = "*{d}:16, *{d}:16, *fp32:16, u64:8, u64:8, u64:8, 1, u64:8, u64:8, u64:8, 1, i32, i32, 128, 64, {v}"
+KERNELS = [(d, v) for d in ("fp16", "bf16") for v in ("False", "True")]
+
+
+def _entries(n: int) -> list[KernelEntry]:
+    out = []
+    for d, v in KERNELS[:n]:
+        kid = f"bwd_preprocess-{d}-{v}"
+        out.append(KernelEntry(id=kid, config=KernelConfig("bwd_preprocess", ARCH, d, 64, 128, None, 2, 4, 1),
+                               hsaco=f"flash/img/{kid}.hsaco", source="tritonsrc/flash.py",
+                               kernel_name="bwd_preprocess", signature=SIG.format(d=d, v=v), perf="", functional=""))
+    return out
+
+
+@pytest.fixture
+def small_tree(pristine_tree, tmp_path):
+    """The tree's compiler driver and Triton sources, copied (the upstream route writes bytecode)."""
+    src = pristine_tree("0.11b")
+    tree = tmp_path / "tree"
+    shutil.copytree(src / "tritonsrc", tree / "tritonsrc", ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "v3python").mkdir()
+    shutil.copy2(src / "v3python" / "compile.py", tree / "v3python" / "compile.py")
+    return tree
+
+
+def _build_dir(tmp_path: Path, name: str, tree: Path, entries: list[KernelEntry]) -> Path:
+    b = tmp_path / name
+    b.mkdir()
+    tc = Toolchain(cmake=CMAKE, cmake_version="", ninja=NINJA, ninja_version="", cxx="", cc="", hip_dir=None,
+                   hip_version=None, python=sys.executable, site_packages=(sysconfig.get_path("purelib"),))
+    venv = prepare_venv(b, tc)
+    write_kernel_ninja(b, tree, tree / "v3python" / "compile.py", venv, entries, cmake=CMAKE)
+    return b
+
+
+def _ninja(b: Path, env: dict | None = None, jobs: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run([NINJA, "-C", str(b), "-j", str(jobs)], env={**os.environ, **(env or {})},
+                          capture_output=True, text=True)
+
+
+def _outputs(b: Path) -> dict[str, str]:
+    return {p.relative_to(b).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((b / "flash").rglob("*")) if p.is_file()}
+
+
+def _service(cache, jobs=2) -> CompileService:
+    return CompileService(jobs=jobs, python=sys.executable, triton=triton_version(), arch=ARCH, warp_size=64,
+                          cache=cache)
+
+
+def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path):
+    entries = _entries(2)
+    up = _build_dir(tmp_path, "up", small_tree, entries)
+    r = _ninja(up)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ours = _build_dir(tmp_path, "ours", small_tree, entries)
+    cache = CompileCache(tmp_path / "kcache")
+    with _service(cache) as svc:
+        r = _ninja(ours, svc.env())
+        stats = svc.stats
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (stats.compiled, stats.cached, stats.declined) == (2, 0, 0)
+    # the image and Triton's metadata sidecar, byte for byte (same interpreter, same Triton)
+    assert _outputs(up) == _outputs(ours) and len(_outputs(ours)) == 4
+    assert not list(ours.rglob("*.mi100-part*"))
+
+    # a re-run after the outputs are gone: every kernel from the cache, still identical
+    shutil.rmtree(ours / "flash")
+    for e in entries:
+        (ours / e.hsaco).parent.mkdir(parents=True, exist_ok=True)
+    # a corrupt entry (its code object changed on disk) is detected and compiled again
+    victim = next(p for p in (tmp_path / "kcache").rglob("*.hsaco"))
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with _service(CompileCache(tmp_path / "kcache")) as svc:
+        r = _ninja(ours, svc.env())
+        stats, cstats = svc.stats, svc.cache.stats
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (stats.compiled, stats.cached) == (1, 1) and cstats["corrupt"] == 1
+    assert _outputs(up) == _outputs(ours)
+
+    # ninja's own tracking: nothing left to do, the service is not asked
+    with _service(CompileCache(tmp_path / "kcache")) as svc:
+        r = _ninja(ours, svc.env())
+        assert "no work to do" in r.stdout and svc.stats.compiled + svc.stats.cached == 0
+
+
+def test_precompile_entries_serve_build(small_tree, tmp_path):
+    """A kernel precompile compiled (same cache) is not compiled again by build's service."""
+    from codegen.precompile.engine import compile_entries
+    from codegen.spec import load_spec
+
+    spec = load_spec(None).spec.model_copy(update={"arch": ARCH})
+    entries = _entries(1)
+    cache = CompileCache(tmp_path / "kcache")
+    run = compile_entries(small_tree, entries, spec, jobs=1, timeout_s=240, cache=cache)
+    assert run.compiled_now == 1 and run.results[0].status == "ok"
+    b = _build_dir(tmp_path, "b", small_tree, entries)
+    with _service(CompileCache(tmp_path / "kcache"), jobs=1) as svc:
+        r = _ninja(b, svc.env(), jobs=1)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert (svc.stats.compiled, svc.stats.cached) == (0, 1)
+
+
+def test_client_without_service_fails_clearly(small_tree, tmp_path):
+    b = _build_dir(tmp_path, "b", small_tree, _entries(1))
+    r = _ninja(b, {"MI100_CODEGEN_COMPILE_POOL": str(tmp_path / "gone.sock")})
+    assert r.returncode != 0
+    assert "compile service" in r.stdout and "is gone" in r.stdout and "Re-run `mi100-codegen build`" in r.stdout
+    assert not list((b / "flash").rglob("*.hsaco"))
+
+
+def test_requests_the_service_declines():
+    base = ["/x/flash.py", "--kernel_name", "k", "-o", "o.hsaco", "-g", "1,1,1", "--target", ARCH,
+            "--signature", "i32", "--timeout", "0"]
+    req = {"argv": base, "cwd": "/", "env": {"TRITON_F32_DEFAULT": "ieee"}}
+    from codegen.build.compile_pool import _Declined
+
+    for bad in ({"argv": base + ["--new-flag"]}, {"argv": [*base[:-1], "2"]}, {"env": {}},
+                {"argv": [a if a != ARCH else "gfx942" for a in base]}, {"argv": base}):
+        with pytest.raises(_Declined):  # the last one: /x/flash.py does not exist
+            parse_request({**req, **bad}, ARCH)
+
+
+SERVE = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from codegen.build.compile_pool import CompileService
+    from codegen.kcache import CompileCache
+    from codegen.precompile.engine import triton_version
+
+    if __name__ == "__main__":
+        svc = CompileService(jobs=1, python=sys.executable, triton=triton_version(), arch="gfx90a",
+                             warp_size=64, cache=CompileCache(Path(sys.argv[1])))
+        with svc:
+            Path(sys.argv[2]).write_text(svc.address)
+            while True:
+                time.sleep(0.2)
+""")
+
+
+def _start_service(tmp_path: Path, cache: Path) -> tuple[subprocess.Popen, str]:
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    addr_file = tmp_path / f"addr-{time.monotonic_ns()}"
+    proc = subprocess.Popen([sys.executable, str(script), str(cache), str(addr_file)])
+    for _ in range(600):
+        if addr_file.is_file() and addr_file.read_text():
+            return proc, addr_file.read_text()
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("the compile service did not start")
+
+
+def _no_half_written(b: Path, cache: Path) -> None:
+    assert not list(b.rglob("*.mi100-part*"))
+    for p in (b / "flash").rglob("*.hsaco"):
+        assert p.stat().st_size > 0 and p.with_suffix(".json").is_file()
+    c = CompileCache(cache)
+    for rec in cache.rglob("*.json"):
+        assert c.get(rec.stem) is not None, rec  # every committed record is whole and checks out
+
+
+def test_killed_service_and_interrupted_ninja_resume(small_tree, tmp_path):
+    """SIGKILL of the service mid-run, then SIGINT of ninja mid-run: no half-written image or cache
+    entry, and each re-run compiles only what is left."""
+    entries = _entries(4)
+    b = _build_dir(tmp_path, "b", small_tree, entries)
+    cache = tmp_path / "kcache"
+    images = [b / e.hsaco for e in entries]
+
+    proc, addr = _start_service(tmp_path, cache)
+    ninja = subprocess.Popen([NINJA, "-C", str(b), "-j", "1"], env={**os.environ, "MI100_CODEGEN_COMPILE_POOL": addr},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    while not any(p.is_file() for p in images) and ninja.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)  # the service and its workers' parent, mid-build
+    proc.wait()
+    out = ninja.communicate(timeout=120)[0]
+    assert ninja.returncode != 0 and "is gone" in out
+    done = sum(p.is_file() for p in images)
+    assert 1 <= done < 4
+    _no_half_written(b, cache)
+
+    proc, addr = _start_service(tmp_path, cache)
+    try:
+        ninja = subprocess.Popen([NINJA, "-C", str(b), "-j", "1"],
+                                 env={**os.environ, "MI100_CODEGEN_COMPILE_POOL": addr},
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while sum(p.is_file() for p in images) == done and ninja.poll() is None:
+            time.sleep(0.05)
+        ninja.send_signal(signal.SIGINT)
+        ninja.communicate(timeout=120)
+        _no_half_written(b, cache)
+        before = {p: p.stat().st_mtime_ns for p in images if p.is_file()}
+        r = _ninja(b, {"MI100_CODEGEN_COMPILE_POOL": addr}, jobs=1)
+        assert r.returncode == 0, r.stdout
+        assert all(p.is_file() for p in images)
+        assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # finished kernels kept
+        _no_half_written(b, cache)
+    finally:
+        proc.kill()
+        proc.wait()
