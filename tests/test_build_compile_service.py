@@ -38,6 +38,18 @@ pytestmark = [
 ARCH = "gfx90a"  # a target the pristine compile.py knows (gfx908 is the overlay's addition)
 SIG = "*{d}:16, *{d}:16, *fp32:16, u64:8, u64:8, u64:8, 1, u64:8, u64:8, u64:8, 1, i32, i32, 128, 64, {v}"
 KERNELS = [(d, v) for d in ("fp16", "bf16") for v in ("False", "True")]
+# attn_fwd (16x16 tile, 0.11b's smoke-spec signature): its hints mix 8 and 16 out of order, which
+# Triton's metadata hash sees (the order compile.py builds them in)
+FWD_SIG = ("*bf16:16, *bf16:16, *bf16:16, 0, 0, fp32, *fp32:16, *bf16:16, 0, 0, 0, 0, 0, u64:8, u64:8, u64:8, 1, "
+           "u64:8, u64:8, u64:8, 1, u64:8, u64:8, u64:8, 1, u64:8, u64:8, u64:8, 1, 0, 0, 0, 1, 0, 1, i32, i32, i32, "
+           "*i32:16, *i32:16, i32, i32, 64, 64, False, False, 0, 0, 0, 0, 0, 0, False, 0, 0, 0, 0, 0, False, False, "
+           "False, False, 0, 0, i32, 2, i32, 16, 16, False")
+
+
+def _fwd_entry() -> KernelEntry:
+    return KernelEntry(id="attn_fwd-bf16", config=KernelConfig("attn_fwd", ARCH, "bf16", 64, 16, 16, 2, 4, 1),
+                       hsaco="flash/img/attn_fwd-bf16.hsaco", source="tritonsrc/flash.py", kernel_name="attn_fwd",
+                       signature=FWD_SIG, perf="", functional="")
 
 
 def _entries(n: int) -> list[KernelEntry]:
@@ -87,7 +99,7 @@ def _service(cache, jobs=2) -> CompileService:
 
 
 def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path):
-    entries = _entries(2)
+    entries = _entries(1) + [_fwd_entry()]
     up = _build_dir(tmp_path, "up", small_tree, entries)
     r = _ninja(up)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -57,7 +57,9 @@ def compile_kernel(task: dict) -> dict:
     signature = {names[i]: s.split(":")[0] for i, s in enumerate(sig)}
     for k in constants:
         signature[k] = "constexpr"
-    attrs = {k: [("tt.divisibility", v)] for k, v in hints.items() if v in (8, 16)}
+    # compile.py's order (every 16 before every 8): Triton's metadata `hash` is taken over str(attrs)
+    attrs = {k: [("tt.divisibility", 16)] for k, v in hints.items() if v == 16}
+    attrs.update({k: [("tt.divisibility", 8)] for k, v in hints.items() if v == 8})
     src = triton.compiler.ASTSource(fn=kernel, constexprs=constants, signature=signature, attrs=attrs)
     target = GPUTarget("hip", task["arch"], task["warp_size"])
     backend = triton.compiler.make_backend(target)
