@@ -23,6 +23,7 @@ import json
 import os
 import re
 import stat
+import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -47,9 +48,14 @@ def default_cache_dir() -> Path:
     return user_cache_dir("kernels")
 
 
+_PARSE_LOCK = threading.Lock()  # CPython 3.11's ast.parse is not safe in concurrent threads (the
+#                                 compile service keys requests in one thread per ninja edge)
+
+
 def _parse(path: Path) -> ast.Module | None:
     try:
-        return ast.parse(path.read_bytes(), filename=str(path))
+        with _PARSE_LOCK:
+            return ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return None
 

@@ -252,3 +252,51 @@ def test_killed_service_and_interrupted_ninja_resume(small_tree, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
+                                reason="needs Dask distributed (pip install -e '.[dask]'; CI does not install it)")
+
+
+@needs_dask
+def test_dask_local_cluster_compiles_through_the_same_cache(small_tree, tmp_path):
+    from codegen.build.dask_pool import DaskExecutor
+
+    entries = _entries(2)
+    up = _build_dir(tmp_path, "up", small_tree, entries)
+    assert _ninja(up).returncode == 0
+    b = _build_dir(tmp_path, "dask", small_tree, entries)
+    svc = CompileService(jobs=2, python=sys.executable, triton=triton_version(), arch=ARCH, warp_size=64,
+                         cache=CompileCache(tmp_path / "kcache"),
+                         executor=DaskExecutor("local", jobs=2, triton=triton_version()))
+    with svc:
+        r = _ninja(b, svc.env())
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert (svc.stats.compiled, svc.stats.cached) == (2, 0)
+    assert _outputs(up) == _outputs(b)  # same path on the workers (one machine): byte-identical
+    assert len(list((tmp_path / "kcache").rglob("*.json"))) == 2
+
+
+@needs_dask
+def test_dask_lost_worker_is_recompiled(small_tree, tmp_path):
+    from codegen.build.dask_pool import DaskExecutor
+
+    ex = DaskExecutor("local", jobs=2, triton=triton_version())
+    ex.start()
+    try:
+        pids = ex._client.run(os.getpid)
+        task = {"source": str(small_tree / "tritonsrc" / "flash.py"), "kernel_name": "attn_fwd", "signature": FWD_SIG,
+                "num_warps": 4, "num_stages": 1, "waves_per_eu": 2, "arch": ARCH, "warp_size": 64}
+        futs = [ex.submit(task), ex.submit({**task, "waves_per_eu": 1})]
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(ex._client.processing().values()):
+            time.sleep(0.05)
+        busy = next(w for w, keys in ex._client.processing().items() if keys)
+        os.kill(pids[busy], signal.SIGKILL)  # the worker process dies mid-compile
+        results = [f.result(timeout=300) for f in futs]
+        assert all(r["ok"] for r in results), results
+        assert pids[busy] not in ex._client.run(os.getpid).values()  # that worker is really gone
+        again = ex.submit(task).result(timeout=300)
+        assert again["ok"] and again["hsaco"] == results[0]["hsaco"]
+    finally:
+        ex.close()
