@@ -152,6 +152,23 @@ def _read_plain(path: Path, limit: int = 256 * 1024**2) -> bytes | None:
         os.close(fd)
 
 
+def loaded_digest(image: bytes) -> str:
+    """sha256 over the sections of a code object the GPU loads (SHF_ALLOC: `.text`, `.rodata`, the
+    `.note` with the kernel metadata, `.dynsym`, …), not over the DWARF and symbol tables, which
+    name the folders the kernel and Triton were compiled from: equal for the same kernel compiled
+    from two trees."""
+    import io
+
+    from elftools.elf.constants import SH_FLAGS
+    from elftools.elf.elffile import ELFFile
+
+    h = hashlib.sha256()
+    for sec in ELFFile(io.BytesIO(image)).iter_sections():
+        if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
+            h.update(sec.name.encode() + b"\0" + len(sec.data()).to_bytes(8, "little") + sec.data())
+    return h.hexdigest()
+
+
 class CompileCache:
     """`get`/`put` of kernel records; `stats` counts hits, misses and corrupt entries."""
 

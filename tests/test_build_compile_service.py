@@ -136,6 +136,26 @@ def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path
         assert "no work to do" in r.stdout and svc.stats.compiled + svc.stats.cached == 0
 
 
+def test_only_debug_sections_name_the_tree(small_tree, tmp_path):
+    """The same kernel compiled from two folders (two trees sharing a cache entry): the loaded
+    sections are identical, the DWARF sections name the folder."""
+    from codegen.kcache import loaded_digest
+    from codegen.precompile.engine import compile_entries
+    from codegen.spec import load_spec
+
+    spec = load_spec(None).spec.model_copy(update={"arch": ARCH})
+    other = tmp_path / "other"
+    shutil.copytree(small_tree, other)
+    e = _fwd_entry()
+    images = []
+    for t in (small_tree, other):  # one worker process each (a process imports a kernel module once)
+        compile_entries(t, [e], spec, jobs=1, timeout_s=240, cache=None, keep=tmp_path / f"keep-{t.name}")
+        images.append((tmp_path / f"keep-{t.name}" / e.hsaco).read_bytes())
+    a, b = images
+    assert a != b and loaded_digest(a) == loaded_digest(b)
+    assert str(small_tree / "tritonsrc").encode() in a and str(other / "tritonsrc").encode() in b
+
+
 def test_precompile_entries_serve_build(small_tree, tmp_path):
     """A kernel precompile compiled (same cache) is not compiled again by build's service."""
     from codegen.precompile.engine import compile_entries
@@ -300,3 +320,53 @@ def test_dask_lost_worker_is_recompiled(small_tree, tmp_path):
         assert again["ok"] and again["hsaco"] == results[0]["hsaco"]
     finally:
         ex.close()
+
+
+def test_build_reports_compiled_and_cached(small_tree, tmp_path, monkeypatch):
+    """builder's ninja step with the compile service: kernels_compiled / kernels_cached as
+    `build --json` reports them (CMake replaced by the edges file; ninja, the client, the service
+    and the compiles are real)."""
+    from types import SimpleNamespace
+
+    from codegen.build import builder
+    from codegen.build.configure import ConfigurePlan
+    from rich.console import Console
+
+    entries = _entries(2)
+    b = tmp_path / "b"
+    (b / "v3src").mkdir(parents=True)
+    (b / "v3src" / "Bare.compile").write_text("".join(f"{b / e.hsaco};{e.source};{e.kernel_name}\n" for e in entries))
+    tc = Toolchain(cmake=CMAKE, cmake_version="", ninja=NINJA, ninja_version="", cxx="", cc="", hip_dir=None,
+                   hip_version=None, python=sys.executable, site_packages=(sysconfig.get_path("purelib"),),
+                   triton_version=triton_version())
+    venv = prepare_venv(b, tc)
+    write_kernel_ninja(b, small_tree, small_tree / "v3python" / "compile.py", venv, entries, cmake=CMAKE)
+    (b / "CMakeCache.txt").write_text("")
+    monkeypatch.setattr(builder, "run_cmake", lambda *a, **k: 0.0)
+    plan = ConfigurePlan(cache=(), knobs=(), files=(), release="0.11b", version=(0, 11, 0))
+    spec = SimpleNamespace(arch=ARCH, warp_size=64)
+
+    def build(via: str) -> builder.BuildReport:
+        opts = builder.BuildOptions(small_tree, tmp_path / "prefix", b, jobs=2, python=sys.executable,
+                                    show_progress=False, compile_via=via, cache_dir=tmp_path / "kcache")
+        rep = builder.BuildReport(tree="", release="0.11b", arch=ARCH, spec="", spec_sha256="", prefix="",
+                                  build_dir=str(b), log=str(b / builder.LOG_NAME), mode="images")
+        builder._configure_and_build(opts, b, plan, tc, rep, Console(quiet=True), spec)
+        for e in entries:
+            assert (b / e.hsaco).stat().st_size > 0
+        return rep
+
+    def clean() -> None:
+        for e in entries:
+            (b / e.hsaco).unlink()
+            (b / e.hsaco).with_suffix(".json").unlink()
+
+    first = build("workers")
+    assert (first.kernels_compiled, first.kernels_cached, first.compile_via) == (2, 0, "workers")
+    assert first.as_json()["compile_service"]["compiled"] == 2
+    clean()
+    second = build("workers")
+    assert (second.kernels_compiled, second.kernels_cached) == (0, 2)
+    clean()
+    ref = build("upstream")
+    assert (ref.kernels_compiled, ref.kernels_cached, ref.compile_service) == (2, 0, {})

@@ -33,16 +33,19 @@ def kernel_command(tree: Path, compiler: Path, build_dir: Path, venv: Path, e: K
 
 def write_kernel_ninja(build_dir: Path, tree: Path, compiler: Path, venv: Path, entries: list[KernelEntry],
                        cmake: str = "cmake") -> Path:
-    """BUILD/build.ninja with one edge per kernel (output: its .hsaco), as upstream's CMake writes them."""
+    """BUILD/build.ninja with one edge per kernel (output: its .hsaco), as upstream's CMake writes them,
+    and `install` (the default) over all of them."""
     build_dir = Path(build_dir)
     lines = ["ninja_required_version = 1.5", "rule kernel", "  command = $cmd", "  description = Generating $out", ""]
+    outs = []
     for e in entries:
         out = build_dir / e.hsaco
         out.parent.mkdir(parents=True, exist_ok=True)
         cmd = " ".join(shlex.quote(a) for a in kernel_command(Path(tree), Path(compiler), build_dir, Path(venv), e,
                                                                cmake))
-        lines += [f"build {_esc(str(out)).replace(' ', '$ ').replace(':', '$:')}: kernel",
-                  f"  cmd = {_esc(cmd)}", ""]
+        outs.append(_esc(str(out)).replace(" ", "$ ").replace(":", "$:"))
+        lines += [f"build {outs[-1]}: kernel", f"  cmd = {_esc(cmd)}", ""]
+    lines += [f"build install: phony {' '.join(outs)}", "default install", ""]
     path = build_dir / "build.ninja"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
