@@ -214,7 +214,9 @@ def _start_service(tmp_path: Path, cache: Path) -> tuple[subprocess.Popen, str]:
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
     addr_file = tmp_path / f"addr-{time.monotonic_ns()}"
-    proc = subprocess.Popen([sys.executable, str(script), str(cache), str(addr_file)])
+    # its socket folder under tmp_path: a SIGKILLed service cannot remove it
+    proc = subprocess.Popen([sys.executable, str(script), str(cache), str(addr_file)],
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     for _ in range(600):
         if addr_file.is_file() and addr_file.read_text():
             return proc, addr_file.read_text()
