@@ -1,7 +1,9 @@
 """build's compile service (warm workers behind the thin client the build venv runs in place of
 the tree's compile.py) against the tree's own compile.py, through real ninja edges written the way
 upstream's CMake writes them (codegen.build.edges), with real Triton compiles of a real AOTriton
-kernel (0.11b's bwd_preprocess, ~1 s each). Marked aotriton + triton; ~30 s on 2 cores."""
+kernel (0.11b's bwd_preprocess and a small attn_fwd, 1-4 s each). Marked aotriton + triton; the
+default-run ones ~1 min on 2 busy cores; the builder wiring, the two-folder comparison and Dask
+(which CI does not install) are also `slow`."""
 
 from __future__ import annotations
 
@@ -136,6 +138,7 @@ def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path
         assert "no work to do" in r.stdout and svc.stats.compiled + svc.stats.cached == 0
 
 
+@pytest.mark.slow
 def test_only_debug_sections_name_the_tree(small_tree, tmp_path):
     """The same kernel compiled from two folders (two trees sharing a cache entry): the loaded
     sections are identical, the DWARF sections name the folder."""
@@ -280,6 +283,7 @@ needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
                                 reason="needs Dask distributed (pip install -e '.[dask]'; CI does not install it)")
 
 
+@pytest.mark.slow
 @needs_dask
 def test_dask_local_cluster_compiles_through_the_same_cache(small_tree, tmp_path):
     from codegen.build.dask_pool import DaskExecutor
@@ -299,6 +303,7 @@ def test_dask_local_cluster_compiles_through_the_same_cache(small_tree, tmp_path
     assert len(list((tmp_path / "kcache").rglob("*.json"))) == 2
 
 
+@pytest.mark.slow
 @needs_dask
 def test_dask_lost_worker_is_recompiled(small_tree, tmp_path):
     from codegen.build.dask_pool import DaskExecutor
@@ -324,6 +329,7 @@ def test_dask_lost_worker_is_recompiled(small_tree, tmp_path):
         ex.close()
 
 
+@pytest.mark.slow
 def test_build_reports_compiled_and_cached(small_tree, tmp_path, monkeypatch):
     """builder's ninja step with the compile service: kernels_compiled / kernels_cached as
     `build --json` reports them (CMake replaced by the edges file; ninja, the client, the service

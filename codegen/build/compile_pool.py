@@ -26,7 +26,7 @@ import struct
 import tempfile
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -101,7 +101,6 @@ class ServiceStats:
     failed: int = 0
     declined: int = 0
     retried: int = 0
-    errors: list[str] = field(default_factory=list)
 
 
 class CompileService:
