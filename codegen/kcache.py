@@ -6,8 +6,9 @@ warp size), Triton version and the compile environment. Two releases whose kerne
 byte-identical (0.12b and 0.12.1b) therefore share every entry.
 
 Entries are possibly hostile input (another user's cache folder, a disk error, an interrupted
-writer): keys are checked to be sha256 hex before they become file names, files are opened without
-following links, and a record carries the sha256 of its code object, checked on every read; an
+writer): keys are checked to be sha256 hex before they become file names, files are read under the
+containment rule (codegen.contain: no symbolic link on the way) as bounded regular files
+(fsutil.read_input), and a record carries the sha256 of its code object, checked on every read; an
 entry that fails a check is removed and counted as a miss (the caller recompiles it). Writes are
 atomic (code object first, then the record that commits it), so a killed writer leaves at most a
 temporary file that no reader looks at and `evict` sweeps. The folder is bounded: `evict` removes
@@ -30,7 +31,10 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from .contain import inside
+from .errors import UserError
 from .fsutil import atomic_write as _atomic_write
+from .fsutil import read_input
 from .resources import user_cache_dir
 
 CACHE_FORMAT = 5  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts;
@@ -128,28 +132,17 @@ def cache_key(*, source: str, kernel_name: str, signature: str, num_warps: int, 
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
 
 
-def _read_plain(path: Path, limit: int = 256 * 1024**2) -> bytes | None:
-    """The bytes of a regular file, never through a symbolic link (O_NOFOLLOW), None when absent
-    or not a plain file."""
+def _read_entry(root: Path, rel: str, limit: int) -> bytes | None:
+    """An entry's file under the containment rule (codegen.contain: no link on the way, the file
+    itself not a link) and as a bounded regular file (fsutil.read_input); None when absent or
+    refused (the caller counts it a miss and compiles again)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+        path = inside(root, rel)
+        if not path.is_file():
             return None
-        chunks = []
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-        return b"".join(chunks)
-    except OSError:
+        return read_input(path, what="kernel cache entry", limit=limit)
+    except UserError:  # Escape included
         return None
-    finally:
-        os.close(fd)
 
 
 def loaded_digest(image: bytes) -> str:
@@ -178,23 +171,27 @@ class CompileCache:
         self.stats = {"hits": 0, "misses": 0, "corrupt": 0, "evicted": 0}
         self._puts = 0
 
-    def _path(self, key: str, suffix: str) -> Path:
+    def _rel(self, key: str, suffix: str) -> str:
         if not _KEY_RE.match(key or ""):
             raise ValueError(f"not a kernel cache key: {key!r}")
-        return self.root / key[:2] / f"{key}{suffix}"
+        return f"{key[:2]}/{key}{suffix}"
+
+    def _path(self, key: str, suffix: str) -> Path:
+        return self.root / self._rel(key, suffix)
 
     def _drop(self, key: str) -> None:
+        """Forget a record that failed a check: the record only (the commit point); a code object
+        left alone may be another writer's, put a moment ago, and eviction sweeps orphans."""
         self.stats["corrupt"] += 1
-        for suffix in (".json", ".hsaco"):
-            try:
-                self._path(key, suffix).unlink()
-            except OSError:
-                pass
+        try:
+            self._path(key, ".json").unlink()
+        except OSError:
+            pass
 
     def get(self, key: str) -> dict | None:
         """The record of `key`, its code object checked against the sha256 it records; a record
         that fails a check is removed (the caller compiles the kernel again)."""
-        raw = _read_plain(self._path(key, ".json"), limit=16 * 1024**2)
+        raw = _read_entry(self.root, self._rel(key, ".json"), limit=16 * 1024**2)
         if raw is None:
             self.stats["misses"] += 1
             return None
@@ -210,7 +207,7 @@ class CompileCache:
             self._drop(key)
             return None
         if record.get("ok"):
-            data = _read_plain(self._path(key, ".hsaco"))
+            data = _read_entry(self.root, self._rel(key, ".hsaco"), limit=256 * 1024**2)
             if data is None or hashlib.sha256(data).hexdigest() != record.get("hsaco_sha256"):
                 self._drop(key)
                 return None
@@ -235,6 +232,9 @@ class CompileCache:
             clean["hsaco_sha256"] = hashlib.sha256(hsaco).hexdigest()
             _atomic_write(self._path(key, ".hsaco"), hsaco)
         _atomic_write(path, json.dumps(clean, sort_keys=True, indent=1).encode())
+        if hsaco is not None and not self._path(key, ".hsaco").is_file():
+            # another build evicted or dropped this key between our two writes: put the code object back
+            _atomic_write(self._path(key, ".hsaco"), hsaco)
         self._puts += 1
         if self._puts % 64 == 0:
             self.evict()
@@ -280,7 +280,7 @@ class CompileCache:
             key, _, suffix = f.name.partition(".")
             e = entries.setdefault(key, [None, 0, [], st.st_mtime])
             e[1] += st.st_size
-            e[2].append(f)
+            e[2].append((f, st.st_mtime_ns))
             if suffix == "json":
                 e[0] = st.st_mtime
         # a code object without its record yet belongs to a writer still at work: left alone unless stale
@@ -292,14 +292,17 @@ class CompileCache:
         for key, (used, size, files, _) in sorted(entries.items(), key=lambda kv: kv[1][0]):
             if total <= limit:
                 break
-            for f in sorted(files, key=lambda p: not p.name.endswith(".json")):  # the record first
+            for f, seen in sorted(files, key=lambda fs: not fs[0].name.endswith(".json")):  # the record first
                 try:
+                    if f.lstat().st_mtime_ns != seen:
+                        break  # used or rewritten since it was listed (another build): the entry stays
                     f.unlink()
                 except OSError as exc:
                     if exc.errno != errno.ENOENT:
                         raise
-            total -= size
-            removed += 1
+            else:
+                total -= size
+                removed += 1
         self.stats["evicted"] += removed
         return removed
 
