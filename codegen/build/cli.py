@@ -40,7 +40,7 @@ def _print_summary(console: Console, rep) -> None:
             t.add_row("by family", ", ".join(f"{k} {n}" for k, n in fam.items()))
     t.add_row("this run", f"{rep.kernels_compiled} kernels compiled"
                           + (f", {rep.kernels_cached} from the kernel cache" if rep.kernels_cached else "")
-                          + f" in {rep.build_seconds / 60:.1f} min ({rep.compile_via})"
+                          + f" in {rep.build_seconds / 60:.1f} min via {rep.compile_via}"
                           + (f" ({rep.kernels_per_minute} kernels/min)" if rep.kernels_per_minute else "")
                           + (f", configure {rep.configure_seconds:.0f} s" if rep.configured else ", configure skipped (up to date)"))
     t.add_row("wall time", f"{rep.wall_seconds / 60:.1f} min")
