@@ -51,3 +51,13 @@ def test_missing_prerequisites_listed(fresh_tree, tmp_path):
     # The spec is found from the sha256 the lock records; another spec is refused.
     r = _run("build", tree, "--prefix", tmp_path / "p", "--spec", REPO / "rules" / "mi100.yaml")
     assert r.exit_code == 2 and "applied from another spec" in r.output
+
+
+def test_compile_route_options_refused(pristine_tree, tmp_path):
+    tree = pristine_tree("0.11b")
+    base = ["build", tree, "--spec", SMOKE, "--prefix", tmp_path / "p", "--build-dir", tmp_path / "b"]
+    r = _run(*base, "--compile-via", "ninja")
+    assert r.exit_code == 2 and "--compile-via 'ninja': one of workers, upstream" in r.output
+    r = _run(*base, "--compile-via", "upstream", "--dask", "local")
+    assert r.exit_code == 2 and "--dask" in r.output and "--compile-via workers" in r.output
+    assert not (tmp_path / "b").exists()

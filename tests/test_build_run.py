@@ -43,3 +43,18 @@ def test_failure_shows_failed_step(tmp_path):
     msg = str(ei.value)
     assert "FAILED: a.o" in msg and "error: boom" in msg and str(log) in msg
     assert ei.value.exit_code == 3 and "re-run" in ei.value.hint
+
+
+def test_progress_shows_compiled_cached_and_left(tmp_path):
+    """With the compile service, the bar's kernel field is its counts: compiled, cached, left."""
+    import io
+
+    ninja = _fake_ninja(tmp_path, 'echo "[1/2] Generating flash/a.hsaco"\nsleep 0.3\n'
+                        'echo "[2/2] Generating flash/b.hsaco"\nsleep 0.3\n')
+    out = io.StringIO()
+    counts = iter([(0, 1, 5), (1, 1, 5)])
+    run_ninja(tmp_path, jobs=1, target="install", env=dict(os.environ), log_path=tmp_path / "build.log",
+              console=Console(file=out, force_terminal=True, width=200), ninja=ninja, show_progress=True,
+              kernel_counts=lambda: next(counts))
+    text = out.getvalue()
+    assert "compiled 0 cached 1 left 4" in text and "compiled 1 cached 1 left 3" in text

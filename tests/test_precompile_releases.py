@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.precompile.cache import source_hash
+from codegen.kcache import source_hash
 from codegen.upstream import SUPPORTED_RELEASES, kernel_source_dir
 
 pytestmark = [pytest.mark.aotriton, pytest.mark.triton]

@@ -13,7 +13,7 @@ import pytest
 
 from codegen.models import KernelConfig
 from codegen.plan.kernel_list import KernelEntry
-from codegen.precompile.cache import CompileCache
+from codegen.kcache import CompileCache
 from codegen.precompile.engine import compile_entries
 from codegen.spec import load_spec
 

@@ -12,7 +12,7 @@ import pytest
 from codegen.models import KernelConfig, expand_space
 from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
-from codegen.precompile.cache import source_hash, CompileCache, cache_key
+from codegen.kcache import source_hash, CompileCache, cache_key
 from codegen.precompile.prune import (
     compile_report,
     prune_rules,

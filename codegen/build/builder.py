@@ -46,6 +46,9 @@ class BuildReport:
     kernels_total: int | None = None
     kernels_before: int | None = None
     kernels_compiled: int = 0
+    kernels_cached: int = 0          # served from the kernel cache (codegen.kcache) by the compile service
+    compile_via: str = "workers"
+    compile_service: dict = field(default_factory=dict)
     edges_total: int = 0
     toolchain: dict = field(default_factory=dict)
     hip_compat: bool = False
@@ -134,6 +137,13 @@ class BuildOptions:
     show_progress: bool = True
     reconfigure: bool = False
     triton_version: str | None = None  # the build venv's Triton (None: the compile report's, else the newest allowed)
+    compile_via: str = "workers"    # "workers": the compile service (warm workers + kernel cache); "upstream": compile.py per kernel
+    no_cache: bool = False          # the compile service neither reads nor writes the kernel cache
+    cache_dir: Path | None = None   # the kernel cache (default codegen.kcache.default_cache_dir())
+    dask: str | None = None         # a Dask scheduler address, or "local" (codegen.build.dask_pool)
+
+
+COMPILE_ROUTES = ("workers", "upstream")
 
 
 def build_python(opts: BuildOptions, tree: Path, spec, console: Console) -> str:
@@ -153,6 +163,10 @@ def build_python(opts: BuildOptions, tree: Path, spec, console: Console) -> str:
 def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
     """Combinations the spec or the tree cannot build, before anything runs."""
     spec = loaded.spec
+    if opts.compile_via not in COMPILE_ROUTES:
+        raise UserError(f"--compile-via {opts.compile_via!r}: one of {', '.join(COMPILE_ROUTES)}")
+    if opts.dask and opts.compile_via == "upstream":
+        raise UserError("--dask runs the compile service's workers elsewhere: it needs --compile-via workers")
     if opts.for_tuning and opts.noimage:
         raise UserError("--for-tuning and --noimage exclude each other (a tuning build is all kernel images)")
     if opts.for_tuning:
@@ -206,7 +220,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
-    _configure_and_build(opts, build_dir, plan, tc, report, console)
+    _configure_and_build(opts, build_dir, plan, tc, report, console, spec)
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
                          v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
                          images=not opts.noimage)
@@ -236,8 +250,26 @@ def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Con
         report.verification["ok"] = False
 
 
+def compile_service(opts: BuildOptions, tc, spec):
+    """The compile service for this build's ninja (codegen.build.compile_pool), or None for
+    upstream's per-kernel compile.py."""
+    if opts.noimage or opts.compile_via == "upstream":
+        return None
+    from ..kcache import CompileCache, default_cache_dir
+    from .compile_pool import CompileService
+
+    cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
+    executor = None
+    if opts.dask:
+        from .dask_pool import DaskExecutor
+
+        executor = DaskExecutor(opts.dask, jobs=opts.jobs, python=tc.python, triton=tc.triton_version)
+    return CompileService(jobs=opts.jobs, python=tc.python, triton=tc.triton_version or "", arch=spec.arch,
+                          warp_size=spec.warp_size, cache=cache, executor=executor)
+
+
 def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: BuildReport,
-                         console: Console) -> None:
+                         console: Console, spec=None) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
     check_generator(build_dir)
     log_path = build_dir / LOG_NAME
@@ -255,13 +287,27 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
         console.print(f"resuming: {report.kernels_before} of {report.kernels_total} kernels already compiled")
     elif report.kernels_total:
         console.print(f"{report.kernels_total} kernels to compile")
-    res = run_ninja(build_dir, jobs=opts.jobs, target="install", env=env, log_path=log_path, console=console,
-                    ninja=tc.ninja, show_progress=opts.show_progress)
+    report.compile_via = "upstream" if opts.noimage else opts.compile_via
+    remaining = (report.kernels_total or 0) - (report.kernels_before or 0)
+    service = compile_service(opts, tc, spec) if remaining > 0 else None
+    if service is None:
+        res = run_ninja(build_dir, jobs=opts.jobs, target="install", env=env, log_path=log_path, console=console,
+                        ninja=tc.ninja, show_progress=opts.show_progress)
+    else:
+        with service:
+            res = run_ninja(build_dir, jobs=opts.jobs, target="install", env={**env, **service.env()},
+                            log_path=log_path, console=console, ninja=tc.ninja, show_progress=opts.show_progress,
+                            kernel_counts=lambda: (service.stats.compiled, service.stats.cached, remaining))
+        st = service.stats
+        report.kernels_cached = st.cached
+        report.compile_service = {"compiled": st.compiled, "cached": st.cached, "failed": st.failed,
+                                  "declined": st.declined, "retried": st.retried,
+                                  "cache": None if service.cache is None else str(service.cache.root)}
     report.build_seconds = res.seconds
     total_after, done_after = count_kernels(build_dir) if not opts.noimage else (None, None)
     report.kernels_total = total_after if total_after is not None else report.kernels_total
     if done_after is not None:  # files on disk, not status lines: exact across interruptions
-        report.kernels_compiled = max(0, done_after - (report.kernels_before or 0))
+        report.kernels_compiled = max(0, done_after - (report.kernels_before or 0) - report.kernels_cached)
     else:
         report.kernels_compiled = res.kernels_compiled
     report.edges_total = res.edges_total

@@ -40,7 +40,9 @@ def _print_summary(console: Console, rep) -> None:
         fam = v.get("kernels_by_family", {})
         if fam:
             t.add_row("by family", ", ".join(f"{k} {n}" for k, n in fam.items()))
-    t.add_row("this run", f"{rep.kernels_compiled} kernels compiled in {rep.build_seconds / 60:.1f} min"
+    t.add_row("this run", f"{rep.kernels_compiled} kernels compiled"
+                          + (f", {rep.kernels_cached} from the kernel cache" if rep.kernels_cached else "")
+                          + f" in {rep.build_seconds / 60:.1f} min via {rep.compile_via}"
                           + (f" ({rep.kernels_per_minute} kernels/min)" if rep.kernels_per_minute else "")
                           + (f", configure {rep.configure_seconds:.0f} s" if rep.configured else ", configure skipped (up to date)"))
     t.add_row("wall time", f"{rep.wall_seconds / 60:.1f} min")
@@ -73,6 +75,13 @@ def register(app: typer.Typer, guarded) -> None:
                                             "binding (AOTRITON_NO_PYTHON=OFF)."),
         reconfigure: bool = typer.Option(False, "--reconfigure", help="Run CMake even when the configuration is unchanged."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (logs only)."),
+        compile_via: str = typer.Option("workers", "--compile-via", help="How kernels compile: 'workers' (warm "
+                                        "workers and the kernel cache) or 'upstream' (compile.py per kernel)."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the kernel cache."),
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Kernel cache folder (default: "
+                                                 "~/.cache/mi100-codegen/kernels)."),
+        dask: Optional[str] = typer.Option(None, "--dask", help="Compile on a Dask cluster: its scheduler "
+                                           "address, or 'local' (needs the [dask] extra)."),
     ) -> None:
         """Configure, build and install AOTriton for the spec's GPU; verify the install.
 
@@ -92,7 +101,8 @@ def register(app: typer.Typer, guarded) -> None:
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,
-                                      reconfigure, triton_version), console)
+                                      reconfigure, triton_version, compile_via, no_cache, cache_dir, dask),
+                         console)
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
         _print_summary(console, rep)

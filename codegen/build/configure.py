@@ -209,6 +209,9 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
     own = Path(site.stdout.strip())
     paths = [p for p in tc.site_packages if Path(p).is_dir() and Path(p) != own]
     _atomic_write(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
+    from .compile_pool import install_client  # the thin client of build's compile service
+
+    install_client(own)
     return venv
 
 

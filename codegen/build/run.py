@@ -93,7 +93,10 @@ def run_cmake(args: list[str], *, env: dict[str, str], log_path: Path, console: 
 
 
 def run_ninja(build_dir: Path, *, jobs: int, target: str, env: dict[str, str], log_path: Path,
-              console: Console, ninja: str = "ninja", show_progress: bool = True) -> NinjaResult:
+              console: Console, ninja: str = "ninja", show_progress: bool = True,
+              kernel_counts: Callable[[], tuple[int, int, int]] | None = None) -> NinjaResult:
+    """`kernel_counts`: (compiled, from the cache, to do at the start) of the compile service, for
+    the progress display; without it the kernels are counted from ninja's status lines."""
     res = NinjaResult()
     env = dict(env)
     env["NINJA_STATUS"] = NINJA_STATUS
@@ -115,8 +118,11 @@ def run_ninja(build_dir: Path, *, jobs: int, target: str, env: dict[str, str], l
                 res.edges_done, res.edges_total = done, total
                 if KERNEL_RE.search(desc) and desc.startswith("Generating"):
                     res.kernels_compiled += 1
-                progress.update(task, completed=done, total=total, kernels=res.kernels_compiled,
-                                what=_short(desc))
+                kernels = str(res.kernels_compiled)
+                if kernel_counts is not None:
+                    compiled, cached, todo = kernel_counts()
+                    kernels = f"compiled {compiled} cached {cached} left {max(0, todo - compiled - cached)}"
+                progress.update(task, completed=done, total=total, kernels=kernels, what=_short(desc))
             elif line.startswith("ninja: no work to do"):
                 res.no_work = True
 

@@ -15,7 +15,7 @@ from ..models import TargetSpec
 from ..plan.kernel_list import KernelEntry
 from ..toolchain import installed_triton_version
 from ..toolchain.interpreter import CompilerPython
-from .cache import CompileCache, cache_key
+from ..kcache import CompileCache, cache_key
 from .pool import WorkerPool
 from .report import KernelResult, kernel_result
 
@@ -115,7 +115,7 @@ def compile_entries(
         if record is not None:
             r = kernel_result(e, record, spec.hardware, cached=True)
             results[e.id] = r
-            keep_image(e, cache.hsaco(keys[e.id]) if record.get("ok") else None)
+            keep_image(e, record.get("_hsaco"))
             if on_progress:
                 on_progress(r)
         else:
@@ -125,7 +125,7 @@ def compile_entries(
         e = by_id[raw["id"]]
         hsaco = raw.pop("hsaco", None)
         if cache is not None and not raw.get("timeout") and not raw.get("crashed"):
-            record = {k: v for k, v in raw.items() if k in ("ok", "id", "compile_s", "error", "resources")}
+            record = {k: v for k, v in raw.items() if k in ("ok", "id", "compile_s", "error", "resources", "sidecar")}
             cache.put(keys[e.id], record, hsaco if raw.get("ok") else None)
         keep_image(e, hsaco)
         r = kernel_result(e, raw, spec.hardware, cached=False)

@@ -76,16 +76,20 @@ class WorkerPool:
         except OSError:
             pass
 
-    def run(self, tasks: list[dict], on_result: Callable[[dict], None]) -> None:
-        """Compile every task; call on_result(result) in completion order (in this process)."""
+    def run(self, tasks: list[dict], on_result: Callable[[dict], None], feed=None) -> None:
+        """Compile every task; call on_result(result) in completion order (in this process).
+
+        `feed`: the read end of a `multiprocessing` connection that delivers more tasks while the
+        pool runs (`build`'s compile service); a `None` on it closes the feed, and the run ends when
+        everything received has been compiled."""
         pending = deque(tasks)
-        n_workers = min(self.jobs, len(pending))
+        n_workers = self.jobs if feed is not None else min(self.jobs, len(pending))
         if self.python is not None:
             # spawn's interpreter is process-wide in multiprocessing: set for this run, restored after
             spawn.set_executable(self.python)
         try:
             self._workers = [self._spawn() for _ in range(n_workers)]
-            while pending or any(w.task is not None for w in self._workers):
+            while feed is not None or pending or any(w.task is not None for w in self._workers):
                 for w in self._workers:
                     if w.ready and w.task is None and pending:
                         w.task = pending.popleft()
@@ -94,7 +98,16 @@ class WorkerPool:
                 busy = [w for w in self._workers if w.task is not None]
                 waits = [self.timeout_s - (time.monotonic() - w.started) for w in busy]
                 tick = max(0.05, min([1.0, *waits]))
-                ready = wait([w.conn for w in self._workers], timeout=tick)
+                ready = wait([w.conn for w in self._workers] + ([feed] if feed is not None else []), timeout=tick)
+                if feed is not None and feed in ready:
+                    try:
+                        item = feed.recv()
+                    except (EOFError, OSError):
+                        item = None
+                    if item is None:
+                        feed = None
+                    else:
+                        pending.append(item)
                 for w in list(self._workers):
                     if w.conn in ready:
                         try:

@@ -25,7 +25,7 @@ from ..toolchain.interpreter import CompilerPython, compiler_python
 from ..upstream import Adapter
 from . import engine
 from .bench import run_bench
-from .cache import CompileCache, default_cache_dir
+from ..kcache import CompileCache, default_cache_dir
 from .descend import plan_round
 from .prune import compile_report, prune_rules, prune_spec, write_compile_report
 from .report import RunInfo, report_dict, report_json, report_markdown, worst

@@ -57,7 +57,9 @@ def compile_kernel(task: dict) -> dict:
     signature = {names[i]: s.split(":")[0] for i, s in enumerate(sig)}
     for k in constants:
         signature[k] = "constexpr"
-    attrs = {k: [("tt.divisibility", v)] for k, v in hints.items() if v in (8, 16)}
+    # compile.py's order (every 16 before every 8): Triton's metadata `hash` is taken over str(attrs)
+    attrs = {k: [("tt.divisibility", 16)] for k, v in hints.items() if v == 16}
+    attrs.update({k: [("tt.divisibility", 8)] for k, v in hints.items() if v == 8})
     src = triton.compiler.ASTSource(fn=kernel, constexprs=constants, signature=signature, attrs=attrs)
     target = GPUTarget("hip", task["arch"], task["warp_size"])
     backend = triton.compiler.make_backend(target)
@@ -66,11 +68,25 @@ def compile_kernel(task: dict) -> dict:
     })
     compiled = triton.compile(src, target=target, options=opts.__dict__)
     return {
+        "sidecar": sidecar_json(compiled.metadata),
         "amdgcn": compiled.asm.get("amdgcn", ""),
         "hsaco": bytes(compiled.kernel),
         "shared": int(getattr(compiled.metadata, "shared", 0) or 0),
         "llir": compiled.asm.get("llir", ""),
     }
+
+
+def sidecar_json(metadata) -> str:
+    """The `.json` the tree's compile.py writes beside the image, byte for byte: Triton's metadata
+    without the target, `compile_status` last, `json.dump(indent=2)` (the image packer, aks2,
+    reads `shared`, `num_warps` and `warp_size` from it; `extern_libs` and `hash` carry the path
+    of the Triton install)."""
+    import json
+
+    di = metadata._asdict()
+    del di["target"]
+    di["compile_status"] = "Complete"
+    return json.dumps(di, indent=2)
 
 
 def first_error_line(exc: BaseException) -> str:
@@ -122,7 +138,7 @@ def serve(conn, env: dict[str, str], own_site: bool = False) -> None:
             elapsed = time.perf_counter() - t0
             res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"], raw["llir"])
             out = {"ok": True, "id": task["id"], "compile_s": elapsed, "hsaco": raw["hsaco"],
-                   "resources": res.model_dump()}
+                   "resources": res.model_dump(), "sidecar": raw["sidecar"]}
             if task.get("keep_asm"):
                 out["amdgcn"] = raw["amdgcn"]
         except Exception as exc:  # noqa: BLE001 - every compile failure is a result

@@ -1,0 +1,94 @@
+"""The thin client of `build`'s compile service, run by the build venv's Python in place of the
+tree's compiler driver. Standard library only: `build` copies this file into the build venv
+(`_mi100_codegen_compile_hook.py`, imported by a `.pth` line at interpreter start) and ninja's
+per-kernel command, `cmake -E env … BUILD/venv/bin/python …/compile.py SRC --kernel_name … -o
+OUT …`, runs it unchanged.
+
+When the environment names a compile service (MI100_CODEGEN_COMPILE_POOL, set by `build` for the
+ninja it runs) and the script is a `compile.py`, the request (the arguments, the working folder,
+the compile environment) goes to the service; its answer is written where compile.py would write
+it, `OUT.json` (Triton's metadata) then `OUT.hsaco`, each through a temporary file and a rename,
+and the process exits before Triton is ever imported. A service that declines a request (an
+option it does not handle) lets compile.py run as usual. Without the variable (ninja run by hand,
+`build --compile-via upstream`) nothing happens at all. A service that is gone is an error, with
+what to do: the build that owned it has stopped.
+"""
+
+import os
+import sys
+
+POOL_ENV = "MI100_CODEGEN_COMPILE_POOL"
+_FORWARDED_ENV = ("TRITON_F32_DEFAULT",)
+
+
+def _recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(1 << 20, n - len(buf)))
+        if not chunk:
+            raise ConnectionError("the compile service closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def _write(path, data):
+    tmp = f"{path}.mi100-part{os.getpid()}"
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def request(address, argv, cwd, env):
+    """One request to the service: (header dict, image bytes)."""
+    import json
+    import socket
+    import struct
+
+    body = json.dumps({"argv": list(argv), "cwd": cwd, "env": env}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(address)
+        sock.sendall(struct.pack("!Q", len(body)) + body)
+        (n,) = struct.unpack("!Q", _recv_exact(sock, 8))
+        header = json.loads(_recv_exact(sock, n))
+        (m,) = struct.unpack("!Q", _recv_exact(sock, 8))
+        image = _recv_exact(sock, m)
+    return header, image
+
+
+def main(address):
+    env = {k: os.environ[k] for k in _FORWARDED_ENV if k in os.environ}
+    try:
+        header, image = request(address, sys.argv[1:], os.getcwd(), env)
+    except OSError as exc:
+        sys.stderr.write(
+            f"mi100-codegen: the compile service at {address} is gone ({exc}): the build that started it "
+            f"has stopped. Re-run `mi100-codegen build` (it resumes), or run ninja without {POOL_ENV} to "
+            f"compile with the tree's own compile.py.\n")
+        sys.stderr.flush()
+        os._exit(1)
+    if header.get("fallback"):
+        return  # the tree's compile.py runs as usual
+    if not header.get("ok"):
+        sys.stderr.write(f"mi100-codegen compile service: {header.get('error', 'compile failed')}\n")
+        if header.get("traceback"):
+            sys.stderr.write(header["traceback"] + "\n")
+        sys.stderr.flush()
+        os._exit(1)
+    base = os.path.splitext(os.path.join(os.getcwd(), header["out"]))[0]
+    _write(base + ".json", header["sidecar"].encode())
+    _write(base + ".hsaco", image)
+    os._exit(0)
+
+
+def _hook():
+    address = os.environ.get(POOL_ENV)
+    if address and len(sys.argv) > 1 and os.path.basename(sys.argv[0]) == "compile.py":
+        main(address)
+
