@@ -46,6 +46,7 @@ class ApplyLock(_Model):
     commit: str | None
     files: dict[str, LockEntry]
     created_dirs: list[str] = []
+    spec_file_sha256: str | None = None  # sha256 of the spec's bytes recorded in .mi100-codegen/spec.yaml
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.model_dump(exclude_unset=True), indent=2, sort_keys=True) + "\n").encode()

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import preflight
-from ..spec import load_spec
+from ..apply.applied_spec import resolve_spec
 from ..upstream.knobs import ENABLE_FP32_ENV
 from .kernel_list import generate_kernel_list
 from .summary import NO_HEAD_DIM, PlanSummary, summarize
@@ -55,7 +55,7 @@ def run_plan(opts: PlanOptions, timing: dict | None = None):
     generate_kernel_list a target the tree does not register) come before upstream's generator
     runs. `timing` receives `upstream_s`."""
     preflight.interpreter(opts.python)
-    loaded = load_spec(opts.spec)
+    loaded = resolve_spec(opts.tree, opts.spec)
     spec = loaded.spec
     info = release_of(opts.tree)
     # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32

@@ -18,7 +18,7 @@ from ..fsutil import atomic_write
 from ..models.rows import splits_backward
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import check_registered, release_of
-from ..spec import load_spec
+from ..apply.applied_spec import resolve_spec
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import CompilerPython, compiler_python
 from ..upstream import by_release
@@ -79,7 +79,7 @@ def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton:
                  err: Console) -> CompilerPython:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
     the build venv (created on first use) or --python after its Triton check."""
-    spec = load_spec(spec_path).spec
+    spec = resolve_spec(tree, spec_path).spec
     check_registered(release_of(tree), list(spec.gpus), spec.arch)
     compiler = compiler_python(spec, stage, python=python, triton=triton,
                                requirements=generator_requirements(tree), console=err, same_python=True)

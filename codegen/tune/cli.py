@@ -47,7 +47,7 @@ def run_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Results folder (default: tuning/<arch>)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List grid entries and candidate configs; touch no GPU."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON on stdout."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree, else the embedded one; must match the recorded one)."),
     batch: int = typer.Option(4, "--batch", min=1, help="Batch of the timed problem."),
     heads: int = typer.Option(16, "--heads", min=1, help="Heads of the timed problem."),
     warmup_ms: int = typer.Option(10, "--warmup-ms", min=0, help="do_bench warm-up (excluded from the timing)."),

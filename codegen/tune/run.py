@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import preflight
 from ..errors import EnvironmentMissing, UserError
+from ..apply.applied_spec import resolve_spec
 from ..spec import load_spec
 from ..toolchain import installed_triton_version, require_triton, tune_fix
 from . import runner
@@ -65,8 +66,9 @@ class ImportOptions:
     date: str | None = None
 
 
-def _spec(spec: Path | None):
-    loaded = load_spec(spec)
+def _spec(spec: Path | None, tree: Path | None = None):
+    """The spec: for a tree mi100-codegen applied, the one it recorded (`--spec` must match it)."""
+    loaded = resolve_spec(tree, spec) if tree is not None else load_spec(spec)
     for w in loaded.warnings:
         stderr.print(w, markup=False, style="yellow")
     return loaded
@@ -92,7 +94,7 @@ def _today() -> str:
 def run_tuning(opts: TuneOptions) -> None:
     """Measure every candidate config of each grid entry still to do (or list them: --dry-run)."""
     preflight.output_dir(opts.out, "--out")
-    sp = _spec(opts.spec).spec
+    sp = _spec(opts.spec, opts.tree).spec
     _check_tree(opts.tree)
     errs = validate_filter(sp, opts.grid_filter())
     if errs:
