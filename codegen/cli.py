@@ -40,7 +40,7 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "precompile": ("codegen.precompile.cli", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
     "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
-    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/{measurements,winners}.csv."),
+    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
 }
@@ -173,8 +173,10 @@ def render(
     from .overlay_inputs import render_overlay
     from .spec import load_spec
 
+    from .workspace import default_spec_note
+
     loaded = load_spec(spec)
-    print_warnings(loaded.warnings)
+    print_warnings(loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n])
     ov = render_overlay(loaded)
     if check:
         diff = diff_overlay(ov, out)

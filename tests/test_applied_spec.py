@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -39,7 +40,7 @@ def applied(tmp_path):
 def test_recorded_copy_survives_the_user_file(applied):
     tree, user, loaded, _ = applied
     assert (tree / SPEC_COPY).read_bytes() == user.read_bytes()
-    assert read_lock(tree).spec_file_sha256 is not None
+    assert SPEC_COPY in read_lock(tree).recorded
     user.write_text("not: a spec\n")  # the user edits, then deletes their file
     user.unlink()
     got = resolve_spec(tree, None)
@@ -101,7 +102,7 @@ def test_a_damaged_copy_is_refused_naming_it(applied, tmp_path, damage):
     elif damage == "not-a-spec":
         lock = json.loads((tree / LOCK_NAME).read_text())
         copy.write_text("name: [unclosed\n")
-        lock["spec_file_sha256"] = hashlib.sha256(copy.read_bytes()).hexdigest()
+        lock["recorded"][SPEC_COPY] = hashlib.sha256(copy.read_bytes()).hexdigest()
         (tree / LOCK_NAME).write_text(json.dumps(lock))
     res = CliRunner().invoke(app, ["plan", str(tree), "--python", sys.executable])
     assert res.exit_code == 2, res.output
@@ -113,9 +114,33 @@ def test_a_lock_without_a_copy_is_checked_against_its_sha(applied):
     """A tree applied by an older mi100-codegen: the default spec must be the one it names."""
     tree, user, loaded, _ = applied
     lock = json.loads((tree / LOCK_NAME).read_text())
-    del lock["spec_file_sha256"]
+    del lock["recorded"]
     (tree / LOCK_NAME).write_text(json.dumps(lock))
+    shutil.rmtree(tree / ".mi100-codegen" / "tuning")
     (tree / SPEC_COPY).unlink()
     assert resolve_spec(tree, user).sha256 == loaded.sha256
     with pytest.raises(UserError, match="embedded default"):
         resolve_spec(tree, None)
+
+
+def test_the_results_it_rendered_with_are_recorded(applied):
+    """The shipped compile report (the user's spec has no results of its own) is recorded beside
+    the recorded spec, and rendering the recorded spec gives the manifest apply wrote."""
+    from codegen.overlay_inputs import render_overlay
+    from codegen.resources import data_dir
+
+    tree, user, loaded, _ = applied
+    rec = tree / ".mi100-codegen" / "tuning" / "gfx908" / "compile_report.json"
+    assert rec.read_bytes() == (data_dir("tuning") / "gfx908" / "compile_report.json").read_bytes()
+    assert render_overlay(resolve_spec(tree, None)).manifest_sha256 == read_lock(tree).manifest_sha256
+
+
+def test_a_lock_naming_a_foreign_recorded_file_is_refused_by_revert(applied):
+    tree, _, _, _ = applied
+    lock = json.loads((tree / LOCK_NAME).read_text())
+    lock["recorded"]["v3src/util.cc"] = "0" * 64
+    (tree / LOCK_NAME).write_text(json.dumps(lock))
+    before = snapshot(tree)
+    with pytest.raises(UserError, match="not a file apply records"):
+        revert_tree(tree)
+    assert snapshot(tree) == before

@@ -1,19 +1,23 @@
 """The spec a tree was applied from, kept with the tree's state: the one owner of "which spec do
 the stages after `apply` use".
 
-`apply` writes a copy of the spec's bytes to `.mi100-codegen/spec.yaml` inside its transaction
-(the lock records the copy's sha256 in `spec_file_sha256`); `revert` removes it with the lock, so
-a reverted tree stays byte-identical. The user may then move, edit or delete their own file:
-plan, precompile, bench, build and tune read the recorded copy (`resolve_spec`).
+`apply` records, inside its transaction, a copy of the spec's bytes in `.mi100-codegen/spec.yaml`
+and of the results it rendered with (`codegen.workspace.overlay_results`: the spec's own
+`tuning/<arch>/` files, else those shipped for the arch) in `.mi100-codegen/tuning/<arch>/`; the
+lock's `recorded` maps each to its sha256. The recorded spec's home is then `.mi100-codegen/`
+(`codegen.workspace.spec_home`), so rendering it again reads exactly what apply read. `revert`
+removes them with the lock, so a reverted tree stays byte-identical. The user may move, edit or
+delete their own files: plan, precompile, bench, build and tune read the recorded copy
+(`resolve_spec`).
 
 A `--spec` given to one of them must mean the same spec (same sha256 of its meaning), or it is
-refused with one message naming both. A tree applied by an older mi100-codegen (a lock without a
-recorded copy) is checked the same way against the lock's spec sha256.
+refused with one message naming both. A tree applied by an older mi100-codegen (a lock without
+`recorded`) is checked the same way against the lock's spec sha256.
 
-The recorded copy is input we did not just write ourselves: it must be a regular file inside the
-tree (no symbolic link on the way, `codegen.contain.inside`), at most the spec size limit, hold
-the bytes the lock names, and it is parsed by the normal spec loader; every refusal names the
-recorded file and says how to recover (re-apply)."""
+The recorded files are input we did not just write ourselves: their paths must be the ones this
+module writes (`recorded_paths`), each a regular file inside the tree (no symbolic link on the
+way, `codegen.contain.inside`), bounded in size, holding the bytes the lock names; the spec is
+parsed by the normal spec loader. Every refusal names the recorded file and says to re-apply."""
 
 from __future__ import annotations
 
@@ -32,22 +36,41 @@ if TYPE_CHECKING:
     from ..spec import LoadedSpec
 
 SPEC_COPY = f"{STATE_DIR}/spec.yaml"
+RESULTS_LIMIT = 16 << 20  # bytes per recorded result file (the largest shipped one is ~250 KB)
 
 
-def spec_bytes(loaded: LoadedSpec) -> bytes:
-    """The bytes apply records for `loaded`: its file as read now, bounded like any spec (a file
-    edited between loading and recording is refused by the next stage: `load_recorded`)."""
-    from ..spec import MAX_SPEC_BYTES  # revert imports this module: the loader loads only when used
-
-    return read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)
+def _results_rel(arch: str, name: str) -> str:
+    return f"{STATE_DIR}/tuning/{arch}/{name}"
 
 
-def copy_sha256(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _recorded_path(tree: Path) -> Path:
-    return inside(tree, SPEC_COPY)
+def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
+    """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
+    (bounded like any spec) and every result render reads for it."""
+    # revert imports this module: the loader and the workspace load only when apply runs
+    from ..spec import MAX_SPEC_BYTES
+    from ..workspace import overlay_results
+
+    out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
+    for name, path in overlay_results(loaded).items():
+        out[_results_rel(loaded.spec.arch, name)] = read_input(path, what="tuning result", limit=RESULTS_LIMIT)
+    return out
+
+
+def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
+    """The lock's recorded paths, each one this module writes; anything else is refused (a lock
+    naming another file must not make revert delete it)."""
+    from ..workspace import RENDER_INPUTS
+
+    allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
+    foreign = sorted(set(lock.recorded) - allowed)
+    if foreign:
+        raise UserError(f"{tree}/{LOCK_NAME}: records {foreign[0]!r}, which is not a file apply records",
+                        hint="restore the lock from a backup, or start again from a pristine tree")
+    return sorted(lock.recorded)
 
 
 def _hint(tree: Path) -> str:
@@ -55,23 +78,30 @@ def _hint(tree: Path) -> str:
             f"(or revert the tree: mi100-codegen revert {tree})")
 
 
-def load_recorded(tree: Path, lock: ApplyLock) -> LoadedSpec | None:
-    """The spec recorded at apply time, None for a lock written before specs were recorded.
-    Refuses (UserError naming the file) a copy that is missing, not a regular file, too large,
-    not the bytes the lock names, or not a valid spec."""
-    from ..spec import MAX_SPEC_BYTES, load_spec
+def _check_recorded(tree: Path, lock: ApplyLock) -> None:
+    from ..spec import MAX_SPEC_BYTES
 
-    if lock.spec_file_sha256 is None:
+    for rel in recorded_paths(tree, lock):
+        limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
+        try:
+            data = read_input(inside(tree, rel), what="recorded file", limit=limit)
+        except UserError as exc:
+            raise UserError(f"{tree}/{rel}: what apply recorded cannot be read ({exc})", hint=_hint(tree)) from None
+        if sha256(data) != lock.recorded[rel]:
+            raise UserError(f"{tree}/{rel}: what apply recorded was changed since (its sha256 is not the one "
+                            f"{LOCK_NAME} records)", hint=_hint(tree))
+
+
+def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
+    """The spec recorded at apply time, None for a lock written before specs were recorded.
+    Refuses (UserError naming the file) recorded files that are missing, not regular files, too
+    large or not the bytes the lock names, and a recorded spec that is not valid."""
+    from ..spec import load_spec
+
+    if SPEC_COPY not in lock.recorded:
         return None
-    try:
-        path = _recorded_path(tree)
-        data = read_input(path, what="recorded spec", limit=MAX_SPEC_BYTES)
-    except UserError as exc:
-        raise UserError(f"{tree}/{SPEC_COPY}: the spec apply recorded cannot be read ({exc})",
-                        hint=_hint(tree)) from None
-    if copy_sha256(data) != lock.spec_file_sha256:
-        raise UserError(f"{path}: the spec apply recorded was changed since (its sha256 is not the one "
-                        f"{LOCK_NAME} records)", hint=_hint(tree))
+    _check_recorded(tree, lock)
+    path = tree / SPEC_COPY
     try:
         loaded = load_spec(path)
     except CodegenError as exc:
@@ -82,16 +112,16 @@ def load_recorded(tree: Path, lock: ApplyLock) -> LoadedSpec | None:
     return replace(loaded, display=f"{loaded.display} (the spec applied to this tree)")
 
 
-def resolve_spec(tree: Path | str, explicit: Path | None) -> LoadedSpec:
+def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec":
     """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
     embedded default. An `explicit` spec that means another spec than the applied one is
     refused, naming both."""
     from ..spec import load_spec
 
-    tree = Path(tree)
-    lock = read_lock(tree) if tree.is_dir() else None
+    lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
     if lock is None:  # not applied: the stage's own check says so
         return load_spec(explicit)
+    tree = Path(tree)
     recorded = load_recorded(tree, lock)
     if explicit is None and recorded is not None:
         return recorded
@@ -108,4 +138,4 @@ def resolve_spec(tree: Path | str, explicit: Path | None) -> LoadedSpec:
         + f"mi100-codegen apply {tree} --spec {given.display if explicit is not None else 'SPEC'}")
 
 
-__all__ = ["SPEC_COPY", "copy_sha256", "load_recorded", "resolve_spec", "spec_bytes"]
+__all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec", "sha256"]

@@ -112,8 +112,10 @@ def register(app: typer.Typer, guarded) -> None:
         from .engine import ApplyConflict, apply_overlay
 
         console = _console()
+        from ..workspace import default_spec_note
+
         loaded = load_spec(spec)
-        for w in loaded.warnings:
+        for w in loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n]:
             console.print(w, markup=False, style="yellow")
         try:
             with console.status("applying…") as status:

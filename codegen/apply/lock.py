@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..contain import RelPath
 from ..errors import UserError
 
 LOCK_NAME = ".mi100-codegen.lock.json"
@@ -46,7 +47,9 @@ class ApplyLock(_Model):
     commit: str | None
     files: dict[str, LockEntry]
     created_dirs: list[str] = []
-    spec_file_sha256: str | None = None  # sha256 of the spec's bytes recorded in .mi100-codegen/spec.yaml
+    # the applied spec and the results it rendered with, recorded in .mi100-codegen/ (path -> sha256;
+    # codegen.apply.applied_spec checks the paths and the bytes)
+    recorded: dict[RelPath, str] = {}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.model_dump(exclude_unset=True), indent=2, sort_keys=True) + "\n").encode()

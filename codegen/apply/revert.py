@@ -8,7 +8,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..upstream import UnsupportedTree, detect
 from .journal import Transaction, recover
-from .applied_spec import SPEC_COPY
+from .applied_spec import recorded_paths
 from .lock import LOCK_NAME, ApplyLock, read_lock
 from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
     BACKUP_DIR,
@@ -59,7 +59,8 @@ def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], 
     for d in sorted(lock.created_dirs, key=lambda d: d.count("/"), reverse=True):
         txn.rmdir(d)
     txn.delete(LOCK_NAME)
-    txn.delete(SPEC_COPY)
+    for rel in recorded_paths(tree, lock):
+        txn.delete(rel)
     return txn
 
 
