@@ -40,7 +40,7 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "precompile": ("codegen.precompile.cli", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
     "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
-    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
+    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
 }
@@ -219,16 +219,47 @@ def spec_schema() -> None:
     sys.stdout.write(spec_json_schema())
 
 
+def _closed_stdout(exc: BaseException) -> bool:
+    """`exc` comes from a write to a pipe whose reader went away (`plan | head`): click turns
+    that EPIPE into exit 1; we want it to be a quiet success."""
+    import errno
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.EPIPE:
+            return True
+        seen = seen.__context__
+    return False
+
+
+def _quiet_exit_on_closed_stdout() -> None:
+    """The reader of stdout is gone: point stdout at /dev/null (so the interpreter's final flush
+    does not complain) and exit 0."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(0)
+
+
 def main() -> None:
-    """The console script: the app, plus Ctrl-C between start-up and the first command."""
+    """The console script: the app, plus Ctrl-C between start-up and the first command, and a
+    closed stdout pipe (`plan | head`) as a quiet exit 0."""
     try:
         app()
     except KeyboardInterrupt:
         _interrupted()
         sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _quiet_exit_on_closed_stdout()
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED:
             _interrupted()
+        if exc.code == 1 and _closed_stdout(exc):
+            _quiet_exit_on_closed_stdout()
         raise
 
 

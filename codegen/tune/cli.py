@@ -23,7 +23,7 @@ class _DefaultRunGroup(TyperGroup):
 
 tune_app = typer.Typer(
     cls=_DefaultRunGroup,
-    help="Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's "
+    help="Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's "
     "tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them.",
     no_args_is_help=True,
     add_completion=False,
