@@ -15,8 +15,10 @@ from __future__ import annotations
 import sys
 
 try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
+    import errno
     import functools
     import importlib
+    import os
     import traceback
     from pathlib import Path
     from typing import Callable, Optional
@@ -43,6 +45,7 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
+    "report": ("codegen.report.cli", "On a card: collect the environment, torch status and validate's results into one file to send back."),
 }
 
 
@@ -173,7 +176,7 @@ def render(
     from .overlay_inputs import render_overlay
     from .spec import load_spec
 
-    from .workspace import default_spec_note
+    from .workspace import default_spec_note  # CLI start-up: loads when the command runs
 
     loaded = load_spec(spec)
     print_warnings(loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n])
@@ -222,8 +225,6 @@ def spec_schema() -> None:
 def _closed_stdout(exc: BaseException) -> bool:
     """`exc` comes from a write to a pipe whose reader went away (`plan | head`): click turns
     that EPIPE into exit 1; we want it to be a quiet success."""
-    import errno
-
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OSError) and seen.errno == errno.EPIPE:
@@ -235,8 +236,6 @@ def _closed_stdout(exc: BaseException) -> bool:
 def _quiet_exit_on_closed_stdout() -> None:
     """The reader of stdout is gone: point stdout at /dev/null (so the interpreter's final flush
     does not complain) and exit 0."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from .errors import UserError
+from .fsutil import read_input
 from .models import TargetSpec
 from .models.limits import waves_per_eu_limits
 from .models.rows import OverlayInputs, Winner
@@ -25,8 +26,6 @@ def read_report(path: Path | None) -> dict | None:
     """A compile_report.json (None when there is none)."""
     if path is None or not path.is_file():
         return None
-    from .fsutil import read_input
-
     try:
         return json.loads(read_input(path, what="compile report").decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:

@@ -51,7 +51,7 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
     """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
     (bounded like any spec) and every result render reads for it."""
     # revert imports this module: the loader and the workspace load only when apply runs
-    from ..spec import MAX_SPEC_BYTES
+    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
     from ..workspace import overlay_results
 
     out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
@@ -63,7 +63,7 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
 def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
     """The lock's recorded paths, each one this module writes; anything else is refused (a lock
     naming another file must not make revert delete it)."""
-    from ..workspace import RENDER_INPUTS
+    from ..workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
 
     allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
     foreign = sorted(set(lock.recorded) - allowed)
@@ -79,7 +79,7 @@ def _hint(tree: Path) -> str:
 
 
 def _check_recorded(tree: Path, lock: ApplyLock) -> None:
-    from ..spec import MAX_SPEC_BYTES
+    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
 
     for rel in recorded_paths(tree, lock):
         limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
@@ -96,7 +96,7 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     """The spec recorded at apply time, None for a lock written before specs were recorded.
     Refuses (UserError naming the file) recorded files that are missing, not regular files, too
     large or not the bytes the lock names, and a recorded spec that is not valid."""
-    from ..spec import load_spec
+    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
 
     if SPEC_COPY not in lock.recorded:
         return None
@@ -116,7 +116,7 @@ def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec"
     """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
     embedded default. An `explicit` spec that means another spec than the applied one is
     refused, naming both."""
-    from ..spec import load_spec
+    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
     if lock is None:  # not applied: the stage's own check says so

@@ -124,7 +124,7 @@ def register(app: typer.Typer, guarded) -> None:
         from .engine import ApplyConflict, apply_overlay
 
         console = _console()
-        from ..workspace import default_spec_note
+        from ..workspace import default_spec_note  # CLI start-up: loads only when apply runs
 
         loaded = load_spec(spec)
         for w in loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n]:
