@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 EXIT_OK = 0
 EXIT_DRIFT = 1
 EXIT_USER = 2
@@ -66,3 +68,23 @@ class SystemFailure(CodegenError):
     """The machine failed an operation that should work: a full disk, an I/O error."""
 
     exit_code = EXIT_UPSTREAM
+
+
+# OS errors the user can fix by choosing another path or fixing permissions (exit 2); any other
+# (a full disk, an I/O error) is the machine's (exit 3).
+USER_ERRNOS = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR,
+                         errno.ENAMETOOLONG, errno.ELOOP})
+
+
+def os_failure(message: str, exc: OSError, hint: str | None = None) -> CodegenError:
+    """One OSError as one message: UserError for a path the user chose badly, SystemFailure for
+    the machine. `message` says what was being done and what state things were left in."""
+    cls = UserError if exc.errno in USER_ERRNOS else SystemFailure
+    return cls(message, hint=hint)
+
+
+def os_reason(exc: OSError) -> str:
+    """'<path>: <strerror> (<ERRNO>)' for a message."""
+    name = errno.errorcode.get(exc.errno or 0, "")
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}" + (f" ({name})" if name else "")

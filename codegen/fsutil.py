@@ -4,10 +4,14 @@ The one place (with the apply journal) that renames files into place."""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
+
+from .errors import UserError
 
 
 def atomic_write(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:
@@ -83,11 +87,6 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
     """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
     directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
     most `limit` bytes is read; anything else is one UserError naming the path."""
-    import errno
-    import stat
-
-    from .errors import UserError
-
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)

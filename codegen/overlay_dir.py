@@ -1,7 +1,11 @@
 """Writing and checking a rendered overlay directory (the only filesystem side of render).
 
 Only our own files are touched: those the render writes and those the previous render's
-MANIFEST.json lists (removed when the new render no longer has them). Anything else in the
+MANIFEST.json lists (removed when the new render no longer has them, and only while they still
+hold the bytes that manifest records). A MANIFEST.json counts as ours only when it is what
+render writes (`"toolkit": "mi100-codegen"`, a list of outputs with clean relative paths and
+sha256s); a folder with another one is refused as "not an overlay". No path is followed through
+a symbolic link below the output folder (`codegen.contain.inside`). Anything else in the
 directory (a NOTES.txt, a README) is kept, and so are the directory and its mode. Every new file
 is first written to a temporary sibling; only when all are staged are they renamed into place
 (MANIFEST.json last), so a full disk or an unwritable directory leaves the old overlay untouched
@@ -11,48 +15,71 @@ badly (permissions, not a directory), exit 3 for the machine (disk full, I/O err
 from __future__ import annotations
 
 import difflib
-import errno
+import hashlib
 import json
 import os
 import stat
 from pathlib import Path
 
-from .errors import CodegenError, SystemFailure, UserError
-from .fsutil import move_into_place, stage_write
+from .contain import Escape, inside, is_rel_path
+from .errors import CodegenError, SystemFailure, UserError, os_failure
+from .fsutil import move_into_place, read_input, stage_write
 from .render import Overlay
 
 MARKER = "MANIFEST.json"
-_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.EISDIR,
-                errno.ENAMETOOLONG, errno.ELOOP}
+TOOLKIT = "mi100-codegen"
 
 
 def _os_error(action: str, exc: OSError, out: Path) -> CodegenError:
     where = f"{exc.filename}: " if exc.filename and exc.filename != str(out) else ""
     msg = f"render: cannot {action}: {where}{exc.strerror or exc}"
-    if exc.errno in _USER_ERRNOS:
-        return UserError(msg, hint="choose another --out, or fix the directory's permissions")
-    return SystemFailure(msg + " (nothing was changed)")
+    err = os_failure(msg, exc, hint="choose another --out, or fix the directory's permissions")
+    if isinstance(err, SystemFailure):
+        err = SystemFailure(msg + " (nothing was changed)")
+    return err
 
 
-def _manifest_paths(out: Path) -> set[str]:
-    """Paths our previous render wrote into `out` (its MANIFEST's outputs, and the MANIFEST)."""
+def _previous_outputs(out: Path) -> dict[str, str] | None:
+    """{path: sha256} of what our previous render wrote into `out`, from its MANIFEST; None when
+    `out` holds no MANIFEST.json or one that is not ours."""
+    if not os.path.lexists(out / MARKER):
+        return None
     try:
-        data = json.loads((out / MARKER).read_text(encoding="utf-8"))
-        listed = {o["path"] for o in data.get("outputs", []) if isinstance(o, dict) and isinstance(o.get("path"), str)}
-    except (OSError, ValueError, AttributeError, TypeError):
-        listed = set()
-    safe = {p for p in listed if p and not Path(p).is_absolute() and ".." not in Path(p).parts}
-    return safe | {MARKER}
+        data = json.loads(read_input(inside(out, MARKER), what="manifest", limit=8 << 20))
+    except (UserError, ValueError, RecursionError):
+        return None
+    outputs = data.get("outputs") if isinstance(data, dict) and data.get("toolkit") == TOOLKIT else None
+    if not isinstance(outputs, list):
+        return None
+    listed = {}
+    for o in outputs:
+        if not (isinstance(o, dict) and is_rel_path(o.get("path")) and isinstance(o.get("sha256"), str)):
+            return None
+        listed[o["path"]] = o["sha256"]
+    return listed
+
+
+def _read_ours(out: Path, path: str) -> bytes | None:
+    try:
+        p = inside(out, path)
+    except Escape as exc:
+        raise UserError(f"render: {exc}", hint="choose another --out, or replace the link by a folder") from None
+    return p.read_bytes() if p.is_file() else None
 
 
 def _our_files(ov: Overlay, out: Path) -> dict[str, bytes]:
-    """The bytes of our files as they are in `out` now."""
-    files = {}
-    if out.is_dir():
-        for path in sorted(set(ov.files) | _manifest_paths(out)):
-            p = out / path
-            if p.is_file():
-                files[path] = p.read_bytes()
+    """The bytes of our files as they are in `out` now: the render's, and those the previous
+    render's MANIFEST lists that still hold the bytes it recorded."""
+    files: dict[str, bytes] = {}
+    if not out.is_dir():
+        return files
+    previous = _previous_outputs(out) or {}
+    for path in sorted(set(ov.files) | set(previous) | {MARKER}):
+        data = _read_ours(out, path)
+        if data is None:
+            continue
+        if path in ov.files or path == MARKER or hashlib.sha256(data).hexdigest() == previous[path]:
+            files[path] = data
     return files
 
 
@@ -94,9 +121,10 @@ def write_overlay(ov: Overlay, out: Path) -> bool:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+    if out.is_dir() and any(out.iterdir()) and _previous_outputs(out) is None:
+        why = f"its {MARKER} was not written by mi100-codegen" if os.path.lexists(out / MARKER) else f"no {MARKER}"
         raise UserError(
-            f"{out}: not empty and not an overlay (no {MARKER}); refusing to overwrite it",
+            f"{out}: not empty and not an overlay ({why}); refusing to write into it",
             hint="choose another --out or remove the directory",
         )
     have = _our_files(ov, out)
@@ -141,7 +169,7 @@ def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
             created.append(d)
         _check_writable(out)
         for path in sorted(files, key=lambda p: (p == MARKER, p)):
-            dest = out / path
+            dest = inside(out, path)
             parents = _missing_dirs(dest.parent)
             for q in parents:
                 q.mkdir()
@@ -157,6 +185,9 @@ def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
                 d.rmdir()
             except OSError:
                 pass
+        if isinstance(exc, Escape):
+            raise UserError(f"render: {exc}; nothing was changed",
+                            hint="choose another --out, or replace the link by a folder") from None
         if isinstance(exc, OSError):
             raise _os_error(f"write the overlay into {out}", exc, out) from None
         raise
@@ -165,7 +196,7 @@ def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
 
 def _remove_ours(out: Path, path: str) -> None:
     """Remove a file of our previous render and the folders it leaves empty (below `out`)."""
-    (out / path).unlink(missing_ok=True)
+    inside(out, path).unlink(missing_ok=True)
     parent = (out / path).parent
     while parent != out and parent.is_dir() and not any(parent.iterdir()):
         parent.rmdir()

@@ -5,6 +5,8 @@ unwritable target is refused, and OS errors (full disk) are one message with not
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -121,3 +123,50 @@ def test_full_disk_on_a_fresh_overlay_leaves_nothing(tmp_path, monkeypatch):
     r = _render(out)
     assert r.exit_code == 3, r.output
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------ issue 20: only what we wrote, inside --
+
+def test_a_manifest_we_did_not_write_is_not_ours(tmp_path):
+    """A user's folder that happens to hold a MANIFEST.json listing files: refused, nothing deleted."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "data.csv").write_text("precious\n")
+    (out / "MANIFEST.json").write_text('{"outputs": [{"path": "data.csv", "sha256": "x"}]}')
+    before = _tree(out)
+    r = _render(out)
+    assert r.exit_code == 2 and "not written by mi100-codegen" in r.stderr, r.output
+    assert _tree(out) == before
+
+
+def test_stale_output_changed_by_the_user_is_kept(overlay):
+    """A file our previous MANIFEST lists but that the user changed since is not ours to delete."""
+    man = json.loads((overlay / "MANIFEST.json").read_text())
+    (overlay / "old_output.txt").write_text("we wrote this\n")
+    (overlay / "edited.txt").write_text("the user's now\n")
+    man["outputs"] += [{"id": "x", "path": "old_output.txt", "template": "t",
+                        "sha256": hashlib.sha256(b"we wrote this\n").hexdigest()},
+                       {"id": "y", "path": "edited.txt", "template": "t", "sha256": "0" * 64},
+                       {"id": "z", "path": "../outside.txt", "template": "t", "sha256": "0" * 64}]
+    (overlay / "MANIFEST.json").write_text(json.dumps(man))
+    (overlay.parent / "outside.txt").write_text("outside\n")
+    # a manifest with a path out of the folder is not ours: refused, nothing touched
+    assert _render(overlay).exit_code == 2 and (overlay.parent / "outside.txt").exists()
+    man["outputs"] = man["outputs"][:-1]
+    (overlay / "MANIFEST.json").write_text(json.dumps(man))
+    r = _render(overlay)
+    assert r.exit_code == 0, r.output
+    assert not (overlay / "old_output.txt").exists()  # ours, unchanged: removed as stale
+    assert (overlay / "edited.txt").read_text() == "the user's now\n"  # changed: kept
+
+
+def test_a_linked_subfolder_is_never_written_through(overlay, tmp_path):
+    outside = tmp_path / "elsewhere"
+    (overlay / "tree").rename(outside)
+    os.symlink(outside, overlay / "tree")
+    before = _tree(outside)
+    (overlay / "space.json").write_text("{}")  # make the render want to write
+    for args in ((), ("--check",)):
+        r = _render(overlay, *args)
+        assert r.exit_code == 2 and "symbolic link" in r.stderr and "Traceback" not in r.output, r.output
+    assert _tree(outside) == before

@@ -4,6 +4,7 @@ across runs and hash seeds; --check reports drift with a diff and exit 1."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import subprocess
@@ -133,7 +134,8 @@ def test_render_removes_its_stale_files_and_refuses_foreign_dirs(tmp_path, monke
     # a file an earlier render wrote (its MANIFEST lists it) and this one does not: removed;
     # a file of the user's (NOTES.txt, not in the MANIFEST): kept (issue 11)
     manifest = json.loads((tmp_path / "ov" / "MANIFEST.json").read_text())
-    manifest["outputs"].append({"id": "old", "path": "old/stale.json", "sha256": "0" * 64, "template": "(old)"})
+    stale_sha = hashlib.sha256(b"x").hexdigest()  # what that render wrote (issue 20: only that is removed)
+    manifest["outputs"].append({"id": "old", "path": "old/stale.json", "sha256": stale_sha, "template": "(old)"})
     (tmp_path / "ov" / "MANIFEST.json").write_text(json.dumps(manifest))
     (tmp_path / "ov" / "old").mkdir()
     (tmp_path / "ov" / "old" / "stale.json").write_text("x")

@@ -394,3 +394,26 @@ def test_rebuild_recipe_run_needs_rocm(tmp_path, monkeypatch):
 def test_status_without_torch_is_clear(tmp_path):
     r = cli("torch", "status", "--torch-dir", str(tmp_path))
     assert r.exit_code == 2 and "not a torch package folder" in r.output
+
+
+@pytest.mark.parametrize("hostile", ["../../victim.txt", "/tmp/victim.txt", "lib/../../victim.txt", "created_dirs"])
+def test_planted_backup_manifest_cannot_reach_outside_torch(site, tmp_path, hostile):
+    """Issue 20: the backup manifest is a state file; a path in it that leads out of the torch folder
+    is one message, exit 2, and nothing changes anywhere."""
+    prefix = build_prefix(tmp_path / "prefix")
+    assert cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(site / "torch")).exit_code == 0
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    backup = site / "torch.mi100-codegen-backup"
+    man = json.loads((backup / "manifest.json").read_text())
+    if hostile == "created_dirs":
+        man["created_dirs"].append("..")
+    else:
+        man["entries"].append({"path": hostile, "action": "add", "sha256_before": None,
+                               "sha256_after": "0" * 64})
+    (backup / "manifest.json").write_text(json.dumps(man))
+    before = snapshot(site)
+    for force in ((), ("--force",)):
+        r = cli("torch", "restore", "--torch-dir", str(site / "torch"), *force)
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert victim.read_text() == "precious\n" and snapshot(site) == before

@@ -38,7 +38,7 @@ from ..upstream.registration import refuse_unsuitable_tree
 from . import dbrows
 from .applied_spec import recorded_files, recorded_paths, sha256
 from .mentions import arch_mentions, strip_mentions
-from .journal import Transaction, pending, recover
+from .journal import Transaction, pending
 from .lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
 from .state import (
     BACKUP_DIR,
@@ -53,6 +53,7 @@ from .state import (
     Locked,
     mode_of,
     read_rel,
+    recover_state,
     sha,
 )
 
@@ -413,7 +414,7 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
                 raise UserError(f"{tree}: an interrupted mi100-codegen run left a journal",
                                 hint="run `mi100-codegen apply` or `revert` (without --pretend) to recover")
         else:
-            recovered = recover(tree)
+            recovered = recover_state(tree, "apply")
         plan = plan_apply(tree, adapter, loaded, progress)
         plan.result.recovered, plan.result.pretend = recovered, pretend
         return plan.result if pretend else commit_apply(plan, progress)

@@ -1,26 +1,39 @@
-"""All-or-nothing changes to a tree: stage, journal, swap; recover after a kill.
+"""All-or-nothing changes to a tree: stage, journal, swap; recover after a kill or a failure.
 
 Layout inside the tree (hidden state dir `.mi100-codegen/`):
 
     .mi100-codegen/txn/new/<n>        staged new contents (fsynced)
     .mi100-codegen/txn/old/<n>        hard links (or copies) of the files about to be replaced
     .mi100-codegen/txn/journal.json   the operation list; its atomic appearance is the commit point
-    .mi100-codegen/txn/rollback.json  renamed from journal.json when an in-process failure undoes it
+    .mi100-codegen/txn/rollback.json  renamed from journal.json when the operations must be undone
 
 Protocol:
-1. stage every new content and link every old one under txn/ (nothing in the tree changes);
+1. check every operation's path (`codegen.contain.inside`: no link on the way, nothing but a
+   regular file where a file is written), stage every new content and link every old one under
+   txn/, recording each path's state before (`pre`) and the sha256 of what is written (`new`);
+   nothing in the tree changes, so a failure here leaves the tree as it was;
 2. write journal.json atomically (tmp + fsync + rename + fsync dir) -> committed;
 3. run the operations (mkdir, write = rename staged file over the destination, delete, rmdir);
    each is idempotent, so running them again after a kill is harmless;
 4. delete the journal, then txn/.
 
-Recovery (`recover`, run first by every apply and revert): txn/ without a journal -> the kill
-came before the commit point: discard txn/ (the tree was never touched). journal.json -> roll
-forward (finish step 3-4). rollback.json -> finish the undo. A failure inside step 3 (e.g. a
-permission error) renames the journal to rollback.json and undoes the operations done so far,
-so a failed apply leaves the tree as it was. Ctrl-C before the commit point discards the stage
-(the tree was never touched); after it, the swap is finished first: either way the tree is
-pristine or fully applied when the command stops.
+A failure inside step 3 (EPERM, EROFS, ENOSPC, EIO, a directory that appeared in the way)
+renames the journal to rollback.json and undoes every operation. Undo steps look at the tree,
+not at a counter, so they are idempotent and an operation that never ran is left alone: a file
+is put back only where it holds what this transaction wrote. Then every path is compared with
+its recorded `pre` state: only when all match does the command say the tree is unchanged
+(`TxnFailed`); otherwise `RollbackIncomplete` names each path and its cause, and txn/ (with the
+pristine copies) stays so that the next command — any apply or revert starts with `recover` —
+finishes the undo once the cause is fixed.
+
+Recovery (`recover`): txn/ without a journal -> the kill came before the commit point: discard
+txn/ (the tree was never touched). journal.json -> roll forward (a failure while doing so rolls
+back as above). rollback.json -> finish the undo. Ctrl-C before the commit point discards the
+stage; after it, the swap is finished first.
+
+The journal is read as possibly hostile: one typed model (`Journal`), every path under the
+containment rule, and anything else is `StateDamaged` (exit 2, with the recovery commands):
+nothing runs.
 
 `MI100_CODEGEN_TXN_DELAY` (seconds, test-only) sleeps between operations so that kill tests can
 land inside step 3.
@@ -29,16 +42,81 @@ land inside step 3.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..contain import Escape, RelPath, inside, perm_bits
+from ..errors import UserError, os_reason
+from ..fsutil import read_input
 
 STATE_DIR = ".mi100-codegen"
 TXN_DIR = f"{STATE_DIR}/txn"
+
+Digits = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
+Sha = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+PreState = Annotated[str, Field(pattern=r"^(absent|dir|link|other|[0-9a-f]{64})$")]
+
+
+class StateDamaged(UserError):
+    """A state file of the tree (lock, journal) that is not what mi100-codegen writes: nothing is
+    done, and the message names the file and how to recover."""
+
+
+class TxnFailed(Exception):
+    """The transaction failed and the tree is exactly as it was before it (checked)."""
+
+    def __init__(self, exc: OSError | Escape, committed: bool, leftover: Path | None = None):
+        super().__init__(str(exc))
+        self.cause, self.committed, self.leftover = exc, committed, leftover
+
+
+class RollbackIncomplete(Exception):
+    """The transaction failed and undoing it could not put every path back: `left` lists them."""
+
+    def __init__(self, cause: OSError | Escape | None, left: list[str]):
+        super().__init__("; ".join(left))
+        self.cause, self.left = cause, left
+
+
+class JournalOp(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    op: Literal["mkdir", "write", "delete", "rmdir"]
+    path: RelPath
+    stage: Digits | None = None      # write: txn/new/<stage>
+    old: Digits | None = None        # write/delete of an existing file: txn/old/<old>
+    pre: PreState = "absent"         # the path's state before the transaction
+    new: Sha | None = None           # write: sha256 of the staged content
+    mode: int | None = None          # write: permission bits
+
+    @model_validator(mode="after")
+    def _shape(self):
+        if self.path == TXN_DIR or self.path.startswith(TXN_DIR + "/"):
+            raise ValueError(f"{self.path!r} is inside the transaction's own folder")
+        if self.op == "write" and (self.stage is None or self.new is None):
+            raise ValueError("a write without its staged content")
+        if self.op != "write" and (self.stage is not None or self.new is not None):
+            raise ValueError(f"a {self.op} with staged content")
+        if self.old is not None and self.op not in ("write", "delete"):
+            raise ValueError(f"a {self.op} with an old copy")
+        return self
+
+
+class Journal(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: Literal[1]
+    ops: list[JournalOp]
 
 
 def fsync_dir(path: Path) -> None:
@@ -61,7 +139,26 @@ def write_durable(path: Path, data: bytes, mode: int | None = None) -> None:
         fh.flush()
         os.fsync(fh.fileno())
     if mode is not None:
-        os.chmod(path, mode)
+        os.chmod(path, perm_bits(mode))
+
+
+def state_of(path: Path) -> str:
+    """What is at `path` now, in the journal's `pre` vocabulary."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "absent"
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if not stat.S_ISREG(st.st_mode):
+        return "other"
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 @dataclass
@@ -70,6 +167,24 @@ class Op:
     path: str  # tree-relative
     data: bytes | None = None
     mode: int | None = None
+
+
+def _txn_dir(tree: Path) -> Path:
+    """The transaction folder, refused when a link or a file stands on its way."""
+    return inside(tree, TXN_DIR)
+
+
+def _preflight(tree: Path, op: Op) -> Path:
+    """The destination of one operation, checked before anything is staged: inside the tree,
+    and no directory or other non-file where a file is written or deleted."""
+    dest = inside(tree, op.path, final_link=op.op == "delete")
+    pre = state_of(dest)
+    if op.op == "write" and pre in ("dir", "other", "link"):
+        what = {"dir": "a directory", "link": "a symbolic link", "other": "not a regular file"}[pre]
+        raise Escape(f"{dest}: is {what}, where a file is to be written; remove or move it first")
+    if op.op == "mkdir" and pre not in ("absent", "dir"):
+        raise Escape(f"{dest}: exists and is not a directory, where a directory is to be made")
+    return dest
 
 
 @dataclass
@@ -92,21 +207,24 @@ class Transaction:
         self.ops.append(Op("rmdir", rel))
 
     def commit(self) -> None:
+        """Run the operations all or nothing. Raises TxnFailed (the tree is as it was, checked),
+        RollbackIncomplete (it is not; txn/ kept for `recover`) or Escape (refused before
+        anything was written)."""
         if not self.ops:
             return
-        txn = self.tree / TXN_DIR
+        dests = [_preflight(self.tree, op) for op in self.ops]  # Escape: nothing written
+        txn = _txn_dir(self.tree)
         if txn.exists():  # recover() must have run first
             raise RuntimeError(f"{txn} exists: an interrupted transaction was not recovered")
-        entries = []
+        entries: list[JournalOp] = []
         try:
-            for n, op in enumerate(self.ops):
-                ent = {"op": op.op, "path": op.path}
-                dest = self.tree / op.path
+            for n, (op, dest) in enumerate(zip(self.ops, dests)):
+                ent: dict = {"op": op.op, "path": op.path, "pre": state_of(dest)}
                 if op.op == "write":
                     assert op.data is not None
                     write_durable(txn / "new" / str(n), op.data, op.mode)
-                    ent["stage"] = str(n)
-                if op.op in ("write", "delete") and dest.is_file():
+                    ent.update(stage=str(n), new=hashlib.sha256(op.data).hexdigest(), mode=perm_bits(op.mode))
+                if op.op in ("write", "delete") and dest.is_file() and not dest.is_symlink():
                     old = txn / "old" / str(n)
                     old.parent.mkdir(parents=True, exist_ok=True)
                     try:
@@ -114,27 +232,19 @@ class Transaction:
                     except OSError:
                         shutil.copy2(dest, old)
                     ent["old"] = str(n)
-                entries.append(ent)
+                entries.append(JournalOp(**ent))
             fsync_dir(txn / "new")
-            journal = json.dumps({"version": 1, "ops": entries}, indent=1, sort_keys=True).encode()
-            write_durable(txn / "journal.tmp", journal)
+            doc = Journal(version=1, ops=entries).model_dump(exclude_none=True)
+            write_durable(txn / "journal.tmp", json.dumps(doc, indent=1, sort_keys=True).encode())
             os.replace(txn / "journal.tmp", txn / "journal.json")  # the commit point
             fsync_dir(txn)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(txn, ignore_errors=True)
             _cleanup_state_dir(self.tree)
+            if isinstance(exc, OSError):
+                raise TxnFailed(exc, committed=False) from None
             raise
-        try:
-            _run(self.tree, entries)
-        except KeyboardInterrupt:  # committed: finish the swap (each op is idempotent), then stop
-            _run(self.tree, entries)
-            _finish(self.tree)
-            raise
-        except Exception:
-            os.replace(txn / "journal.json", txn / "rollback.json")
-            _undo(self.tree, entries)
-            raise
-        _finish(self.tree)
+        _forward(self.tree, entries)
 
 
 def _delay() -> None:
@@ -143,67 +253,137 @@ def _delay() -> None:
         time.sleep(float(d))
 
 
-def _run(tree: Path, entries: list[dict]) -> None:
+def _forward(tree: Path, entries: list[JournalOp]) -> None:
+    """Run a committed journal; on failure roll it back (TxnFailed / RollbackIncomplete)."""
+    txn = tree / TXN_DIR
+    try:
+        _run(tree, entries)
+    except KeyboardInterrupt:  # committed: finish the swap (each op is idempotent), then stop
+        _run(tree, entries)
+        _finish(tree)
+        raise
+    except (OSError, Escape) as exc:
+        os.replace(txn / "journal.json", txn / "rollback.json")
+        _rollback(tree, entries, exc)
+    _finish(tree)
+
+
+def _run(tree: Path, entries: list[JournalOp]) -> None:
     txn = tree / TXN_DIR
     touched: set[Path] = set()
     for ent in entries:
         _delay()
-        dest = tree / ent["path"]
-        if ent["op"] == "mkdir":
+        dest = inside(tree, ent.path, final_link=ent.op == "delete")
+        if ent.op == "mkdir":  # parents too: a backup folder's (the state dir is cleaned up after)
             dest.mkdir(parents=True, exist_ok=True)
-        elif ent["op"] == "write":
-            staged = txn / "new" / ent["stage"]
+        elif ent.op == "write":
+            staged = txn / "new" / ent.stage
             if staged.exists():  # else: moved by an earlier (killed) run
                 os.replace(staged, dest)
-        elif ent["op"] == "delete":
-            if dest.is_file() or dest.is_symlink():
+        elif ent.op == "delete":
+            if dest.is_symlink() or dest.is_file():
                 dest.unlink()
-        elif ent["op"] == "rmdir":
-            if dest.is_dir() and not any(dest.iterdir()):
+        elif ent.op == "rmdir":
+            if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
                 dest.rmdir()
-        else:
-            raise RuntimeError(f"journal: unknown op {ent['op']!r}")
         touched.add(dest.parent)
     for d in sorted(touched):
         if d.is_dir():
             fsync_dir(d)
 
 
-def _undo(tree: Path, entries: list[dict]) -> None:
+def _undo_one(tree: Path, ent: JournalOp) -> None:
+    """Put one path back to its `pre` state if this transaction changed it; leave it alone if it
+    never did (the operation did not run, or was undone already)."""
     txn = tree / TXN_DIR
+    dest = inside(tree, ent.path, final_link=True)
+    now = state_of(dest)
+    old = txn / "old" / ent.old if ent.old else None
+    if ent.op == "write" and now == ent.new and now != ent.pre:
+        if old is not None and old.exists():
+            os.replace(old, dest)
+        elif ent.pre == "absent":
+            dest.unlink()
+    elif ent.op == "delete" and now == "absent" and old is not None and old.exists():
+        os.replace(old, dest)
+    elif ent.op == "mkdir" and ent.pre == "absent" and now == "dir":
+        _remove_empty_dirs(dest)
+    elif ent.op == "rmdir" and ent.pre == "dir" and now == "absent":
+        dest.mkdir()
+
+
+def _remove_empty_dirs(top: Path) -> None:
+    """Remove `top` if it holds nothing but empty folders (a mkdir with parents made those)."""
+    for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+        if filenames:
+            return
+        for d in dirnames:
+            p = Path(dirpath) / d
+            if not p.is_symlink() and p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    if not any(top.iterdir()):
+        top.rmdir()
+
+
+def _rollback(tree: Path, entries: list[JournalOp], cause: OSError | Escape | None) -> None:
+    """Undo every operation (last first), then check each path against its `pre` state."""
+    failed: dict[str, str] = {}
     for ent in reversed(entries):
-        dest = tree / ent["path"]
-        if ent["op"] in ("write", "delete"):
-            old = txn / "old" / ent["old"] if "old" in ent else None
-            if old is not None and old.exists():
-                os.replace(old, dest)
-            elif old is None and ent["op"] == "write" and dest.exists():
-                dest.unlink()
-        elif ent["op"] == "mkdir":
-            if dest.is_dir() and not any(dest.iterdir()):
-                dest.rmdir()
-        elif ent["op"] == "rmdir":
-            dest.mkdir(parents=True, exist_ok=True)
-    _finish(tree)
+        try:
+            _undo_one(tree, ent)
+        except (OSError, Escape) as exc:
+            failed.setdefault(ent.path, os_reason(exc) if isinstance(exc, OSError) else str(exc))
+    left = []
+    for path, pre in _first_pre(entries).items():
+        try:
+            now = state_of(inside(tree, path, final_link=True))
+        except (OSError, Escape) as exc:
+            now = f"unreadable ({exc})"
+        if now != pre:
+            left.append(f"{path}: {failed.get(path, 'not as it was before (' + _says(now) + ', was ' + _says(pre) + ')')}")
+    if left:
+        raise RollbackIncomplete(cause, left)
+    clean = _finish(tree)
+    if cause is not None:
+        raise TxnFailed(cause, committed=True, leftover=None if clean else tree / TXN_DIR)
 
 
-def _finish(tree: Path) -> None:
+def _says(state: str) -> str:
+    return state if state in ("absent", "dir", "link", "other") or " " in state else "a file of other content"
+
+
+def _first_pre(entries: list[JournalOp]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for ent in entries:
+        out.setdefault(ent.path, ent.pre)
+    return out
+
+
+def _finish(tree: Path) -> bool:
+    """Remove the journal, then txn/ (best effort: a leftover txn/ without a journal is discarded
+    by the next command's `recover`); True when txn/ is gone."""
     txn = tree / TXN_DIR
-    for name in ("journal.json", "rollback.json"):
-        p = txn / name
-        if p.exists():
-            p.unlink()
-    fsync_dir(txn)
+    try:
+        for name in ("journal.json", "rollback.json"):
+            p = txn / name
+            if p.exists():
+                p.unlink()
+        fsync_dir(txn)
+    except OSError:
+        return False
     shutil.rmtree(txn, ignore_errors=True)
     _cleanup_state_dir(tree)
+    return not os.path.lexists(txn)
 
 
 def _cleanup_state_dir(tree: Path) -> None:
-    """Remove empty directories of the state dir (a reverted tree keeps no trace)."""
+    """Remove empty directories of the state dir (a reverted tree keeps no trace); a state dir
+    that is a link is never walked."""
     root = tree / STATE_DIR
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():
         return
-    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+    for d in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()),
+                    key=lambda p: len(p.parts), reverse=True):
         try:
             d.rmdir()
         except OSError:
@@ -217,28 +397,59 @@ def _cleanup_state_dir(tree: Path) -> None:
 def pending(tree: Path) -> str | None:
     """'forward', 'rollback', 'discard' or None: what `recover` would do."""
     txn = Path(tree) / TXN_DIR
-    if (txn / "journal.json").exists():
+    if os.path.lexists(txn / "journal.json"):
         return "forward"
-    if (txn / "rollback.json").exists():
+    if os.path.lexists(txn / "rollback.json"):
         return "rollback"
-    if txn.exists():
+    if os.path.lexists(txn):
         return "discard"
     return None
 
 
+RECOVERY = ("remove {txn} (rm -r), then run `mi100-codegen revert --force {tree}` to put back every file apply "
+            "recorded, from its backup; or start again from a fresh copy of the release")
+
+
+def _read_journal(tree: Path, name: str) -> list[JournalOp]:
+    """The journal's operations, every path checked; StateDamaged otherwise (nothing done)."""
+    path = tree / TXN_DIR / name
+    try:
+        _txn_dir(tree)
+        data = json.loads(read_input(path, what="journal", limit=16 << 20))
+        entries = Journal.model_validate(data).ops
+        for ent in entries:
+            inside(tree, ent.path, final_link=True)
+    except (UserError, ValueError, RecursionError) as exc:
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+            why = f"{where}: {first['msg']}"
+        else:
+            why = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+        raise StateDamaged(f"{path}: this tree's state file is damaged ({why}); nothing was changed",
+                           hint="an earlier command was interrupted and its record cannot be trusted: " +
+                           RECOVERY.format(txn=tree / TXN_DIR, tree=tree)) from None
+    return entries
+
+
 def recover(tree: Path) -> str | None:
-    """Complete or undo an interrupted transaction; returns what was done (or None)."""
+    """Complete or undo an interrupted transaction; returns what was done (or None). Raises
+    StateDamaged for a journal it cannot trust, RollbackIncomplete when undoing is still blocked
+    (TxnFailed when a roll-forward failed and was rolled back)."""
     tree = Path(tree)
     what = pending(tree)
     txn = tree / TXN_DIR
     if what == "forward":
-        entries = json.loads((txn / "journal.json").read_text())["ops"]
-        _run(tree, entries)
-        _finish(tree)
+        _forward(tree, _read_journal(tree, "journal.json"))
     elif what == "rollback":
-        entries = json.loads((txn / "rollback.json").read_text())["ops"]
-        _undo(tree, entries)
+        _rollback(tree, _read_journal(tree, "rollback.json"), None)
     elif what == "discard":
+        try:
+            _txn_dir(tree)
+        except Escape as exc:
+            raise StateDamaged(f"{exc}; nothing was changed",
+                               hint=f"remove {txn} (it holds no journal, so nothing of the tree depends on it)") \
+                from None
         shutil.rmtree(txn, ignore_errors=True)
         _cleanup_state_dir(tree)
     else:
@@ -266,4 +477,5 @@ def tree_lock(tree: Path):
         os.close(fd)
 
 
-__all__ = ["STATE_DIR", "TXN_DIR", "Transaction", "TreeBusy", "pending", "recover", "tree_lock"]
+__all__ = ["STATE_DIR", "TXN_DIR", "Journal", "JournalOp", "RollbackIncomplete", "StateDamaged", "Transaction",
+           "TreeBusy", "TxnFailed", "pending", "recover", "state_of", "tree_lock"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..upstream import UnsupportedTree, detect
-from .journal import Transaction, recover
 from .applied_spec import recorded_paths
+from .journal import Transaction
 from .lock import LOCK_NAME, ApplyLock, read_lock
 from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
     BACKUP_DIR,
@@ -20,6 +20,7 @@ from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for call
     conflict_message,
     Locked,
     read_rel,
+    recover_state,
 )
 
 
@@ -49,7 +50,8 @@ def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], 
             result.files.append(FileVerdict(rel, "removed", ent.kind, [], discarded.get(rel, "")))
             continue
         data = read_rel(tree, f"{BACKUP_DIR}/{rel}")
-        assert data is not None
+        if data is None:  # check_state refuses a missing backup first; never write a guess
+            raise UserError(f"{tree}: backup {BACKUP_DIR}/{rel} is missing; nothing was changed")
         same = read_rel(tree, rel) == data and not (tree / rel).is_symlink()
         if not same:
             txn.write(rel, data, ent.mode if ent.mode is not None else 0o644)
@@ -76,7 +78,7 @@ def revert_tree(tree: Path | str, force: bool = False) -> Result:
         raise UnsupportedTree(f"{tree}: not a directory")
     result = Result("revert", str(tree))
     with Locked(tree):
-        result.recovered = recover(tree)
+        result.recovered = recover_state(tree, "revert")
         lock = read_lock(tree)
         if lock is None:
             if (tree / BACKUP_DIR).exists():
@@ -99,7 +101,7 @@ def revert_tree(tree: Path | str, force: bool = False) -> Result:
         result.files = []
         txn = _revert_transaction(tree, lock, discarded, result)
         result.changed = True
-        commit_txn(txn, tree)
+        commit_txn(txn, tree, "revert")
         return result
 
 
@@ -112,7 +114,7 @@ def recover_tree(tree: Path | str) -> str | None:
     """Only the recovery step of apply/revert: finish or undo an interrupted transaction."""
     tree = Path(tree).resolve()
     with Locked(tree):
-        return recover(tree)
+        return recover_state(tree, "recover")
 
 
 

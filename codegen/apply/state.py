@@ -9,8 +9,9 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import UserError
-from .journal import STATE_DIR, Transaction, TreeBusy, tree_lock
+from ..contain import Escape, inside, perm_bits
+from ..errors import SystemFailure, UserError, os_failure, os_reason
+from .journal import STATE_DIR, RollbackIncomplete, Transaction, TreeBusy, TxnFailed, recover, tree_lock
 from .lock import LOCK_NAME, ApplyLock
 
 BACKUP_DIR = f"{STATE_DIR}/backup"
@@ -75,14 +76,19 @@ def sha(data: bytes | None) -> str | None:
 
 
 def read_rel(tree: Path, rel: str) -> bytes | None:
-    p = tree / rel
+    """The bytes of the regular file `rel` inside `tree`; None when there is none, or when a link
+    or a non-directory stands on the way (`codegen.contain.inside`): nothing outside is read."""
+    try:
+        p = inside(tree, rel)
+    except Escape:
+        return None
     return p.read_bytes() if p.is_file() else None
 
 
 def mode_of(tree: Path, rel: str, default: int = 0o644) -> int:
     try:
-        return os.stat(tree / rel).st_mode & 0o7777
-    except OSError:
+        return perm_bits(os.stat(inside(tree, rel)).st_mode)
+    except (OSError, Escape):
         return default
 
 
@@ -122,15 +128,14 @@ def check_state(tree: Path, lock: ApplyLock | None, result: Result) -> None:
     for rel, ent in sorted(lock.files.items()):
         cur = sha(read_rel(tree, rel))
         link = link_of(tree, rel)
-        if cur != ent.after or link:
+        if ent.before is not None and sha(read_rel(tree, f"{BACKUP_DIR}/{rel}")) != ent.before:
+            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
+                                            f"backup {BACKUP_DIR}/{rel} is missing or corrupt"))
+        elif cur != ent.after or link:
             what = (f"was replaced by a symbolic link ({link})" if link else
                     "was deleted" if cur is None else "was changed")
             result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
                                             f"{what} since mi100-codegen applied it"))
-            continue
-        if ent.before is not None and sha(read_rel(tree, f"{BACKUP_DIR}/{rel}")) != ent.before:
-            result.files.append(FileVerdict(rel, "conflict", ent.kind, list(ent.edits),
-                                            f"backup {BACKUP_DIR}/{rel} is missing or corrupt"))
 
 
 def conflict_message(result: Result, command: str = "apply") -> str:
@@ -138,14 +143,50 @@ def conflict_message(result: Result, command: str = "apply") -> str:
     return f"refusing to {command}, nothing was changed:\n" + "\n".join(lines)
 
 
-def commit_txn(txn: Transaction, tree: Path) -> None:
-    """Commit a transaction; an OS error (e.g. a full disk) leaves the tree as it was."""
+def commit_txn(txn: Transaction, tree: Path, command: str = "apply") -> None:
+    """Commit a transaction; every failure is one message that says truthfully what state the
+    tree is in (see `codegen.apply.journal`)."""
     try:
         txn.commit()
-    except OSError as exc:
-        raise UserError(f"{tree}: could not write ({exc.strerror or exc}); the tree was left unchanged") \
-            from None
+    except Escape as exc:
+        raise UserError(f"{exc}; nothing was changed") from None
+    except TxnFailed as exc:
+        raise txn_failure(exc, tree, command) from None
+    except RollbackIncomplete as exc:
+        raise rollback_failure(exc, tree, command) from None
+
+
+def txn_failure(exc: TxnFailed, tree: Path, command: str) -> UserError:
+    cause = exc.cause
+    why = os_reason(cause) if isinstance(cause, OSError) else str(cause)
+    state = ("the change was rolled back: every file is as it was before" if exc.committed
+             else "nothing in the tree was changed")
+    msg = f"{tree}: {command} could not write ({why}); {state}"
+    if exc.leftover is not None:
+        msg += f" (its temporary folder {exc.leftover} remains: the next apply or revert removes it)"
+    return os_failure(msg, cause) if isinstance(cause, OSError) else UserError(msg)
+
+
+def rollback_failure(exc: RollbackIncomplete, tree: Path, command: str) -> UserError:
+    cause = exc.cause
+    why = (os_reason(cause) if isinstance(cause, OSError) else str(cause)) if cause is not None else None
+    head = f"{tree}: {command} failed ({why}) and " if why else f"{tree}: finishing an interrupted rollback: "
+    msg = (head + f"{len(exc.left)} path(s) could not be put back yet:\n" + "\n".join(exc.left) +
+           f"\nwhat is needed to finish is kept in {tree / STATE_DIR}/txn/")
+    hint = (f"fix the cause (permissions, immutable flag, free space), then run `mi100-codegen revert {tree}`: "
+            "every apply and revert finishes the rollback first")
+    return SystemFailure(msg, hint=hint)
+
+
+def recover_state(tree: Path, command: str) -> str | None:
+    """`journal.recover` with its failures as one message each (run first by apply and revert)."""
+    try:
+        return recover(tree)
+    except TxnFailed as exc:  # a roll-forward failed and was rolled back: the tree is as before it
+        raise txn_failure(exc, tree, f"finishing an interrupted {command}") from None
+    except RollbackIncomplete as exc:
+        raise rollback_failure(exc, tree, command) from None
 
 
 __all__ = ["BACKUP_DIR", "VERDICTS", "ApplyConflict", "EditVerdict", "FileVerdict", "Locked", "Result", "check_state",
-           "commit_txn", "conflict_message", "link_of", "mode_of", "read_rel", "sha"]
+           "commit_txn", "conflict_message", "link_of", "mode_of", "read_rel", "recover_state", "sha"]

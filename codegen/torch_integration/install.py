@@ -13,15 +13,19 @@ not inside it, so that after `restore` the torch folder is byte-identical to bef
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..contain import RelPath, inside
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
-from ..fsutil import atomic_copy, atomic_write, move_into_place
+from ..fsutil import atomic_copy, atomic_write, move_into_place, read_input
 from .elf import ElfError, read_dynamic
 from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
@@ -303,24 +307,49 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
 
 
 # --- restore -------------------------------------------------------------------------------------
+class _BackupEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: RelPath
+    action: Literal["add", "replace", "remove"]
+    sha256_before: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None
+    sha256_after: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None
+
+
+class _BackupManifest(BaseModel):
+    """The backup's manifest, read as possibly hostile: every path stays inside the torch folder
+    (codegen.contain), so a damaged or planted manifest cannot make restore touch anything else."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    schema_: Literal[1] = Field(alias="schema")
+    torch_version: str | None = None
+    library: RelPath | None = None
+    created_dirs: list[RelPath] = []
+    entries: list[_BackupEntry]
+
+
 def read_manifest(backup_dir: Path) -> dict:
     path = backup_dir / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise UserError(f"nothing to restore: no backup at {backup_dir}",
-                        hint="`mi100-codegen torch status` shows what is installed") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: unreadable backup manifest ({exc})") from None
-    if data.get("schema") != MANIFEST_SCHEMA:
-        raise UserError(f"{path}: backup manifest of an unknown schema {data.get('schema')!r}")
-    return data
+                        hint="`mi100-codegen torch status` shows what is installed")
+    try:
+        data = json.loads(read_input(path, what="backup manifest", limit=16 << 20))
+        return _BackupManifest.model_validate(data).model_dump(by_alias=True)
+    except (UserError, ValueError, RecursionError) as exc:
+        why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc) or type(exc).__name__
+        raise UserError(f"{path}: damaged backup manifest ({why}); nothing was changed",
+                        hint=f"the original files are in {backup_dir / 'files'}; reinstall torch to start over") \
+            from None
 
 
 def _current_problems(torch: TorchInstall, manifest: dict) -> list[str]:
+    """What changed since install; every path of the manifest is checked against the containment
+    rule here, before restore touches anything (Escape, exit 2)."""
+    for d in manifest.get("created_dirs", []):
+        inside(torch.root, d)
     problems = []
     for e in manifest["entries"]:
-        p = torch.root / e["path"]
+        p = inside(torch.root, e["path"])
         if e["action"] in ("add", "replace"):
             if not p.is_file():
                 problems.append(f"{e['path']}: missing (we installed it)")
@@ -341,18 +370,18 @@ def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: dict, force: 
     lib = manifest.get("library")
     entries = sorted(entries, key=lambda e: (e["path"] != lib, e["path"]))
     for e in entries:
-        dest = torch.root / e["path"]
+        dest = inside(torch.root, e["path"])
         if e["action"] == "add":
             if dest.is_file() or dest.is_symlink():
                 dest.unlink()
         else:
-            src = backup_dir / "files" / e["path"]
+            src = inside(backup_dir / "files", e["path"])
             if sha256_file(src) != e["sha256_before"]:
                 raise UserError(f"{src}: the backup copy is damaged (sha256 differs from the manifest)")
             dest.parent.mkdir(parents=True, exist_ok=True)
             atomic_copy(src, dest)
     for d in sorted(manifest.get("created_dirs", []), key=lambda d: (-d.count("/"), d)):
-        p = torch.root / d
+        p = inside(torch.root, d)
         try:
             p.rmdir()
         except FileNotFoundError:
