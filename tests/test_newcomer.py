@@ -5,7 +5,8 @@ command (`pip install .`, nothing else installed), then apply and plan on a real
 use (created here under a fresh cache folder, so the run is what a new machine sees; pip's own
 cache and index configuration are used as they are: PyPI only). The spec applied is a copy of
 `rules/mi50.yaml` that is deleted before `plan` runs: plan works on the spec the tree recorded.
-Minutes (pip installs Triton into the build venv): `slow`."""
+precompile then compiles a 2-kernel sample with the same spec in the same build venv. Minutes
+(pip installs Triton into the build venv): `slow`."""
 
 from __future__ import annotations
 
@@ -52,3 +53,8 @@ def test_readme_install_then_apply_and_plan(tmp_path, fresh_tree):
     assert "build venv" in plan.stderr  # created once, here; the generator ran in it
     venvs = [p for p in (tmp_path / "cache" / "toolchain").iterdir() if p.name.startswith("triton-")]
     assert len(venvs) == 1 and f"generator: {venvs[0]}" in plan.stderr
+    # precompile: the same spec (recorded), the same build venv (no second one)
+    pre = cli("precompile", str(tree), "--sample", "2", "--no-cache", "--jobs", "1")
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    assert "creating a build venv" not in pre.stderr and str(venvs[0]) in pre.stderr
+    assert [p for p in (tmp_path / "cache" / "toolchain").iterdir() if p.name.startswith("triton-")] == venvs
