@@ -199,6 +199,7 @@ def run_precompile(opts: PrecompileOptions) -> None:
     err.print(f"AOTriton {summary.release}: {summary.total} kernels planned for {summary.gpu}; "
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))
+    err.print(f"spec {loaded.display}", markup=False)
     run = _compile(opts, loaded.spec, chosen, jobs, cache, err, compiler)
     run.results = mark_not_dispatched(run.results, loaded.spec, summary.release)
     info = RunInfo(gpu=summary.gpu, arch=summary.arch, release=summary.release, triton=run.triton,

@@ -106,6 +106,7 @@ def run_tuning(opts: TuneOptions) -> None:
     for w in plan.warnings:
         stderr.print(w, markup=False, style="yellow")
     folder = _out_dir(opts.out, loaded)
+    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     done = ResultStore(folder).done_entries() if (opts.resume and folder.exists()) else set()
     todo = [e for e in plan.entries if e.name not in done]
     if opts.dry_run:
