@@ -102,8 +102,10 @@ def _torch_status() -> tuple[dict | None, str]:
     return status, format_status(status)
 
 
-def render_report(env: dict, status_text: str, validate_md: str, validate_summary: dict | None) -> str:
-    """The report as Markdown (before scrubbing)."""
+def render_report(env: dict, status_text: str, validate_md: str, validate: dict | None,
+                  status: dict | None = None) -> str:
+    """The report as Markdown (before scrubbing): the tables, then the same data as JSON
+    (`validate`: validate's JSON report; `status`: torch status as JSON)."""
     L = ["# mi100-codegen card report", "",
          f"Written by `mi100-codegen report` {env['mi100_codegen']}. Attach this file to {ISSUE_FORM}; "
          "it holds no host name, user name or path outside the Python packages.", "",
@@ -115,10 +117,9 @@ def render_report(env: dict, status_text: str, validate_md: str, validate_summar
             L.append(f"| {key} | {env[key] if env[key] is not None else '-'} |")
     L += ["", "## torch status", "", "```", status_text.rstrip("\n"), "```", ""]
     L += ["## validate", ""]
-    if validate_summary is not None:
-        L += [f"Summary: {json.dumps(validate_summary, sort_keys=True)}", ""]
     L += [validate_md.rstrip("\n"), ""]
-    L += ["## Machine-readable", "", "```json", json.dumps({"environment": env}, indent=1, sort_keys=True), "```", ""]
+    data = {"environment": env, "torch_status": status, "validate": validate}
+    L += ["## Machine-readable", "", "```json", json.dumps(data, indent=1, sort_keys=True, default=str), "```", ""]
     return "\n".join(L)
 
 
@@ -139,12 +140,12 @@ def run_report(opts: ReportOptions) -> Path:
 
     plat = detect_platform()  # no GPU: exit 3, nothing written
     stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}", markup=False)
-    _, status_text = _torch_status()
+    status, status_text = _torch_status()
     with stderr.status("validating…") as progress:
         res, label = _run_mode(ValidateOptions(spec=opts.spec, no_perf=opts.no_perf, seed=opts.seed), loaded, plat,
                                progress.update)
     report = build_report(loaded, res, plat, label)
-    text = scrub(render_report(environment(plat), status_text, render_markdown(report), report["summary"]))
+    text = scrub(render_report(environment(plat), status_text, render_markdown(report), report, status))
     atomic_write(opts.out, text)
     stderr.print(f"wrote {opts.out}: attach it to {ISSUE_FORM}", markup=False)
     _verdict(report, True)
