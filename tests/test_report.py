@@ -71,3 +71,36 @@ def test_report_on_a_gpu(tmp_path):
     for value in private_values():
         assert value not in text, value
     assert torch.__version__ in text
+
+
+def test_the_whole_report_with_a_stand_in_card(tmp_path, monkeypatch):
+    """CPU: `report` as on an MI100, the GPU and validate's run replaced by stand-ins whose
+    results carry private paths: one file, every section, the speed table, nothing private."""
+    pytest.importorskip("torch")
+    import codegen.validate.gpu as gpu
+    import codegen.validate.run as vrun
+
+    home = str(Path.home())
+    plat = gpu.Platform("rocm", "AMD Instinct MI100", "gfx908", "gfx908:sramecc+:xnack-", "2.9.0+rocm6.4",
+                        "6.4.43482", None, 120)
+    perf = [{"backend": "flash", "dtype": "fp16", "head_dim": 64, "fwd_ms": 1.5, "fwd_bwd_ms": 4.0,
+             "peak_mib": 100.0, "speedup_vs_math": 3.2, "memory_vs_math": 0.1,
+             "shape": {"batch": 4, "heads_q": 16, "seqlen_q": 2048}}]
+    result = {"mode": "sdpa", "cases": [{"name": "fwd.fp16.d64", "status": "pass", "checks": []}],
+              "proof": {"aotriton": {"mapped_files": [f"{home}/venv/lib/python3.11/site-packages/torch/lib/"
+                                                      "libaotriton_v2.so.0.11.0"], "sha256": "ab" * 32},
+                        "kernels": {}, "checks": [{"what": "flash ran", "ok": True,
+                                                   "detail": f"built on {socket.gethostname()}"}]},
+              "perf": perf}
+    monkeypatch.setattr(gpu, "detect_platform", lambda: plat)
+    monkeypatch.setattr(vrun, "_run_mode", lambda opts, loaded, p, progress: (result, None))
+    out = tmp_path / "report.md"
+    r = CliRunner().invoke(app, ["report", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    text = out.read_text()
+    for section in ("## Environment", "| arch_full | gfx908:sramecc+:xnack- |", "## torch status", "## validate",
+                    "**Result: PASS**", "Speed and peak memory", "## Machine-readable"):
+        assert section in text, section
+    for value in private_values():
+        assert value not in text, value
+    assert "<site-packages>/torch/lib/libaotriton_v2.so.0.11.0" in text
