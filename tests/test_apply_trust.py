@@ -424,3 +424,36 @@ def _lock_case(tmp_path_factory, templates, data):
         res = _cli(*cmd)
         assert "Traceback" not in res.output and res.exit_code in (0, 2, 3), (cmd, res.output)
         assert _world(tmp) == world and _no_setuid(tree)
+
+
+# ------------------------------------------------------------------------- on the real trees --
+
+@pytest.mark.aotriton
+@pytest.mark.parametrize("tag", ["0.11b", "0.13b"])
+def test_real_tree_failures_roll_back_byte_identical(fresh_tree, tag):
+    """On the real release trees: a directory where the overlay writes its module (refused before
+    anything is staged), then an immutable upstream file (`chattr +i`, rolled back after the swap
+    started): each time one message, the tree byte-identical, and the next apply succeeds."""
+    tree = fresh_tree(tag)
+    ref = tree.parent / "ref"
+    shutil.copytree(tree, ref, symlinks=True)
+    assert _cli("apply", ref).exit_code == 0
+    lock = json.loads((ref / LOCK_NAME).read_text())
+    module = next(rel for rel, e in lock["files"].items() if e["kind"] == "module")
+    edited = sorted(rel for rel, e in lock["files"].items() if e["kind"] == "edit")[-1]
+    before = snapshot(tree)
+    (tree / module).mkdir()
+    res = _cli("apply", tree)
+    assert res.exit_code == 2 and "is a directory" in res.stderr and "Traceback" not in res.output, res.output
+    (tree / module).rmdir()
+    assert snapshot(tree) == before
+    if not _immutable(tree / edited, True):
+        pytest.skip("chattr +i needs root and a filesystem with the immutable flag")
+    try:
+        res = _cli("apply", tree)
+        assert res.exit_code == 2 and "rolled back" in res.stderr and "Traceback" not in res.output, res.output
+        assert edited in res.stderr
+    finally:
+        _immutable(tree / edited, False)
+    assert snapshot(tree) == before
+    assert _cli("apply", tree).exit_code == 0 and snapshot(tree) == snapshot(ref)

@@ -269,27 +269,32 @@ def _forward(tree: Path, entries: list[JournalOp]) -> None:
 
 
 def _run(tree: Path, entries: list[JournalOp]) -> None:
-    txn = tree / TXN_DIR
-    touched: set[Path] = set()
     for ent in entries:
         _delay()
-        dest = inside(tree, ent.path, final_link=ent.op == "delete")
-        if ent.op == "mkdir":  # parents too: a backup folder's (the state dir is cleaned up after)
-            dest.mkdir(parents=True, exist_ok=True)
-        elif ent.op == "write":
-            staged = txn / "new" / ent.stage
-            if staged.exists():  # else: moved by an earlier (killed) run
-                os.replace(staged, dest)
-        elif ent.op == "delete":
-            if dest.is_symlink() or dest.is_file():
-                dest.unlink()
-        elif ent.op == "rmdir":
-            if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
-                dest.rmdir()
-        touched.add(dest.parent)
-    for d in sorted(touched):
+        try:
+            _run_one(tree, ent)
+        except OSError as exc:  # named by the tree path it was for, not by a staged file's
+            raise OSError(exc.errno, exc.strerror, ent.path) from None
+    for d in sorted({(tree / ent.path).parent for ent in entries}):
         if d.is_dir():
             fsync_dir(d)
+
+
+def _run_one(tree: Path, ent: JournalOp) -> None:
+    txn = tree / TXN_DIR
+    dest = inside(tree, ent.path, final_link=ent.op == "delete")
+    if ent.op == "mkdir":  # parents too: a backup folder's (the state dir is cleaned up after)
+        dest.mkdir(parents=True, exist_ok=True)
+    elif ent.op == "write":
+        staged = txn / "new" / ent.stage
+        if staged.exists():  # else: moved by an earlier (killed) run
+            os.replace(staged, dest)
+    elif ent.op == "delete":
+        if dest.is_symlink() or dest.is_file():
+            dest.unlink()
+    elif ent.op == "rmdir":
+        if dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+            dest.rmdir()
 
 
 def _undo_one(tree: Path, ent: JournalOp) -> None:
