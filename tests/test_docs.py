@@ -22,7 +22,7 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 COUNTS = json.loads((REPO / "docs" / "kernel-counts.json").read_text(encoding="utf-8"))["kernels"]
 MARKED = re.compile(r"([0-9][0-9,]*)<!-- kernels (\S+) (\S+) -->")
-STALE = ("2,399", "3,353", "4,941")  # counts of earlier specs the docs used to quote (issue 22)
+STALE = ("2,399", "3,353", "4,941", "3,055")  # counts of earlier specs the docs used to quote (issue 22)
 
 
 def test_readme_is_at_most_1000_words():
