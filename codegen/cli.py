@@ -42,10 +42,11 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "precompile": ("codegen.precompile.cli", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
     "bench": ("codegen.precompile.cli", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.build.cli", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
-    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/{measurements,winners}.csv."),
+    "tune": ("codegen.tune.cli", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "bundle": ("codegen.bundle.cli", "Drop-in bundles: the runtime built against a HIP major's headers, its images and a manifest, checked on a CPU (link identity, emulated dispatch); never run on a card."),
     "torch": ("codegen.torch_integration.cli", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.validate.cli", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
+    "report": ("codegen.report.cli", "On a card: collect the environment, torch status and validate's results into one file to send back."),
 }
 
 
@@ -234,8 +235,10 @@ def render(
     from .overlay_inputs import render_overlay
     from .spec import load_spec
 
+    from .workspace import default_spec_note  # CLI start-up: loads when the command runs
+
     loaded = load_spec(spec)
-    print_warnings(loaded.warnings)
+    print_warnings(loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n])
     ov = render_overlay(loaded)
     if check:
         diff = diff_overlay(ov, out)
@@ -278,13 +281,38 @@ def spec_schema() -> None:
     sys.stdout.write(spec_json_schema())
 
 
+def _closed_stdout(exc: BaseException) -> bool:
+    """`exc` comes from a write to a pipe whose reader went away (`plan | head`): click turns
+    that EPIPE into exit 1; we want it to be a quiet success."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.EPIPE:
+            return True
+        seen = seen.__context__
+    return False
+
+
+def _quiet_exit_on_closed_stdout() -> None:
+    """The reader of stdout is gone: point stdout at /dev/null (so the interpreter's final flush
+    does not complain) and exit 0."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    raise SystemExit(0)
+
+
 def main() -> None:
-    """The console script: the app, plus Ctrl-C between start-up and the first command."""
+    """The console script: the app, plus Ctrl-C between start-up and the first command, and a
+    closed stdout pipe (`plan | head`) as a quiet exit 0."""
     try:
         app()
     except KeyboardInterrupt:
         _interrupted()
         sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        _quiet_exit_on_closed_stdout()
     except OSError as exc:  # outside a command body (`--version > /dev/full`)
         if exc.errno not in _SYSTEM_ERRNOS:
             raise
@@ -294,6 +322,8 @@ def main() -> None:
     except SystemExit as exc:
         if exc.code == EXIT_INTERRUPTED:
             _interrupted()
+        if exc.code == 1 and _closed_stdout(exc):
+            _quiet_exit_on_closed_stdout()
         raise
 
 

@@ -1,7 +1,8 @@
-"""Load what render needs besides the spec from `tuning/<arch>/`: the measured winners
-(`winners.csv`, written by `mi100-codegen tune`) and the compile report's waves_per_eu limits
-(`compile_report.json`, written by `precompile --tuning-report`). The stages that render
-(render, apply, build) call this, then pass the result to the pure `codegen.render.plan_overlay`."""
+"""Load what render needs besides the spec: the measured winners (`winners.csv`, written by
+`mi100-codegen tune`) and the compile report's waves_per_eu limits (`compile_report.json`,
+written by `precompile --tuning-report`), each from the spec's own results folder or else the
+one shipped for its arch (`codegen.workspace`). The stages that render (render, apply, build)
+call this, then pass the result to the pure `codegen.render.plan_overlay`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from .resources import data_dir, display_path
 from .spec import LoadedSpec
 from .tuning_results import load_winner_rows
 from .upstream.layouts import DEFAULT_LAYOUT
+from .workspace import COMPILE_REPORT, WINNERS, overlay_results
 
 
 REPORT_LIMIT = 16 << 20  # bytes; the committed reports are well under 1 MB
@@ -65,31 +67,36 @@ def read_compile_report(path: Path, display: str | None = None) -> dict | None:
 
 
 def committed_report(arch: str) -> dict | None:
-    """tuning/<arch>/compile_report.json as committed (None when there is none)."""
-    return read_compile_report(data_dir("tuning") / arch / "compile_report.json",
-                               f"tuning/{printable(arch)}/compile_report.json")
+    """tuning/<arch>/compile_report.json as shipped (None when there is none)."""
+    return read_compile_report(data_dir("tuning") / arch / COMPILE_REPORT,
+                               f"tuning/{printable(arch)}/{COMPILE_REPORT}")
 
 
-def load_limits(spec: TargetSpec) -> dict | None:
-    """The limits table of tuning/<arch>/compile_report.json; None when there is no report."""
-    report = committed_report(spec.arch)
+def load_limits(spec: TargetSpec, report_path: Path | None = None) -> dict | None:
+    """The limits table of a compile report (default: the shipped one); None when there is none."""
+    report = read_compile_report(report_path) if report_path is not None else committed_report(spec.arch)
     if report is None:
         return None
     return waves_per_eu_limits(report, spec.arch, set(spec.dtypes), set(spec.head_dims))
 
 
-def load_measured(spec: TargetSpec) -> list[Winner]:
-    """The committed winners of the spec's GPUs, dtypes and head dims (proxies only on opt-in)."""
-    return [Winner(**rec) for rec in load_winner_rows(data_dir("tuning") / spec.arch, spec)]
+def load_measured(spec: TargetSpec, folder: Path | None = None) -> list[Winner]:
+    """The winners of the spec's GPUs, dtypes and head dims (proxies only on opt-in) in
+    `folder`/winners.csv (default: the shipped tuning/<arch>/)."""
+    return [Winner(**rec) for rec in load_winner_rows(folder or data_dir("tuning") / spec.arch, spec)]
 
 
-def load_inputs(spec: TargetSpec) -> OverlayInputs:
-    return OverlayInputs(tuple(load_measured(spec)), load_limits(spec))
+def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
+    """The results of the spec's home (codegen.workspace), parsed."""
+    files = overlay_results(loaded)
+    winners = load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+    limits = load_limits(loaded.spec, files[COMPILE_REPORT]) if COMPILE_REPORT in files else None
+    return OverlayInputs(tuple(winners), limits)
 
 
 def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
-    """`plan_overlay` with the inputs committed under tuning/<arch>/."""
-    return plan_overlay(loaded, layout, load_inputs(loaded.spec))
+    """`plan_overlay` with the spec's results (its own, else those shipped for its arch)."""
+    return plan_overlay(loaded, layout, load_inputs(loaded))
 
 
 __all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "render_overlay"]

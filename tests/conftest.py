@@ -26,6 +26,13 @@ import pytest
 from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, UnsupportedTree
 
 REPO = Path(__file__).resolve().parents[1]
+
+# The user's workspace (codegen.workspace): the results a developer measured for the shipped
+# specs must not change what the tests render. One empty folder for the whole session.
+if not os.environ.get("MI100_CODEGEN_HOME"):
+    import tempfile
+
+    os.environ["MI100_CODEGEN_HOME"] = tempfile.mkdtemp(prefix="mi100-codegen-home-")
 ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
 SUPPORTED_TAGS: tuple[str, ...] = SUPPORTED_RELEASES
 NO_TREE = (

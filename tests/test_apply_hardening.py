@@ -237,8 +237,8 @@ def test_revert_force_says_which_local_changes_it_discards(tmp_path, spec):
     cc.write_text(cc.read_text() + "// my local fix\n")
     res = _cli("revert", str(tree), "--force", "--json")
     assert res.exit_code == 0, res.output
-    files = {f["path"]: f["detail"] for f in json.loads(res.stdout)["files"]}
-    assert files["v3src/util.cc"] == "restored; discarded local changes: + '// my local fix'"
+    files = {f["path"]: (f["verdict"], f["detail"]) for f in json.loads(res.stdout)["files"]}
+    assert files["v3src/util.cc"] == ("restored", "discarded local changes: + '// my local fix'")
     assert "discarded local changes: + '// my local fix'" in res.stderr
     assert "my local fix" not in cc.read_text()
 

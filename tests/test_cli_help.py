@@ -127,3 +127,20 @@ def test_version_and_no_args():
     assert "Usage:" in r.output
 
 
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "root")
+def test_help_fits_80_columns_without_truncation(path):
+    """At 80 columns (a default terminal) nothing is cut with '…' and no line is wider."""
+    r = runner.invoke(app, [*path, "--help"], terminal_width=80, env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output, r.output
+    assert max(len(line) for line in r.output.splitlines()) <= 80, r.output
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if len(p) == 2], ids=" ".join)
+def test_subcommand_listing_line_is_one_paragraph_line(path):
+    """A group's --help lists each subcommand by its first paragraph, line breaks kept: it must be
+    one line in the source, or the listing breaks mid-sentence (`torch --help` did)."""
+    first = (_click(path).help or "").strip().split("\n\n")[0]
+    assert "\n" not in first, f"{' '.join(path)}: {first!r}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import re
 import subprocess
 from pathlib import Path
@@ -73,7 +74,7 @@ def test_target_apply_plan_revert(pristine_tree, fresh_tree, name, tag, with_pla
 
     if with_plan:
         env = {k: v for k, v in os.environ.items() if k != "AOTRITON_FLASH_BLOCK_DMODEL"}
-        res = _cli("plan", str(tree), "--spec", str(spec_path), "--json", env=env)
+        res = _cli("plan", str(tree), "--spec", str(spec_path), "--json", "--python", sys.executable, env=env)
         assert res.exit_code == 0, res.output
         plan = json.loads(res.stdout)
         assert plan["gpu"] == spec.primary_gpu

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import UserError
 
@@ -22,18 +23,29 @@ def _console() -> Console:
     return c
 
 
-STYLES = {"create": "green", "edit": "yellow", "identical": "dim", "conflict": "bold red", "skip": "cyan"}
+STYLES = {"create": "green", "edit": "yellow", "identical": "dim", "conflict": "bold red", "skip": "cyan",
+          "restored": "yellow", "removed": "yellow"}
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """A table; piped or redirected, without the padding that would end lines in spaces."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as cap:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
 
 
 def _print_result(console: Console, result, show_edits: bool = True) -> None:
-    title = f"{result.command} {result.tree}"
+    title = f"{result.command} {result.tree}"  # verbatim (a path may hold [brackets]): Text, never markup
     if result.release:
         title += f" (AOTriton {result.release}, adapter {result.adapter})"
     if result.pretend:
         title += " [pretend: nothing written]"
     if result.recovered:
         console.print(f"[yellow]recovered an interrupted run:[/] {result.recovered}")
-    table = Table(title=title, title_justify="left", show_edge=False, box=None, pad_edge=False)
+    table = Table(title=Text(title), title_justify="left", show_edge=False, box=None, pad_edge=False)
     table.add_column("verdict")
     table.add_column("file")
     table.add_column("detail", overflow="fold")
@@ -45,12 +57,12 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
                                                    else "") for t, s in result.rows[f.path].items())
         elif f.edits and not detail:
             detail = ", ".join(f.edits)
-        table.add_row(f"[{STYLES.get(f.verdict, '')}]{f.verdict}[/]", f.path, detail)
+        table.add_row(Text(f.verdict, style=STYLES.get(f.verdict, "")), Text(f.path), Text(detail))
     if show_edits:  # skipped edits; a conflicting edit is already in its file's row
         for e in result.edits:
             if e.verdict == "skip":
-                table.add_row(f"[{STYLES[e.verdict]}]{e.verdict}[/]", f"{e.path} ({e.id})", e.detail)
-    console.print(table)
+                table.add_row(Text(e.verdict, style=STYLES[e.verdict]), Text(f"{e.path} ({e.id})"), Text(e.detail))
+    _print_table(console, table)
     _print_compile_check(console, result)
     counts: dict[str, int] = {}
     for f in result.files:
@@ -107,8 +119,10 @@ def register(app: typer.Typer, guarded) -> None:
         from .engine import ApplyConflict, apply_overlay
 
         console = _console()
+        from ..workspace import default_spec_note  # CLI start-up: loads only when apply runs
+
         loaded = load_spec(spec)
-        for w in loaded.warnings:
+        for w in loaded.warnings + [n for n in [default_spec_note(loaded, spec)] if n]:
             console.print(w, markup=False, style="yellow")
         release = detect(aotriton_dir.resolve())  # the tree's record; refuses unknown trees, writes nothing
         try:
@@ -141,7 +155,7 @@ def register(app: typer.Typer, guarded) -> None:
         except ApplyConflict as exc:
             raise _printed(console, exc, as_json, "revert") from None
         if not result.files and not result.release:
-            console.print(f"revert: {aotriton_dir} has no mi100-codegen lock: nothing to revert")
+            console.print(f"revert: {aotriton_dir} has no mi100-codegen lock: nothing to revert", markup=False)
         else:
             _print_result(console, result, show_edits=False)
         if as_json:

@@ -36,6 +36,7 @@ from ..spec import LoadedSpec
 from ..upstream import Adapter, detect
 from ..upstream.registration import refuse_unsuitable_tree
 from . import dbrows
+from .applied_spec import recorded_files, recorded_paths, sha256
 from .mentions import arch_mentions, strip_mentions
 from .journal import Transaction, pending
 from .lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
@@ -109,6 +110,7 @@ class ApplyPlan:
     new_lock: ApplyLock | None = None
     old_dirs: set[str] = field(default_factory=set)
     new_dirs: set[str] = field(default_factory=set)
+    recorded: dict[str, bytes] = field(default_factory=dict)  # kept with the lock (codegen.apply.applied_spec)
 
 
 def _pristine_reader(tree: Path, lock: ApplyLock | None) -> Callable[[str], bytes | None]:
@@ -309,7 +311,8 @@ def _new_lock(p: ApplyPlan, adapter: Adapter) -> None:
             lock_version=LOCK_VERSION, toolkit="mi100-codegen", toolkit_version=__version__,
             spec_name=ov.spec.name, arch=ov.spec.arch, spec_sha256=ov.spec_sha256, manifest_sha256=ov.manifest_sha256,
             release=adapter.release, adapter=adapter.id, commit=_git_commit(p.tree),
-            files=p.new_files, created_dirs=sorted(p.new_dirs))
+            files=p.new_files, created_dirs=sorted(p.new_dirs),
+            recorded={rel: sha256(data) for rel, data in sorted(p.recorded.items())})
 
 
 def plan_apply(tree: Path, adapter: Adapter, loaded: LoadedSpec, progress: Progress) -> ApplyPlan:
@@ -323,7 +326,7 @@ def plan_apply(tree: Path, adapter: Adapter, loaded: LoadedSpec, progress: Progr
         raise UserError(f"{tree}: {LOCK_NAME} was written for AOTriton {lock.release}, "
                         f"but the tree is {adapter.release}", hint="revert first")
     check_state(tree, lock, result)
-    p = ApplyPlan(tree, ov, lock, result, _pristine_reader(tree, lock))
+    p = ApplyPlan(tree, ov, lock, result, _pristine_reader(tree, lock), recorded=recorded_files(loaded))
     _raise_conflicts(p, "revert or undo the local change, then apply again")
     _module_targets(p)
     _edit_targets(p)
@@ -374,6 +377,14 @@ def _transaction(p: ApplyPlan) -> Transaction:
             txn.delete(LOCK_NAME)
         else:
             txn.write(LOCK_NAME, lock_bytes, 0o644)
+    new = p.recorded if p.new_lock else {}
+    for rel in sorted(set(recorded_paths(tree, p.old)) - set(new) if p.old else ()):
+        txn.delete(rel)
+    for rel, data in sorted(new.items()):
+        if data != read_rel(tree, rel):
+            if not (tree / rel).parent.is_dir():
+                txn.mkdir(Path(rel).parent.as_posix())
+            txn.write(rel, data, 0o644)
     return txn
 
 

@@ -64,6 +64,9 @@ class ApplyLock(_Model):
     commit: str | None
     files: dict[TreePath, LockEntry]
     created_dirs: list[TreePath] = []
+    # the applied spec and the results it rendered with, kept in the state folder (path -> sha256;
+    # codegen.apply.applied_spec writes them and checks every path before use)
+    recorded: dict[RelPath, Sha] = {}
 
     def to_bytes(self) -> bytes:
         return (json.dumps(self.model_dump(exclude_unset=True), indent=2, sort_keys=True) + "\n").encode()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..upstream import UnsupportedTree, detect
+from .applied_spec import recorded_paths
 from .journal import Transaction
 from .lock import LOCK_NAME, ApplyLock, read_lock
 from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
@@ -46,7 +47,7 @@ def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], 
         if ent.before is None:
             if (tree / rel).exists() or (tree / rel).is_symlink():
                 txn.delete(rel)
-            result.files.append(FileVerdict(rel, "edit", ent.kind, [], "removed" + discarded.get(rel, "")))
+            result.files.append(FileVerdict(rel, "removed", ent.kind, [], discarded.get(rel, "")))
             continue
         data = read_rel(tree, f"{BACKUP_DIR}/{rel}")
         if data is None:  # check_state refuses a missing backup first; never write a guess
@@ -54,12 +55,14 @@ def _revert_transaction(tree: Path, lock: ApplyLock, discarded: dict[str, str], 
         same = read_rel(tree, rel) == data and not (tree / rel).is_symlink()
         if not same:
             txn.write(rel, data, ent.mode if ent.mode is not None else 0o644)
-        result.files.append(FileVerdict(rel, "identical" if same else "edit", ent.kind, [],
-                                        "restored" + discarded.get(rel, "")))
+        result.files.append(FileVerdict(rel, "identical" if same else "restored", ent.kind, [],
+                                        discarded.get(rel, "")))
         txn.delete(f"{BACKUP_DIR}/{rel}")
     for d in sorted(lock.created_dirs, key=lambda d: d.count("/"), reverse=True):
         txn.rmdir(d)
     txn.delete(LOCK_NAME)
+    for rel in recorded_paths(tree, lock):
+        txn.delete(rel)
     return txn
 
 
@@ -93,7 +96,7 @@ def revert_tree(tree: Path | str, force: bool = False) -> Result:
                                 hint=None if missing_backup else "--force restores them anyway, discarding "
                                 "the local changes")
         words = _arch_words(lock)
-        discarded = {f.path: "; discarded local changes: " + _local_changes(
+        discarded = {f.path: "discarded local changes: " + _local_changes(
             tree, f.path, read_rel(tree, f"{BACKUP_DIR}/{f.path}") or b"", words) for f in result.conflicts}
         result.files = []
         txn = _revert_transaction(tree, lock, discarded, result)

@@ -10,16 +10,15 @@ from rich.console import Console
 
 from ..errors import UserError
 from ..overlay_inputs import render_overlay
-from ..resources import data_dir, default_spec_path
-from ..spec import load_spec
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import compiler_python
 from ..upstream import detect
 from ..upstream.layouts import DEFAULT_LAYOUT
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
+from ..apply import applied_spec
 from ..apply.lock import read_lock
-from .overlay import check_overlay, module_spec_sha
+from .overlay import check_overlay
 from .prereq import check_prerequisites
 from .run import run_cmake, run_ninja
 from .gpu_check import GpuCheckError, run_gpu_check
@@ -69,39 +68,9 @@ class BuildReport:
         return d
 
 
-def _spec_candidates(tree: Path, explicit: Path | None) -> list[Path]:
-    if explicit is not None:
-        return [explicit]
-    out: list[Path] = [default_spec_path()]
-    examples = data_dir("rules") / "examples"
-    if examples.is_dir():
-        out += sorted(examples.glob("*.yaml"))
-    return out
-
-
 def resolve_spec(tree: Path, explicit: Path | None, layout: str = DEFAULT_LAYOUT):
-    """The spec to build: --spec, else the one (embedded default, bundled examples)
-    whose sha256 is the one the tree's overlay was applied from."""
-    if explicit is not None:
-        return load_spec(explicit)
-    lock = read_lock(tree)
-    applied = lock.spec_sha256 if lock else None
-    applied = applied or module_spec_sha(tree, layout)
-    first = None
-    for cand in _spec_candidates(tree, None):
-        try:
-            loaded = load_spec(cand)
-        except UserError:
-            continue
-        first = first or loaded
-        if not applied or loaded.sha256 == applied:
-            return loaded
-    name = lock.spec_name if lock else None
-    raise UserError(
-        f"{tree}: the overlay was applied from spec {name + ' ' if name else ''}(sha256 {str(applied)[:12]}…), "
-        f"which is neither the embedded default nor a bundled example as they are now",
-        hint=f"pass the spec it was applied from (--spec SPEC); if that spec or mi100-codegen changed since, "
-             f"re-apply first: mi100-codegen apply {tree} --spec SPEC")
+    """The spec to build: the one apply recorded in the tree (`codegen.apply.applied_spec`)."""
+    return applied_spec.resolve_spec(tree, explicit)
 
 
 def count_kernels(build_dir: Path) -> tuple[int | None, int | None]:

@@ -68,7 +68,7 @@ def register(app: typer.Typer, guarded) -> None:
         for_tuning: bool = typer.Option(False, "--for-tuning", help="Tuning build: every config of the spec's tuning space."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
         spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from "
-                                            "(default: found by the sha256 the tree records)."),
+                                            "(default: the copy apply recorded in the tree)."),
         python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
         triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         python_binding: bool = typer.Option(False, "--python-binding", help="Also build upstream's Python "

@@ -3,7 +3,6 @@ Parses options only; `codegen.plan.run.show_plan` does the work."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -15,9 +14,9 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def plan(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml)."),
+        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the time split) as JSON on stdout."),
-        python: str = typer.Option(sys.executable, "--python", help="Python with the tree's generator requirements (pandas, ...)."),
+        python: Optional[str] = typer.Option(None, "--python", help="Python with the tree's generator requirements (default: the build venv precompile uses, created and cached on first use)."),
         tuning: bool = typer.Option(False, "--tuning", help="List a tuning build (AOTRITON_BUILD_FOR_TUNING=ON) instead."),
         configs: int = typer.Option(40, "--configs", min=-1, help="Rows of the per-config table (-1: all)."),
     ) -> None:

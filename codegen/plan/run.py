@@ -10,16 +10,17 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
 
 from .. import preflight
-from ..spec import load_spec
+from ..apply.applied_spec import resolve_spec
 from ..upstream.knobs import ENABLE_FP32_ENV
 from .kernel_list import generate_kernel_list
 from .summary import NO_HEAD_DIM, PlanSummary, summarize
-from .tree import release_of
+from .tree import check_registered, release_of
 
 HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
 
@@ -28,7 +29,7 @@ HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
 class PlanOptions:
     tree: Path
     spec: Path | None = None
-    python: str = sys.executable
+    python: str | None = None  # None: the build venv precompile and build use (codegen.toolchain)
     tuning: bool = False
     as_json: bool = False
     configs: int = 40       # rows of the per-config table; -1: all
@@ -50,20 +51,47 @@ class PlanTiming:
                 "ours_s": round(self.ours_s, 3)}
 
 
-def run_plan(opts: PlanOptions, timing: dict | None = None):
-    """(loaded spec, entries, summary, the tree's release record). Refusals (bad interpreter, bad
-    spec, unknown release, and in generate_kernel_list a target the tree does not register) come
-    before upstream's generator runs. `timing` receives `upstream_s`."""
-    preflight.interpreter(opts.python)
-    loaded = load_spec(opts.spec)
+def generator_python(tree: Path, spec, python: str | None, console: Console | None = None) -> str:
+    """The interpreter that runs the tree's generator: `python` as given, else the cached build venv
+    of precompile and build (the spec's Triton and the tree's generator requirements, created on
+    first use), so a plain `pip install mi100-codegen` is enough to plan."""
+    if python is not None:
+        return preflight.interpreter(python)
+    # CLI start-up: the toolchain loads only when plan needs the build venv
+    from ..toolchain import generator_requirements
+    from ..toolchain.interpreter import compiler_python
+
+    return compiler_python(spec, "plan", requirements=generator_requirements(tree), console=console).python
+
+
+class PlanRun(NamedTuple):
+    """What `run_plan` found: the spec it used, the kernel list, its summary, the tree's release
+    record and the interpreter that ran the generator."""
+
+    loaded: Any
+    entries: list
+    summary: Any
+    release: Any
+    python: str
+
+
+def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None) -> PlanRun:
+    """The spec, kernels, summary, release record and generator python (`PlanRun`). Refusals (bad interpreter, bad spec,
+    unknown release, a target the tree does not register) come before the build venv is made and
+    upstream's generator runs. `timing` receives `upstream_s`."""
+    if opts.python is not None:
+        preflight.interpreter(opts.python)
+    loaded = resolve_spec(opts.tree, opts.spec)
     spec = loaded.spec
     info = release_of(opts.tree)
+    check_registered(info, list(spec.gpus), spec.arch)
+    python = generator_python(opts.tree, spec, opts.python, console)
     # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
     fp32 = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
-    entries = generate_kernel_list(opts.tree, list(spec.gpus), opts.python, arch=spec.arch, tuning=opts.tuning, env=fp32,
+    entries = generate_kernel_list(opts.tree, list(spec.gpus), python, arch=spec.arch, tuning=opts.tuning, env=fp32,
                                    timing=timing)
-    return (loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning else "normal"),
-            info.adapter)
+    return PlanRun(loaded, entries, summarize(entries, list(spec.gpus), info.release,
+                                              "tuning" if opts.tuning else "normal"), info.adapter, python)
 
 
 def show_plan(opts: PlanOptions) -> None:
@@ -73,14 +101,14 @@ def show_plan(opts: PlanOptions) -> None:
         err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
                   "tree's head dims, as it would for cmake")
     start, clock = time.perf_counter(), {}
-    loaded, entries, summary, _release = run_plan(opts, clock)
+    loaded, entries, summary, _release, python = run_plan(opts, clock, err)
     timing = PlanTiming(time.perf_counter() - start, clock.get("upstream_s", 0.0))
     if opts.as_json:
         doc = {**summary.model_dump(mode="json"), "timing": timing.as_json()}
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         _print_tables(entries, summary, opts.configs)
-    err.print(f"spec {loaded.display}; generator: {opts.python}")
+    err.print(f"spec {loaded.display}; generator: {python}", markup=False)
     err.print(f"time: {timing.total_s:.2f} s: upstream's generator {timing.upstream_s:.2f} s, "
               f"mi100-codegen {timing.ours_s:.2f} s")
 

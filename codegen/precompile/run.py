@@ -19,7 +19,7 @@ from ..models.rows import splits_backward
 from ..overlay_inputs import read_compile_report
 from ..plan.run import PlanOptions, run_plan
 from ..plan.tree import check_registered, release_of
-from ..spec import load_spec
+from ..apply.applied_spec import resolve_spec
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import CompilerPython, compiler_python
 from ..upstream import Adapter
@@ -86,7 +86,7 @@ def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton:
                  err: Console) -> CompilerPython:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
     the build venv (created on first use) or --python after its Triton check."""
-    spec = load_spec(spec_path).spec
+    spec = resolve_spec(tree, spec_path).spec
     check_registered(release_of(tree), list(spec.gpus), spec.arch)
     compiler = compiler_python(spec, stage, python=python, triton=triton,
                                requirements=generator_requirements(tree), console=err, same_python=True)
@@ -199,13 +199,14 @@ def run_precompile(opts: PrecompileOptions) -> None:
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
-    loaded, entries, summary, release = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
+    loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
     err.print(f"AOTriton {summary.release}: {summary.total} kernels planned for {summary.gpu}; "
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))
+    err.print(f"spec {loaded.display}", markup=False)
     run = _compile(opts, loaded.spec, chosen, jobs, cache, err, compiler)
     run.results = mark_not_dispatched(run.results, loaded.spec, release)
     info = RunInfo(gpu=summary.gpu, arch=summary.arch, release=summary.release, triton=run.triton,
@@ -302,7 +303,7 @@ def run_bench_command(opts: BenchOptions) -> None:
         preflight.cache_folder("toolchain")  # the build venv
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary, _release = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
+    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")

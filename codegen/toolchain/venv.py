@@ -222,7 +222,9 @@ def create_venv(root: Path, specifier: str, requirements, triton: str | None, co
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     log = root / "pip.log"
     log.write_text("", encoding="utf-8")
-    console.print(f"creating a build venv with '{want}' {' '.join(reqs)} under {root} (once; pip's log: {log})")
+    # not "once": a tree whose generator needs a package this venv lacks (0.12b+: pyyaml) gets one more
+    console.print(f"creating a build venv with '{want}' {' '.join(reqs)} under {root} (kept: later runs that "
+                  f"need this Triton and no other packages reuse it; pip's log: {log})", markup=False)
     try:
         with console.status(f"python -m venv {tmp.name}"):
             _run_logged([py, "-m", "venv", str(tmp)], log, f"{py} -m venv")

@@ -123,8 +123,9 @@ def rebuild_recipe(
     workdir: Path = typer.Option(Path("pytorch-build"), "--workdir", help="Where --run clones and builds."),
     torch_dir: Optional[Path] = TorchDirOpt,
 ) -> None:
-    """Print (or --run) the PyTorch from-source build against our install prefix. Without
-    --prefix and --release: for the release line the installed ROCm torch links."""
+    """Print (or --run) the PyTorch from-source build against our install prefix.
+
+    Without --prefix and --release: for the release line the installed ROCm torch links."""
     # CLI start-up: the stage loads when the command runs
     from .layout import inspect_torch
     from .recipe import plan_recipe, release_for_installed_torch, render_recipe, run_recipe

@@ -25,8 +25,8 @@ class _DefaultRunGroup(TyperGroup):
 
 tune_app = typer.Typer(
     cls=_DefaultRunGroup,
-    help="Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR …) or import upstream's "
-    "tuning logs (tune import FILE). Results: tuning/<arch>/{measurements,winners}.csv.",
+    help="Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's "
+    "tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -46,10 +46,10 @@ def run_cmd(
     bias: Optional[bool] = typer.Option(None, "--bias/--no-bias", help="Only entries with / without bias (default: the spec's features)."),
     budget_min: Optional[float] = typer.Option(None, "--budget-min", min=0, callback=finite, help="Start no new entry after M minutes (finished entries are kept; --resume continues)."),
     resume: bool = typer.Option(False, "--resume", help="Skip entries already measured in OUT."),
-    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>)."),
+    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>/ in the spec's home, docs/workspace.md)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List grid entries and candidate configs; touch no GPU."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON on stdout."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree, else the embedded one; must match the recorded one)."),
     batch: int = typer.Option(4, "--batch", min=1, help="Batch of the timed problem."),
     heads: int = typer.Option(16, "--heads", min=1, help="Heads of the timed problem."),
     warmup_ms: int = typer.Option(10, "--warmup-ms", min=0, help="do_bench warm-up (excluded from the timing)."),
@@ -67,7 +67,7 @@ def run_cmd(
 @tune_app.command("import")
 def import_cmd(
     file: Path = typer.Argument(..., help="JSON lines from upstream's test/tune_flash.py --json_file."),
-    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>)."),
+    out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>/ in the spec's home, docs/workspace.md)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded one)."),
     proxy: bool = typer.Option(False, "--proxy", help="Also import records of other archs, labelled as proxies."),
     date: Optional[str] = typer.Option(None, "--date", callback=iso_date, help="Date to record (YYYY-MM-DD; default: today, UTC)."),

@@ -16,7 +16,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from .. import preflight
 from ..errors import EnvironmentMissing, UserError
+from ..apply.applied_spec import resolve_spec
 from ..spec import load_spec
+from ..workspace import writable_results_dir
 from ..toolchain import installed_triton_version, require_triton, tune_fix
 from . import runner
 from .grid import GridFilter, plan_tuning, validate_filter
@@ -65,15 +67,17 @@ class ImportOptions:
     date: str | None = None
 
 
-def _spec(spec: Path | None):
-    loaded = load_spec(spec)
+def _spec(spec: Path | None, tree: Path | None = None):
+    """The spec: for a tree mi100-codegen applied, the one it recorded (`--spec` must match it)."""
+    loaded = resolve_spec(tree, spec) if tree is not None else load_spec(spec)
     for w in loaded.warnings:
         stderr.print(w, markup=False, style="yellow")
     return loaded
 
 
-def _out_dir(out: Path | None, arch: str) -> Path:
-    return out if out is not None else Path("tuning") / arch
+def _out_dir(out: Path | None, loaded) -> Path:
+    """--out, else the spec's results folder, the one render reads (codegen.workspace)."""
+    return out if out is not None else writable_results_dir(loaded)
 
 
 def _check_tree(aotriton_dir: Path) -> None:
@@ -92,7 +96,8 @@ def _today() -> str:
 def run_tuning(opts: TuneOptions) -> None:
     """Measure every candidate config of each grid entry still to do (or list them: --dry-run)."""
     preflight.output_dir(opts.out, "--out")
-    sp = _spec(opts.spec).spec
+    loaded = _spec(opts.spec, opts.tree)
+    sp = loaded.spec
     _check_tree(opts.tree)
     errs = validate_filter(sp, opts.grid_filter())
     if errs:
@@ -100,7 +105,8 @@ def run_tuning(opts: TuneOptions) -> None:
     plan = plan_tuning(sp, opts.grid_filter())
     for w in plan.warnings:
         stderr.print(w, markup=False, style="yellow")
-    folder = _out_dir(opts.out, sp.arch)
+    folder = _out_dir(opts.out, loaded)
+    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     done = ResultStore(folder).done_entries() if (opts.resume and folder.exists()) else set()
     todo = [e for e in plan.entries if e.name not in done]
     if opts.dry_run:
@@ -209,7 +215,8 @@ def run_import(opts: ImportOptions) -> None:
     """Upstream tuning logs (JSON lines) -> measurements and winners of the spec's arch."""
     preflight.input_file(opts.file, "FILE")
     preflight.output_dir(opts.out, "--out")
-    sp = _spec(opts.spec).spec
+    loaded = _spec(opts.spec)
+    sp = loaded.spec
     plan = plan_tuning(sp, measurable_only=False)
     space = {k: {c.name for c in v} for k, v in plan.candidates.items()}
     res = parse_records(opts.file, sp, opts.proxy, opts.date or _today(), space)
@@ -220,7 +227,7 @@ def run_import(opts: ImportOptions) -> None:
     if res.outside_space:
         stderr.print(f"{res.outside_space} measured config(s) are outside the spec's space "
                      "(kept: they are measurements)", style="yellow")
-    folder = _out_dir(opts.out, sp.arch)
+    folder = _out_dir(opts.out, loaded)
     winners = 0
     with ResultStore(folder) as store:
         for name in sorted(res.entries):

@@ -32,8 +32,7 @@ def last_line(text: str) -> str:
 def python_hint(stderr: str, python: str) -> str | None:
     if "ModuleNotFoundError" in (stderr or ""):
         return (f"{python} lacks the generator's requirements (the tree's requirements.txt: pandas, pyyaml ...): "
-                "precompile and build hold them in their build venv (leave out --python there); plan needs "
-                "--python an interpreter that has them")
+                "plan, precompile and build hold them in their build venv: leave out --python")
     return None
 
 

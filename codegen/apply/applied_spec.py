@@ -1,0 +1,141 @@
+"""The spec a tree was applied from, kept with the tree's state: the one owner of "which spec do
+the stages after `apply` use".
+
+`apply` records, inside its transaction, a copy of the spec's bytes in `.mi100-codegen/spec.yaml`
+and of the results it rendered with (`codegen.workspace.overlay_results`: the spec's own
+`tuning/<arch>/` files, else those shipped for the arch) in `.mi100-codegen/tuning/<arch>/`; the
+lock's `recorded` maps each to its sha256. The recorded spec's home is then `.mi100-codegen/`
+(`codegen.workspace.spec_home`), so rendering it again reads exactly what apply read. `revert`
+removes them with the lock, so a reverted tree stays byte-identical. The user may move, edit or
+delete their own files: plan, precompile, bench, build and tune read the recorded copy
+(`resolve_spec`).
+
+A `--spec` given to one of them must mean the same spec (same sha256 of its meaning), or it is
+refused with one message naming both. A tree applied by an older mi100-codegen (a lock without
+`recorded`) is checked the same way against the lock's spec sha256.
+
+The recorded files are input we did not just write ourselves: their paths must be the ones this
+module writes (`recorded_paths`), each a regular file inside the tree (no symbolic link on the
+way, `codegen.contain.inside`), bounded in size, holding the bytes the lock names; the spec is
+parsed by the normal spec loader. Every refusal names the recorded file and says to re-apply."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..contain import inside
+from ..errors import CodegenError, UserError
+from ..fsutil import read_input
+from .journal import STATE_DIR
+from .lock import LOCK_NAME, ApplyLock, read_lock
+
+if TYPE_CHECKING:
+    from ..spec import LoadedSpec
+
+SPEC_COPY = f"{STATE_DIR}/spec.yaml"
+RESULTS_LIMIT = 16 << 20  # bytes per recorded result file (the largest shipped one is ~250 KB)
+
+
+def _results_rel(arch: str, name: str) -> str:
+    return f"{STATE_DIR}/tuning/{arch}/{name}"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
+    """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
+    (bounded like any spec) and every result render reads for it."""
+    # revert imports this module: the loader and the workspace load only when apply runs
+    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+    from ..workspace import overlay_results
+
+    out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
+    for name, path in overlay_results(loaded).items():
+        out[_results_rel(loaded.spec.arch, name)] = read_input(path, what="tuning result", limit=RESULTS_LIMIT)
+    return out
+
+
+def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
+    """The lock's recorded paths, each one this module writes; anything else is refused (a lock
+    naming another file must not make revert delete it)."""
+    from ..workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
+
+    allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
+    foreign = sorted(set(lock.recorded) - allowed)
+    if foreign:
+        raise UserError(f"{tree}/{LOCK_NAME}: records {foreign[0]!r}, which is not a file apply records",
+                        hint="restore the lock from a backup, or start again from a pristine tree")
+    return sorted(lock.recorded)
+
+
+def _hint(tree: Path) -> str:
+    return (f"re-apply to record it again: mi100-codegen apply {tree} --spec SPEC "
+            f"(or revert the tree: mi100-codegen revert {tree})")
+
+
+def _check_recorded(tree: Path, lock: ApplyLock) -> None:
+    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+
+    for rel in recorded_paths(tree, lock):
+        limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
+        try:
+            data = read_input(inside(tree, rel), what="recorded file", limit=limit)
+        except UserError as exc:
+            raise UserError(f"{tree}/{rel}: what apply recorded cannot be read ({exc})", hint=_hint(tree)) from None
+        if sha256(data) != lock.recorded[rel]:
+            raise UserError(f"{tree}/{rel}: what apply recorded was changed since (its sha256 is not the one "
+                            f"{LOCK_NAME} records)", hint=_hint(tree))
+
+
+def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
+    """The spec recorded at apply time, None for a lock written before specs were recorded.
+    Refuses (UserError naming the file) recorded files that are missing, not regular files, too
+    large or not the bytes the lock names, and a recorded spec that is not valid."""
+    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
+
+    if SPEC_COPY not in lock.recorded:
+        return None
+    _check_recorded(tree, lock)
+    path = tree / SPEC_COPY
+    try:
+        loaded = load_spec(path)
+    except CodegenError as exc:
+        raise UserError(f"{path}: the spec apply recorded is not a valid spec:\n{exc}", hint=_hint(tree)) from None
+    if loaded.sha256 != lock.spec_sha256:
+        raise UserError(f"{path}: the spec apply recorded does not mean the spec {LOCK_NAME} names "
+                        f"(sha256 {loaded.sha256[:12]}…, not {lock.spec_sha256[:12]}…)", hint=_hint(tree))
+    return replace(loaded, display=f"{loaded.display} (the spec applied to this tree)")
+
+
+def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec":
+    """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
+    embedded default. An `explicit` spec that means another spec than the applied one is
+    refused, naming both."""
+    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
+
+    lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
+    if lock is None:  # not applied: the stage's own check says so
+        return load_spec(explicit)
+    tree = Path(tree)
+    recorded = load_recorded(tree, lock)
+    if explicit is None and recorded is not None:
+        return recorded
+    given = load_spec(explicit)
+    if given.sha256 == lock.spec_sha256:
+        return given
+    applied = recorded.display if recorded is not None else f"spec {lock.spec_name!r}"
+    what = "--spec " + given.display if explicit is not None else f"the embedded default {given.display}"
+    raise UserError(
+        f"{tree}: {what} (sha256 {given.sha256[:12]}…) is not the spec this tree was applied from: "
+        f"{applied} (sha256 {lock.spec_sha256[:12]}…)",
+        hint=("leave out --spec to use the applied one, or re-apply: "
+              if recorded is not None else "pass the spec it was applied from, or re-apply: ")
+        + f"mi100-codegen apply {tree} --spec {given.display if explicit is not None else 'SPEC'}")
+
+
+__all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec", "sha256"]

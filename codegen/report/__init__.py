@@ -1,0 +1,1 @@
+"""`mi100-codegen report`: what a card owner sends back, in one Markdown file (docs/real-cards.md)."""
