@@ -150,7 +150,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     }
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
-    check = check_extracted(stage, manifest, progress=progress)
+    check = check_extracted(stage, manifest, progress=progress, tree=tree)
     t_check = time.monotonic() - t1
     manifest["verified"] = {
         "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",

@@ -9,7 +9,9 @@
    (read from the private sysroot's library), and with HIP >= 6 `hipGetDevicePropertiesR0600`,
    not the pre-6.0 `hipGetDeviceProperties` (whose struct layout differs); the GLIBC/GLIBCXX
    versions it needs equal what the manifest states (the baseline `torch install` checks).
-3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case.
+3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case; given the
+   applied tree the bundle was built from, the tuning-database row each launched kernel got
+   (rows.py): the spec GPU's row for the case's inputs, its configuration the launched one's.
 4. Negative controls that must fail, each named: a missing image (one kernel package the cases
    used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
@@ -28,6 +30,7 @@ from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
 from .dispatch import DEVICE_TARGETS, LABEL, DispatchReport, dispatch_cases, run_dispatch
+from .rows import RowMatch, match_report, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
 
@@ -83,6 +86,7 @@ class CheckReport:
     claims: list[Claim] = field(default_factory=list)
     dispatch: DispatchReport | None = None
     controls: list[Claim] = field(default_factory=list)
+    rows: list[RowMatch] = field(default_factory=list)   # empty when no tree was given
 
     @property
     def ok(self) -> bool:
@@ -99,7 +103,8 @@ class CheckReport:
             "dispatch": None if d is None else {
                 **d.summary(),
                 "cases": [{"case": c.case, "ok": c.ok, "fwd": c.fwd, "bwd": c.bwd, "launches": c.launches,
-                           "kernels": c.kernels, "violations": c.violations} for c in d.cases],
+                           "kernels": c.kernels, "violations": c.violations,
+                           "rows": [m.as_json() for m in self.rows if m.case == c.case]} for c in d.cases],
                 "stderr": d.stderr_tail},
             "negative_controls": [c.as_json() for c in self.controls],
         }
@@ -118,9 +123,20 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
                         target=DEVICE_TARGETS.get(arch, arch), wave=spec.warp_size)
 
 
+def check_rows(rep: CheckReport, root: Path, tree: Path) -> None:
+    """The tuning-database row of every tuned launch (rows.py), one claim."""
+    spec = load_spec(root / SPEC).spec
+    gpu = spec.primary_gpu
+    rep.rows = match_report(tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
+    ok, line = summary(rep.rows, gpu)
+    rep.claims.append(Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
+                            "CPU: emulated dispatch, rows read from the applied tree's tuning database"))
+
+
 def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
-                    controls: bool = True, name: str = "") -> CheckReport:
-    """Check an extracted bundle folder (also what `bundle build` runs before it writes the file)."""
+                    controls: bool = True, name: str = "", tree: Path | None = None) -> CheckReport:
+    """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
+    `tree`: the applied tree it was built from, for the tuning-row check (skipped without)."""
     hip = int(manifest["hip_major"])
     cache = user_cache_dir("bundle-check")
     rep = CheckReport(name or str(root), manifest)
@@ -131,6 +147,8 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     progress(f"emulated dispatch: {manifest['arch']} ({DEVICE_TARGETS.get(manifest['arch'], manifest['arch'])}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    if tree is not None:
+        check_rows(rep, root, Path(tree))
     if not controls:
         return rep
     # 1. a missing image: remove the package of the first kernel the cases launched
@@ -162,11 +180,12 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     return rep
 
 
-def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None) -> CheckReport:
+def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None,
+                 tree: Path | None = None) -> CheckReport:
     b: Bundle = open_bundle(path)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(path))
+        return check_extracted(root, b.manifest, progress=progress, name=str(path), tree=tree)
 
 
-__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "link_identity"]
+__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]
