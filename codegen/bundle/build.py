@@ -27,10 +27,11 @@ from rich.console import Console
 
 from ..elfinfo import read_dynamic
 from ..errors import UpstreamError, UserError
+from ..spec import load_spec
 from ..upstream import detect
 from .archive import FORMAT, SPEC, bundle_name, sha256, write_bundle
 from .check import CheckReport, check_extracted
-from .dispatch import DEVICE_TARGETS, LABEL
+from .dispatch import LABEL
 from .sysroot import ensure_sysroot
 
 
@@ -130,7 +131,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "version": ".".join(map(str, adapter.version)),
         "torch_lines": torch_lines(adapter.release),
         "arch": rep.arch,
-        "device_target": DEVICE_TARGETS.get(rep.arch, rep.arch),
+        "device_target": load_spec(stage / SPEC).spec.target_string,
         "hip_major": hip,
         "spec": {"name": rep.spec, "sha256": rep.spec_sha256, "file": SPEC},
         "library": {

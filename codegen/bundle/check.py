@@ -29,7 +29,7 @@ from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
 from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
-from .dispatch import DEVICE_TARGETS, LABEL, DispatchReport, dispatch_cases, run_dispatch
+from .dispatch import LABEL, DispatchReport, dispatch_cases, run_dispatch
 from .rows import RowMatch, match_report, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
@@ -120,7 +120,7 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
     lib = root / manifest["library"]["file"]
     return run_dispatch(lib=lib, prefix=root, images=root / "lib" / "aotriton.images", hip_include=headers.include,
                         stub=stub, arch=mach_arch or arch, cases=dispatch_cases(spec), cache=cache / "driver",
-                        target=DEVICE_TARGETS.get(arch, arch), wave=spec.warp_size)
+                        target=spec.target_string, wave=spec.warp_size)
 
 
 def check_rows(rep: CheckReport, root: Path, tree: Path) -> None:
@@ -144,7 +144,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
     dyn = read_dynamic(root / manifest["library"]["file"])
     rep.claims = link_identity(dyn, hip, nodes, manifest.get("library", {}).get("needs"))
-    progress(f"emulated dispatch: {manifest['arch']} ({DEVICE_TARGETS.get(manifest['arch'], manifest['arch'])}), "
+    progress(f"emulated dispatch: {manifest['arch']} ({load_spec(root / SPEC).spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
     if tree is not None:
