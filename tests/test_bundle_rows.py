@@ -94,3 +94,19 @@ def test_no_row_and_null_extras(tmp_path):
 def test_a_tree_without_a_database(tmp_path):
     with pytest.raises(UserError, match="no tuning database"):
         tree_database(tmp_path)
+
+
+def test_a_0_13b_stem_by_field_names(tmp_path):
+    """0.13b's image index names kernels `<pack>/flash/<kernel>/<member>/<stem>` with named perf
+    fields (one the table lacks, NUM_XCDS, is not part of the row)."""
+    tdb = tree_database(_tree(tmp_path, ROWS))
+    stem = ("amd-gfx908/flash/attn_fwd/Q='*fp16:16';CAUSAL_TYPE=0/;;#F;Q='*fp16:16';CAUSAL_TYPE=0;;#P;"
+            "PERSISTENT_TYPE=0;GRID_CU_MULTIP=2;BLOCK_M=64;BLOCK_N=32;PRE_LOAD_V=False;NUM_XCDS=1;;"
+            "#CO;waves_per_eu=1;num_warps=4;num_stages=1;;arch=gfx908")
+    cfg = parse_stem(stem)
+    assert cfg.kernel == "attn_fwd" and dict(cfg.perf_named)["NUM_XCDS"] == "1" and cfg.co == (1, 4, 1)
+    got = match_row(tdb, "gfx908_mod0", stem, Inputs("fp16", 64, False, False, False, 100, 100))
+    assert got.ok and got.row_id == 1 and got.got == "0_2_64_32_0|wave1_warp4_stg1"
+    worse = match_row(tdb, "gfx908_mod0", stem.replace("BLOCK_M=64", "BLOCK_M=128"),
+                      Inputs("fp16", 64, False, False, False, 100, 100))
+    assert not worse.ok

@@ -12,8 +12,8 @@
 3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case; given the
    applied tree the bundle was built from, the tuning-database row each launched kernel got
    (rows.py): the spec GPU's row for the case's inputs, its configuration the launched one's.
-4. Negative controls that must fail, each named: a missing image (one kernel package the cases
-   used removed), a code object of another arch (the stub's device mach value set to another
+4. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
+   image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
 """
 
@@ -29,7 +29,7 @@ from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
 from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
-from .dispatch import LABEL, DispatchReport, dispatch_cases, run_dispatch
+from .dispatch import LABEL, DispatchReport, dispatch_cases, remove_image, run_dispatch
 from .rows import RowMatch, match_report, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
@@ -151,18 +151,18 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
         check_rows(rep, root, Path(tree))
     if not controls:
         return rep
-    # 1. a missing image: remove the package of the first kernel the cases launched
-    used = [k for c in rep.dispatch.cases for k in c.kernels["fwd"] if not k.startswith("(")]
+    # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image
+    # zip) of the first kernel the cases launched
+    used = [k for c in rep.dispatch.cases for k in c.kernels["fwd"] if k in rep.dispatch.containers]
     with tempfile.TemporaryDirectory(prefix="mi100-control-") as td:
         copy = Path(td) / "b"
         shutil.copytree(root, copy, symlinks=True)
-        pkg = None
-        if used:
-            pkg = copy / "lib" / "aotriton.images" / (used[0].rsplit("/", 1)[0] + ".aks2")
-            pkg.unlink(missing_ok=True)
+        gone = rep.dispatch.containers[used[0]] if used else None
+        if gone:
+            remove_image(copy / "lib" / "aotriton.images", gone)
         r = _dispatch(copy, manifest, hip, cache=cache, progress=progress)
         rep.controls.append(Claim("negative control: a missing image", bool(used) and not r.ok,
-                                  (f"without {used[0].rsplit('/', 1)[0]}.aks2: {r.summary()['cases_ok']} of "
+                                  (f"without {gone}: {r.summary()['cases_ok']} of "
                                    f"{len(r.cases)} cases pass (must fail)") if used else "no kernel was launched",
                                   "CPU: emulated dispatch"))
     other = next(a for a in AMDGPU_MACH if a != manifest["arch"] and a in ("gfx90a", "gfx908"))

@@ -26,7 +26,11 @@ from ..errors import UserError
 from ..models.dtypes import DTYPE_INFO
 from ..upstream import tuning_db as db
 
-# <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
+# up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
+# 0.13b (named `<pack>/flash/<kernel>/<member>/<stem>` by the image index):
+#   ;;#F;<functional k=v;…>;;#P;<perf k=v;…>;;#CO;waves_per_eu=W;num_warps=N;num_stages=S;;arch=<arch>
+STEM13_RE = re.compile(r";;#P;(?P<p>[^#]*?);;#CO;waves_per_eu=(?P<w>\d+);num_warps=(?P<n>\d+);num_stages=(?P<s>\d+)"
+                       r";;arch=(?P<arch>[A-Za-z0-9_]+)$")
 STEM_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)"
                      r"__CO__wave(?P<w>\d+)_warp(?P<n>\d+)_stg(?P<s>\d+)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
 MAX_DB_BYTES = 1 << 31
@@ -37,12 +41,19 @@ CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "co
 @dataclass(frozen=True)
 class StemConfig:
     kernel: str
-    perf: tuple[str, ...]
+    perf: tuple[str, ...]      # values in upstream's order (names in 0.13b's `perf_named`)
     co: tuple[int, int, int]   # waves_per_eu, num_warps, num_stages
+    perf_named: tuple[tuple[str, str], ...] = ()
 
 
 def parse_stem(stem: str) -> StemConfig | None:
     """A kernel image stem (optionally `<package>/<stem>`) -> its kernel and configuration."""
+    m13 = STEM13_RE.search(stem)
+    parts = stem.split("/")
+    if m13 and len(parts) >= 5:   # 0.13b: the kernel is the zip's name
+        named = tuple(tuple(kv.split("=", 1)) for kv in m13.group("p").split(";") if "=" in kv)
+        return StemConfig(parts[2], tuple(v for _, v in named),
+                          (int(m13.group("w")), int(m13.group("n")), int(m13.group("s"))), named)
     m = STEM_RE.match(stem.rsplit("/", 1)[-1])
     if not m:
         return None
@@ -150,7 +161,12 @@ def _spell(cols: list[str], row: tuple) -> str:
 
 def _stem_spelling(cfg: StemConfig, cols: list[str]) -> str:
     # PRE_LOAD_V is stored 0/1 but named False/True: normalise the stem's booleans to the DB's ints
-    perf = [{"False": "0", "True": "1"}.get(t, t) for t in cfg.perf]
+    if cfg.perf_named:   # 0.13b names its perf fields: take the table's, in its column order
+        named = dict(cfg.perf_named)
+        perf = [named.get(c[len(TUNED):], "?") for c in cols if c.startswith(TUNED)]
+    else:
+        perf = list(cfg.perf)
+    perf = [{"False": "0", "True": "1"}.get(t, t) for t in perf]
     return f"{'_'.join(perf)}|wave{cfg.co[0]}_warp{cfg.co[1]}_stg{cfg.co[2]}"
 
 
