@@ -110,3 +110,28 @@ def test_a_0_13b_stem_by_field_names(tmp_path):
     worse = match_row(tdb, "gfx908_mod0", stem.replace("BLOCK_M=64", "BLOCK_M=128"),
                       Inputs("fp16", 64, False, False, False, 100, 100))
     assert not worse.ok
+
+
+def test_a_linked_database_is_refused(tmp_path):
+    real = _tree(tmp_path, ROWS)
+    tree = tmp_path / "linked"
+    (tree / "v3python" / "rules").mkdir(parents=True)
+    (tree / "v3python/rules/tuning_database.sqlite3.tar.xz").symlink_to(real / "v3python/rules/tuning_database.sqlite3.tar.xz")
+    with pytest.raises(UserError, match="symbolic link"):
+        tree_database(tree)
+    shards = tmp_path / "sharded"
+    (shards / "v3python" / "database").mkdir(parents=True)
+    (shards / "v3python/database/amd").symlink_to(real / "v3python/rules", target_is_directory=True)
+    with pytest.raises(UserError, match="no tuning database"):
+        tree_database(shards)                       # a linked shard folder is not walked
+
+
+def test_cli_refuses_a_tree_without_a_database_first(tmp_path):
+    """`bundle check FILE --tree DIR`: a tree without a database is one message, exit 2, before
+    the bundle is even opened."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    r = CliRunner().invoke(app, ["bundle", "check", str(tmp_path / "missing.zip"), "--tree", str(tmp_path)])
+    assert r.exit_code == 2 and "no tuning database" in r.output and "Traceback" not in r.output

@@ -30,7 +30,7 @@ from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
 from .dispatch import LABEL, DispatchReport, dispatch_cases, remove_image, run_dispatch
-from .rows import RowMatch, match_report, summary, tree_database
+from .rows import RowMatch, TuningDatabase, match_report, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
 
@@ -123,20 +123,23 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
                         target=spec.target_string, wave=spec.warp_size)
 
 
-def check_rows(rep: CheckReport, root: Path, tree: Path) -> None:
+def check_rows(rep: CheckReport, root: Path, tree: Path, tdb: TuningDatabase | None = None) -> None:
     """The tuning-database row of every tuned launch (rows.py), one claim."""
     spec = load_spec(root / SPEC).spec
     gpu = spec.primary_gpu
-    rep.rows = match_report(tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
+    rep.rows = match_report(tdb or tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
     ok, line = summary(rep.rows, gpu)
     rep.claims.append(Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
                             "CPU: emulated dispatch, rows read from the applied tree's tuning database"))
 
 
 def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
-                    controls: bool = True, name: str = "", tree: Path | None = None) -> CheckReport:
+                    controls: bool = True, name: str = "", tree: Path | None = None,
+                    tdb: TuningDatabase | None = None) -> CheckReport:
     """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
     `tree`: the applied tree it was built from, for the tuning-row check (skipped without)."""
+    if tree is not None and tdb is None:
+        tdb = tree_database(Path(tree))   # a bad tree: refused before the work
     hip = int(manifest["hip_major"])
     cache = user_cache_dir("bundle-check")
     rep = CheckReport(name or str(root), manifest)
@@ -148,7 +151,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
     if tree is not None:
-        check_rows(rep, root, Path(tree))
+        check_rows(rep, root, Path(tree), tdb)
     if not controls:
         return rep
     # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image
@@ -182,10 +185,11 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
 
 def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None,
                  tree: Path | None = None) -> CheckReport:
+    tdb = tree_database(Path(tree)) if tree is not None else None   # a bad tree: refused first
     b: Bundle = open_bundle(path)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(path), tree=tree)
+        return check_extracted(root, b.manifest, progress=progress, name=str(path), tree=tree, tdb=tdb)
 
 
 __all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]

@@ -16,12 +16,14 @@ Where it ran: a CPU; the kernels never run. Label: "CPU-built, dispatch emulated
 
 from __future__ import annotations
 
+import os
 import re
 import sqlite3
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..contain import inside
 from ..errors import UserError
 from ..models.dtypes import DTYPE_INFO
 from ..upstream import tuning_db as db
@@ -100,11 +102,21 @@ def _sqlite_of(archive: Path) -> sqlite3.Connection:
 
 def tree_database(tree: Path) -> TuningDatabase:
     """The kernel tuning databases of an applied tree: `v3python/rules/tuning_database` (0.10b,
-    0.11b) or the per-arch shards under `v3python/database/` (later releases); never the op DB."""
-    tree = Path(tree)
-    found = [p for p in sorted(tree.glob("v3python/rules/tuning_database.sqlite3.tar.xz"))
-             + sorted(tree.glob("v3python/database/**/*.sqlite3.tar.xz"))
-             if p.is_file() and not p.is_symlink() and "op_" not in p.name]
+    0.11b) or the per-arch shards under `v3python/database/` (later releases); never the op DB.
+    Only regular files reached through no symbolic link below the tree are read."""
+    tree = Path(tree).resolve()
+    if not tree.is_dir():
+        raise UserError(f"{tree}: not a folder (the applied AOTriton tree the bundle was built from)")
+    cands = [tree / "v3python/rules/tuning_database.sqlite3.tar.xz"]
+    shards = tree / "v3python" / "database"
+    if shards.is_dir() and not shards.is_symlink():
+        for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
+            cands += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".sqlite3.tar.xz")]
+    found = []
+    for p in cands:
+        p = inside(tree, p.relative_to(tree).as_posix())          # Escape (a UserError) on a link
+        if p.is_file() and "op_" not in p.name:
+            found.append(p)
     if not found:
         raise UserError(f"{tree}: no tuning database (v3python/rules/tuning_database.sqlite3.tar.xz "
                         "or v3python/database/) in this tree")
