@@ -158,6 +158,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "link_identity": [c.as_json() for c in check.claims],
         "dispatch": check.dispatch.summary() if check.dispatch else None,
         "negative_controls": [c.as_json() for c in check.controls],
+        "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
     }
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
     if not check.ok:

@@ -87,11 +87,13 @@ class CheckReport:
     dispatch: DispatchReport | None = None
     controls: list[Claim] = field(default_factory=list)
     rows: list[RowMatch] = field(default_factory=list)   # empty when no tree was given
+    rows_claim: Claim | None = None                      # None when no tree was given
 
     @property
     def ok(self) -> bool:
         return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
-                and bool(self.controls) and all(c.ok for c in self.controls))
+                and bool(self.controls) and all(c.ok for c in self.controls)
+                and (self.rows_claim is None or self.rows_claim.ok))
 
     def as_json(self) -> dict:
         d = self.dispatch
@@ -107,6 +109,7 @@ class CheckReport:
                            "rows": [m.as_json() for m in self.rows if m.case == c.case]} for c in d.cases],
                 "stderr": d.stderr_tail},
             "negative_controls": [c.as_json() for c in self.controls],
+            "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
         }
 
 
@@ -129,8 +132,8 @@ def check_rows(rep: CheckReport, root: Path, tree: Path, tdb: TuningDatabase | N
     gpu = spec.primary_gpu
     rep.rows = match_report(tdb or tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
     ok, line = summary(rep.rows, gpu)
-    rep.claims.append(Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
-                            "CPU: emulated dispatch, rows read from the applied tree's tuning database"))
+    rep.rows_claim = Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
+                           "CPU: emulated dispatch, rows read from the applied tree's tuning database")
 
 
 def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,

@@ -24,7 +24,7 @@ def _say(msg: str) -> None:
 
 
 def _print_check(rep) -> None:
-    for c in rep.claims + rep.controls:
+    for c in rep.claims + rep.controls + ([rep.rows_claim] if rep.rows_claim else []):
         stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
     d = rep.dispatch
     if d is not None:
