@@ -135,3 +135,14 @@ def test_cli_refuses_a_tree_without_a_database_first(tmp_path):
 
     r = CliRunner().invoke(app, ["bundle", "check", str(tmp_path / "missing.zip"), "--tree", str(tmp_path)])
     assert r.exit_code == 2 and "no tuning database" in r.output and "Traceback" not in r.output
+
+
+def test_a_padded_head_reads_its_buckets_unpadded_row(tmp_path):
+    """Head dim 56 runs in the 64 bucket (the table's next BLOCK_DMODEL, not a power of two: 48
+    exists too), read from the PADDED_HEAD=0 row as upstream looks it up."""
+    rows = ROWS + [(9, "gfx908_mod0", "torch.float16", 128, 128, 0, 48, 0, 0, 0, 0, 0, 2, 16, 16, 0, 1, 4, 1)]
+    tdb = tree_database(_tree(tmp_path, rows))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 56, False, False, False, 100, 100))
+    assert got.ok and got.row_id == 1 and got.key["inputs$BLOCK_DMODEL"] == 64
+    d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Inputs("fp16", 40, False, False, False, 100, 100))
+    assert d48.ok and d48.row_id == 9

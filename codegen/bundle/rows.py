@@ -6,7 +6,8 @@ length, the largest bin past the end) whose cells name one kernel; the kernel's 
 its configuration (`__P__` the `tuned_kernel$` values in the table's column order, `__CO__`
 `wave<waves_per_eu>_warp<num_warps>_stg<num_stages>`). So from the applied tree's database
 (`tree_database`: the same sqlite archives the build compiled, ours written by `apply`) and a
-case's inputs (dtype, head dim, causal, dropout, bias, seqlens -> bins) this module computes the
+case's inputs (dtype, head dim -> the table's BLOCK_DMODEL bucket, causal, dropout, bias,
+seqlens -> bins) this module computes the
 row the spec's GPU defines, and checks that the kernel the stub saw launched has that row's
 configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
 named beside it: the check then cannot tell the two apart, and says so.
@@ -195,10 +196,15 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: st
     m = RowMatch(case, phase, stem, cfg.kernel, gpu, got=_stem_spelling(cfg, cols))
     sq = db.column(cols, db.SEQLEN_Q)
     sk = db.column(cols, db.SEQLEN_K)
-    bucket = 1 << max(0, (inp.head_dim - 1).bit_length())
+    # the head dim's bucket: the smallest BLOCK_DMODEL of the table at least the head dim; the
+    # rows read are the PADDED_HEAD=False ones for a padded head too (upstream's rules list
+    # PADDED_HEAD among PARTIALLY_TUNED_FUNCTIONALS, looked up as False)
+    hi = cols.index(db.HEAD_DIM)
+    dims = sorted({r[hi] for r in rows if isinstance(r[hi], int) and r[hi] >= inp.head_dim})
+    bucket = dims[0] if dims else inp.head_dim
     fixed = {db.DTYPE: DTYPE_INFO[inp.dtype].db_value, db.HEAD_DIM: bucket,
              "inputs$CAUSAL_TYPE": db.CAUSAL_TYPE_CAUSAL if inp.causal else 0,
-             "inputs$ENABLE_DROPOUT": int(inp.dropout), "inputs$PADDED_HEAD": int(bucket != inp.head_dim),
+             "inputs$ENABLE_DROPOUT": int(inp.dropout), "inputs$PADDED_HEAD": 0,
              "inputs$BIAS_TYPE": int(inp.bias)}
     # features the cases never use: 0, or NULL where the table keeps the column unset (bwd_kernel_fuse)
     unused = [cols.index(c) for c in ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
