@@ -34,17 +34,25 @@ def _cli(*args: str, timeout: int = 7200) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory, pristine_tree) -> Path:
+def applied_tree(tmp_path_factory, pristine_tree) -> Path:
+    """0.11b with the smoke spec applied: the tree a smoke bundle is built from (apply is
+    deterministic, so a fresh one has the same tuning database as the cached bundle's)."""
+    tree = tmp_path_factory.mktemp("applied") / "s011"
+    shutil.copytree(pristine_tree("0.11b"), tree, symlinks=True)
+    r = _cli("apply", str(tree), "--spec", str(SMOKE))
+    assert r.returncode == 0, r.stderr
+    return tree
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, applied_tree) -> Path:
     cached = os.environ.get("MI100_TEST_BUNDLE")
     if cached:
         return Path(cached)
     if shutil.which("cmake") is None or shutil.which("ninja") is None:
         pytest.skip("needs cmake and ninja (see tests/test_build_real.py)")
     work = tmp_path_factory.mktemp("bundle")
-    tree = work / "s011"
-    shutil.copytree(pristine_tree("0.11b"), tree, symlinks=True)
-    r = _cli("apply", str(tree), "--spec", str(SMOKE))
-    assert r.returncode == 0, r.stderr
+    tree = applied_tree
     r = _cli("bundle", "build", str(tree), "--hip", "6", "--spec", str(SMOKE), "--out", str(work), "--json")
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)
@@ -74,6 +82,37 @@ def test_bundle_check_passes_with_named_controls(bundle):
                         "negative control: a code object of another arch": True,
                         "negative control: a library linked against another HIP major": True}
     assert "never run on a card" in r.stderr
+
+
+def test_each_tuned_launch_has_the_spec_gpus_row(bundle, applied_tree):
+    """Every tuned kernel a case launched has the configuration of the gfx908_mod0 row (ours, from
+    apply) for its inputs; against the donor's (gfx90a_mod0) rows the same launches mismatch, so
+    the check tells our rows from the donor's."""
+    from codegen.bundle.archive import extract, open_bundle
+    from codegen.bundle.check import check_extracted
+    from codegen.bundle.dispatch import dispatch_cases
+    from codegen.bundle.rows import match_report, summary, tree_database
+    from codegen.spec import load_spec
+
+    r = _cli("bundle", "check", str(bundle), "--tree", str(applied_tree), "--json", timeout=3600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    rep = json.loads(r.stdout)
+    claim = rep["tuning_rows"]
+    assert claim["ok"] and claim["claim"].startswith("tuned kernels from the gfx908_mod0 rows"), claim
+    rows = [m for c in rep["dispatch"]["cases"] for m in c["rows"]]
+    fams = {m["family"] for m in rows}
+    assert "attn_fwd" in fams and fams & {"bwd_kernel_fuse", "bwd_kernel_dk_dv"}, fams
+    assert all(m["ok"] and m["gpu"] == "gfx908_mod0" and m["row_key"]["gpu"] == "gfx908_mod0" for m in rows)
+    assert all(c["rows"] for c in rep["dispatch"]["cases"])          # every case names its rows
+    assert " row " in r.stderr                                         # and the table shows them
+
+    b = open_bundle(bundle)
+    root = extract(b, Path(str(applied_tree) + "-bundle"))
+    d = check_extracted(root, b.manifest, controls=False).dispatch
+    spec = load_spec(root / "spec.yaml").spec
+    donor = match_report(tree_database(applied_tree), spec.rows.donor_gpu, dispatch_cases(spec), d.cases)
+    ok, line = summary(donor, spec.rows.donor_gpu)
+    assert not ok and sum(not m.ok for m in donor) > len(donor) // 2, line
 
 
 def test_a_tampered_bundle_is_one_message(bundle, tmp_path):

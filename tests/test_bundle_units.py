@@ -1,5 +1,6 @@
 """Fast unit tests of the bundle pieces that need no compiler: the validation cases of the
-emulated dispatch, the .aks2 image index, and the bundle reader's refusals (hostile members)."""
+emulated dispatch, the image index (.aks2 packages and 0.13b's stored image zips) and the
+missing-image control's removal, and the bundle reader's refusals (hostile members)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from codegen.bundle.archive import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
-from codegen.bundle.dispatch import ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64
+from codegen.bundle.dispatch import (ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64, remove_image,
+                                     zip_images)
+from codegen.errors import UserError
 from codegen.spec import load_spec
 from test_bundle_stub import code_object
 
@@ -54,6 +57,42 @@ def test_image_index_finds_what_the_stub_hashes(tmp_path):
     assert idx.find(len(b), fnv1a64(b)) == "amd-gfx908/flash/attn_fwd/FONLY/k2"
     assert idx.find(len(b), "0" * 16) is None
     assert fnv1a64(b"") == "cbf29ce484222325"                   # the FNV-1a 64 offset basis
+
+
+def test_image_index_reads_0_13b_zips_and_removes_one_image(tmp_path):
+    """0.13b: `<pack>/flash/<kernel>.zip`, stored, one .aks2 cluster per functional member, beside
+    a 0.11b-style .aks2 package; the index names each kernel and its container, and the
+    missing-image control takes out exactly that container (the zip keeps its other members)."""
+    a, b, c = (code_object(0x30, "attn_fwd"), code_object(0x30, "attn_fwd", kernarg=128),
+               code_object(0x30, "bwd_kernel_dq", kernarg=96))
+    images = tmp_path / "aotriton.images"
+    z = images / "amd-gfx908" / "flash" / "attn_fwd.zip"
+    z.parent.mkdir(parents=True)
+    with zipfile.ZipFile(z, "w", zipfile.ZIP_STORED) as zf:
+        zf.writestr("FONLY__fp16_F.aks2", aks2({"k1": a}))
+        zf.writestr("FONLY__fp16_T.aks2", aks2({"k2": b}))
+        zf.writestr("README", b"not a package")
+    pkg = images / "amd-gfx908" / "flash" / "bwd_kernel_dq" / "FONLY.aks2"
+    pkg.parent.mkdir(parents=True)
+    pkg.write_bytes(aks2({"k3": c}))
+    assert set(zip_images(z)) == {"FONLY__fp16_F.aks2", "FONLY__fp16_T.aks2"}
+    idx = ImageIndex(images)
+    ka, kb, kc = (idx.find(len(x), fnv1a64(x)) for x in (a, b, c))
+    assert ka == "amd-gfx908/flash/attn_fwd/FONLY__fp16_F/k1" and kb == "amd-gfx908/flash/attn_fwd/FONLY__fp16_T/k2"
+    assert kc == "amd-gfx908/flash/bwd_kernel_dq/FONLY/k3"
+    assert idx.container(ka) == "amd-gfx908/flash/attn_fwd.zip:FONLY__fp16_F.aks2"
+    assert idx.container(kc) == "amd-gfx908/flash/bwd_kernel_dq/FONLY.aks2"
+    remove_image(images, idx.container(ka))
+    with zipfile.ZipFile(z) as zf:
+        assert zf.namelist() == ["FONLY__fp16_T.aks2", "README"]
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist()) and zf.testzip() is None
+    after = ImageIndex(images)
+    assert after.find(len(a), fnv1a64(a)) is None and after.find(len(b), fnv1a64(b)) == kb
+    remove_image(images, idx.container(kc))
+    assert not pkg.exists() and ImageIndex(images).find(len(c), fnv1a64(c)) is None
+    z.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(UserError, match="not a readable image zip"):
+        ImageIndex(images)
 
 
 def _raw_bundle(path: Path, members: dict[str, bytes], listed: dict[str, bytes] | None = None) -> Path:

@@ -27,10 +27,11 @@ from rich.console import Console
 
 from ..elfinfo import read_dynamic
 from ..errors import UpstreamError, UserError
+from ..spec import load_spec
 from ..upstream import detect
 from .archive import FORMAT, SPEC, bundle_name, sha256, write_bundle
 from .check import CheckReport, check_extracted
-from .dispatch import DEVICE_TARGETS, LABEL
+from .dispatch import LABEL
 from .sysroot import ensure_sysroot
 
 
@@ -130,7 +131,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "version": ".".join(map(str, adapter.version)),
         "torch_lines": torch_lines(adapter.release),
         "arch": rep.arch,
-        "device_target": DEVICE_TARGETS.get(rep.arch, rep.arch),
+        "device_target": load_spec(stage / SPEC).spec.target_string,
         "hip_major": hip,
         "spec": {"name": rep.spec, "sha256": rep.spec_sha256, "file": SPEC},
         "library": {
@@ -150,13 +151,14 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     }
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
-    check = check_extracted(stage, manifest, progress=progress)
+    check = check_extracted(stage, manifest, progress=progress, tree=tree)
     t_check = time.monotonic() - t1
     manifest["verified"] = {
         "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",
         "link_identity": [c.as_json() for c in check.claims],
         "dispatch": check.dispatch.summary() if check.dispatch else None,
         "negative_controls": [c.as_json() for c in check.controls],
+        "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
     }
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
     if not check.ok:

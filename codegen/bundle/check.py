@@ -9,9 +9,11 @@
    (read from the private sysroot's library), and with HIP >= 6 `hipGetDevicePropertiesR0600`,
    not the pre-6.0 `hipGetDeviceProperties` (whose struct layout differs); the GLIBC/GLIBCXX
    versions it needs equal what the manifest states (the baseline `torch install` checks).
-3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case.
-4. Negative controls that must fail, each named: a missing image (one kernel package the cases
-   used removed), a code object of another arch (the stub's device mach value set to another
+3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case; given the
+   applied tree the bundle was built from, the tuning-database row each launched kernel got
+   (rows.py): the spec GPU's row for the case's inputs, its configuration the launched one's.
+4. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
+   image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
 """
 
@@ -27,7 +29,8 @@ from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
 from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
-from .dispatch import DEVICE_TARGETS, LABEL, DispatchReport, dispatch_cases, run_dispatch
+from .dispatch import LABEL, DispatchReport, dispatch_cases, remove_image, run_dispatch
+from .rows import RowMatch, TuningDatabase, match_report, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
 
@@ -83,11 +86,14 @@ class CheckReport:
     claims: list[Claim] = field(default_factory=list)
     dispatch: DispatchReport | None = None
     controls: list[Claim] = field(default_factory=list)
+    rows: list[RowMatch] = field(default_factory=list)   # empty when no tree was given
+    rows_claim: Claim | None = None                      # None when no tree was given
 
     @property
     def ok(self) -> bool:
         return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
-                and bool(self.controls) and all(c.ok for c in self.controls))
+                and bool(self.controls) and all(c.ok for c in self.controls)
+                and (self.rows_claim is None or self.rows_claim.ok))
 
     def as_json(self) -> dict:
         d = self.dispatch
@@ -99,9 +105,11 @@ class CheckReport:
             "dispatch": None if d is None else {
                 **d.summary(),
                 "cases": [{"case": c.case, "ok": c.ok, "fwd": c.fwd, "bwd": c.bwd, "launches": c.launches,
-                           "kernels": c.kernels, "violations": c.violations} for c in d.cases],
+                           "kernels": c.kernels, "violations": c.violations,
+                           "rows": [m.as_json() for m in self.rows if m.case == c.case]} for c in d.cases],
                 "stderr": d.stderr_tail},
             "negative_controls": [c.as_json() for c in self.controls],
+            "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
         }
 
 
@@ -115,12 +123,26 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
     lib = root / manifest["library"]["file"]
     return run_dispatch(lib=lib, prefix=root, images=root / "lib" / "aotriton.images", hip_include=headers.include,
                         stub=stub, arch=mach_arch or arch, cases=dispatch_cases(spec), cache=cache / "driver",
-                        target=DEVICE_TARGETS.get(arch, arch), wave=spec.warp_size)
+                        target=spec.target_string, wave=spec.warp_size)
+
+
+def check_rows(rep: CheckReport, root: Path, tree: Path, tdb: TuningDatabase | None = None) -> None:
+    """The tuning-database row of every tuned launch (rows.py), one claim."""
+    spec = load_spec(root / SPEC).spec
+    gpu = spec.primary_gpu
+    rep.rows = match_report(tdb or tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
+    ok, line = summary(rep.rows, gpu)
+    rep.rows_claim = Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
+                           "CPU: emulated dispatch, rows read from the applied tree's tuning database")
 
 
 def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
-                    controls: bool = True, name: str = "") -> CheckReport:
-    """Check an extracted bundle folder (also what `bundle build` runs before it writes the file)."""
+                    controls: bool = True, name: str = "", tree: Path | None = None,
+                    tdb: TuningDatabase | None = None) -> CheckReport:
+    """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
+    `tree`: the applied tree it was built from, for the tuning-row check (skipped without)."""
+    if tree is not None and tdb is None:
+        tdb = tree_database(Path(tree))   # a bad tree: refused before the work
     hip = int(manifest["hip_major"])
     cache = user_cache_dir("bundle-check")
     rep = CheckReport(name or str(root), manifest)
@@ -128,23 +150,25 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
     dyn = read_dynamic(root / manifest["library"]["file"])
     rep.claims = link_identity(dyn, hip, nodes, manifest.get("library", {}).get("needs"))
-    progress(f"emulated dispatch: {manifest['arch']} ({DEVICE_TARGETS.get(manifest['arch'], manifest['arch'])}), "
+    progress(f"emulated dispatch: {manifest['arch']} ({load_spec(root / SPEC).spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    if tree is not None:
+        check_rows(rep, root, Path(tree), tdb)
     if not controls:
         return rep
-    # 1. a missing image: remove the package of the first kernel the cases launched
-    used = [k for c in rep.dispatch.cases for k in c.kernels["fwd"] if not k.startswith("(")]
+    # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image
+    # zip) of the first kernel the cases launched
+    used = [k for c in rep.dispatch.cases for k in c.kernels["fwd"] if k in rep.dispatch.containers]
     with tempfile.TemporaryDirectory(prefix="mi100-control-") as td:
         copy = Path(td) / "b"
         shutil.copytree(root, copy, symlinks=True)
-        pkg = None
-        if used:
-            pkg = copy / "lib" / "aotriton.images" / (used[0].rsplit("/", 1)[0] + ".aks2")
-            pkg.unlink(missing_ok=True)
+        gone = rep.dispatch.containers[used[0]] if used else None
+        if gone:
+            remove_image(copy / "lib" / "aotriton.images", gone)
         r = _dispatch(copy, manifest, hip, cache=cache, progress=progress)
         rep.controls.append(Claim("negative control: a missing image", bool(used) and not r.ok,
-                                  (f"without {used[0].rsplit('/', 1)[0]}.aks2: {r.summary()['cases_ok']} of "
+                                  (f"without {gone}: {r.summary()['cases_ok']} of "
                                    f"{len(r.cases)} cases pass (must fail)") if used else "no kernel was launched",
                                   "CPU: emulated dispatch"))
     other = next(a for a in AMDGPU_MACH if a != manifest["arch"] and a in ("gfx90a", "gfx908"))
@@ -162,11 +186,13 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     return rep
 
 
-def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None) -> CheckReport:
+def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None,
+                 tree: Path | None = None) -> CheckReport:
+    tdb = tree_database(Path(tree)) if tree is not None else None   # a bad tree: refused first
     b: Bundle = open_bundle(path)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(path))
+        return check_extracted(root, b.manifest, progress=progress, name=str(path), tree=tree, tdb=tdb)
 
 
-__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "link_identity"]
+__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]

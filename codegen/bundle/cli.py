@@ -24,7 +24,7 @@ def _say(msg: str) -> None:
 
 
 def _print_check(rep) -> None:
-    for c in rep.claims + rep.controls:
+    for c in rep.claims + rep.controls + ([rep.rows_claim] if rep.rows_claim else []):
         stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
     d = rep.dispatch
     if d is not None:
@@ -35,6 +35,10 @@ def _print_check(rep) -> None:
         for c in d.cases:
             if not c.ok:
                 stderr.print(f"     {c.case}: fwd {c.fwd} bwd {c.bwd}; {'; '.join(c.violations[:2])}", markup=False)
+        for m in rep.rows:   # the tuning row each tuned launch got (with --tree)
+            other = f"  (same config: {', '.join(m.same_config_gpus)})" if m.same_config_gpus else ""
+            stderr.print(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
+                         f"{m.row_id if m.row_id is not None else m.note} {m.want or m.got}{other}", markup=False)
         if d.stderr_tail and not d.ok:
             stderr.print(f"     driver: {d.stderr_tail.splitlines()[-1]}", markup=False)
     stderr.print(f"label: {rep.as_json()['label']}", markup=False)
@@ -73,13 +77,15 @@ def build(
 def check(
     file: Path = typer.Argument(..., help="A bundle file (.mi100-bundle.zip)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    tree: Optional[Path] = typer.Option(None, "--tree", help="The applied tree it was built from: "
+                                        "check each tuned launch against the spec's rows."),
 ) -> None:
     """Integrity, link identity, emulated dispatch and negative controls of a bundle."""
     # CLI start-up: the stage loads when the command runs
     from .build import BundleBuildError
     from .check import check_bundle
 
-    rep = check_bundle(file, progress=_say)
+    rep = check_bundle(file, progress=_say, tree=tree)
     if as_json:
         sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
     _print_check(rep)

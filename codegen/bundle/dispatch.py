@@ -9,7 +9,7 @@ every code object (AMDGPU ELF, the arch's mach value and target features, the ke
 descriptor present) and every launch (block within the kernel's `.max_flat_workgroup_size` and a
 multiple of its wave size, kernel arguments against its metadata), and logs each as a JSON line.
 Each loaded code object is matched, by its FNV-1a hash, to the kernel stem it was packed under in
-the `.aks2` images: that names the kernel and the tuned configuration (`__P__` perf fields, `__CO__`
+the `.aks2` packages or 0.13b's image zips: that names the kernel and the tuned configuration (`__P__` perf fields, `__CO__`
 compile options) the library's dispatch table picked.
 
 Where it ran: a CPU; the kernels never run. Label: "CPU-built, dispatch emulated; never run on a card".
@@ -25,6 +25,7 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +38,6 @@ from .stub import Stub
 DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
 LABEL = "CPU-built, dispatch emulated; never run on a card"
 
-# the target string ROCm reports for each card (hipDeviceProp_t::gcnArchName); the spec names
-# the arch only: MI100 and MI50/MI60 run with SRAM ECC on and XNACK off, RDNA2 has neither feature
-DEVICE_TARGETS = {"gfx908": "gfx908:sramecc+:xnack-", "gfx906": "gfx906:sramecc+:xnack-", "gfx1030": "gfx1030"}
 # sequence lengths that are multiples of every tile (16..256), beside validate's primes
 TILE_SHAPE = Shape(2, 4, 4, 256, 256)
 HIP_SUCCESS = 0
@@ -90,10 +88,11 @@ def fnv1a64(data: bytes) -> str:
     return f"{h:016x}"
 
 
-def aks2_images(path: Path) -> dict[str, bytes]:
+def aks2_images(path: Path, data: bytes | None = None) -> dict[str, bytes]:
     """Every kernel image of one .aks2 package by its stem (see codegen.build.images for the
-    format); the decompressed size is bounded by the header's."""
-    data = path.read_bytes()
+    format): the file at `path`, or `data` (a member of a 0.13b image zip; `path` then only names
+    it in messages). The decompressed size is bounded by the header's."""
+    data = path.read_bytes() if data is None else data
     if len(data) < 16 or data[:4] != b"AKS2":
         raise UserError(f"{path}: not an AKS2 kernel package")
     _magic, total, count, dir_size = struct.unpack_from("<4sIII", data)
@@ -108,6 +107,42 @@ def aks2_images(path: Path) -> dict[str, bytes]:
         pos += name_len
         out[name] = blob[dir_size + offset:dir_size + offset + size]
     return out
+
+
+def zip_images(path: Path) -> dict[str, dict[str, bytes]]:
+    """0.13b's image zips (`<arch pack>/flash/<kernel>.zip`, members stored, each member one
+    .aks2 cluster named by its functional): {member: {stem: image}}. Members that are not AKS2
+    packages are skipped; a zip that does not open is a UserError."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            out = {}
+            for info in z.infolist():
+                if info.is_dir() or info.file_size > 1 << 30:
+                    continue
+                data = z.read(info)
+                if data[:4] == b"AKS2":
+                    out[info.filename] = aks2_images(Path(f"{path}:{info.filename}"), data)
+            return out
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise UserError(f"{path}: not a readable image zip ({exc})") from None
+
+
+def remove_image(images: Path, container: str) -> None:
+    """The missing-image control: take one image container out of an images folder (a copy):
+    an `.aks2` file, or one member of an image zip (`<zip>:<member>`; the zip rewritten without
+    it, members stored as the build stores them)."""
+    if ":" not in container:
+        (images / container).unlink(missing_ok=True)
+        return
+    rel, member = container.split(":", 1)
+    path = images / rel
+    with zipfile.ZipFile(path) as z:
+        keep = [(i, z.read(i)) for i in z.infolist() if i.filename != member]
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for info, data in keep:
+            z.writestr(info, data)
+    os.replace(tmp, path)
 
 
 def elf_extent(image: bytes) -> int:
@@ -132,16 +167,34 @@ def elf_extent(image: bytes) -> int:
 class ImageIndex:
     """The packed code objects of an images folder, found again from what the stub logs: the
     FNV-1a hash of the bytes a loaded image reaches (`elf_extent`). Hashes are computed only for
-    images of the logged size."""
+    images of the logged size. Both image formats: `.aks2` packages (up to 0.12.1b; a kernel is
+    named `<package>/<stem>`) and 0.13b's stored zips of .aks2 clusters (named
+    `<zip without .zip>/<member>/<stem>`); `container` gives what to remove to make it missing."""
 
     def __init__(self, images: Path):
         self.by_size: dict[int, list[tuple[str, bytes]]] = {}
         self._cache: dict[str, str] = {}
-        for pkg in sorted(images.rglob("*.aks2")) if images.is_dir() else []:
-            rel = pkg.relative_to(images).with_suffix("").as_posix()
-            for stem, img in aks2_images(pkg).items():
-                n = elf_extent(img)
-                self.by_size.setdefault(n, []).append((f"{rel}/{stem}", img[:n]))
+        self.containers: dict[str, str] = {}
+        if not images.is_dir():
+            return
+        for pkg in sorted(images.rglob("*.aks2")):
+            rel = pkg.relative_to(images).as_posix()
+            self._add(rel.removesuffix(".aks2"), rel, aks2_images(pkg))
+        for zp in sorted(images.rglob("*.zip")):
+            rel = zp.relative_to(images).as_posix()
+            for member, imgs in zip_images(zp).items():
+                self._add(f"{rel.removesuffix('.zip')}/{member.removesuffix('.aks2')}", f"{rel}:{member}", imgs)
+
+    def _add(self, prefix: str, container: str, imgs: dict[str, bytes]) -> None:
+        for stem, img in imgs.items():
+            n = elf_extent(img)
+            name = f"{prefix}/{stem}"
+            self.by_size.setdefault(n, []).append((name, img[:n]))
+            self.containers[name] = container
+
+    def container(self, name: str) -> str | None:
+        """The file (or `<zip>:<member>`) below the images folder that holds kernel `name`."""
+        return self.containers.get(name)
 
     def find(self, size: int, fnv: str) -> str | None:
         if fnv in self._cache:
@@ -179,6 +232,7 @@ class DispatchReport:
     stderr_tail: str = ""
     returncode: int = 0
     violations: list[str] = field(default_factory=list)   # outside any case (e.g. during check_gpu)
+    containers: dict[str, str] = field(default_factory=dict)  # launched kernel -> ImageIndex.container
 
     @property
     def ok(self) -> bool:
@@ -223,10 +277,10 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
 
 
 def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stub: Stub, arch: str,
-                 cases: list[DispatchCase], cache: Path, target: str | None = None, wave: int = 64,
+                 cases: list[DispatchCase], cache: Path, target: str, wave: int = 64,
                  timeout: int = 600) -> DispatchReport:
-    """Run `cases` through the library at `lib` against `stub` (see the module doc)."""
-    target = target or DEVICE_TARGETS.get(arch, arch)
+    """Run `cases` through the library at `lib` against `stub` (see the module doc), the stub
+    reporting one device of `target` (the spec's `target_string`, e.g. gfx908:sramecc+:xnack-)."""
     if arch not in AMDGPU_MACH:
         raise UserError(f"{arch}: no EF_AMDGPU_MACH value known for this arch")
     driver = compile_driver(prefix, hip_include, lib, stub, cache)
@@ -270,10 +324,12 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
                 cur.kernels[phase].append(stem)
         elif kind == "violation":
             (cur.violations if cur is not None else outside).append(f"{ev.get('kernel')}: {ev.get('what')}")
+    containers = {k: index.container(k) for c in results.values() for ks in c.kernels.values() for k in ks
+                  if index.container(k)}
     return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
                           loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
-                          violations=outside)
+                          violations=outside, containers=containers)
 
 
-__all__ = ["DEVICE_TARGETS", "DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images",
-           "dispatch_cases", "elf_extent", "run_dispatch"]
+__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images", "dispatch_cases",
+           "elf_extent", "remove_image", "run_dispatch", "zip_images"]

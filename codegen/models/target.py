@@ -23,6 +23,12 @@ DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 # upstream's C++ enums and Python tables. The mod number has at most two digits (upstream's are 0-9).
 ARCH_RE = re.compile(r"^gfx[0-9]{2,4}[a-z]?\Z")
 GPU_RE = re.compile(r"^(gfx[0-9]{2,4}[a-z]?)_mod(0|[1-9][0-9]?)\Z")
+# the target string ROCm reports for a device (hipDeviceProp_t::gcnArchName): arch, then target
+# features each on (+) or off (-), e.g. gfx908:sramecc+:xnack-
+DEVICE_TARGET_PATTERN = r"^gfx[0-9]{2,4}[a-z]?(:(sramecc|xnack)[+-])*$"  # pydantic (Rust regex): $ is the very end
+# the default of `device_target`: the archs LLVM gives the sramecc feature (all also have xnack)
+# run as ROCm's Instinct cards do, SRAM ECC on and XNACK off; other archs report the arch alone
+SRAMECC_ARCHS = frozenset({"gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
 
 
 def gpu_arch(gpu: str) -> str:
@@ -377,6 +383,14 @@ class TargetSpec(_Model):
     gpus: list[GpuName] = Field(min_length=1, description="AOTriton GPU names (arch + _modN).")
     warp_size: Literal[32, 64]
     production_line: Literal["CDNA", "RDNA"]
+    device_target: str | None = Field(
+        None, pattern=DEVICE_TARGET_PATTERN,
+        description="The full target string ROCm reports for the card (hipDeviceProp_t::gcnArchName): "
+        "the arch and its target features as the card runs, e.g. 'gfx908:sramecc+:xnack-' (MI100), "
+        "'gfx1030' (RDNA2: no such features). Default: '<arch>:sramecc+:xnack-' for the archs "
+        "with SRAM ECC (gfx906, gfx908, gfx90a, gfx94x, gfx950), else the arch alone; set it for a "
+        "card that runs otherwise (e.g. Radeon VII: 'gfx906:sramecc-:xnack-').",
+    )
     hardware: Hardware
     head_dims: list[Annotated[int, Field(ge=16, le=512)]] = Field(min_length=1)
     dtypes: list[DType] = Field(min_length=1)
@@ -408,9 +422,38 @@ class TargetSpec(_Model):
             raise ValueError("duplicate dtype")
         return v
 
+    @field_validator("device_target")
+    @classmethod
+    def _device_target(cls, v: str | None, info) -> str | None:
+        if v is None:
+            return v
+        feats = [f[:-1] for f in v.split(":")[1:]]
+        if len(set(feats)) != len(feats):
+            raise ValueError(f"'{v}': a target feature named twice")
+        arch = info.data.get("arch")
+        if arch is not None and v.split(":")[0] != arch:
+            raise ValueError(f"'{v}' is not a target string of arch '{arch}'")
+        return v
+
     @property
     def primary_gpu(self) -> str:
         return self.gpus[0]
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_target(self, handler):
+        """No `device_target` in the dump when unset: specs without it keep their meaning hash
+        (and the committed overlay, which records it)."""
+        out = handler(self)
+        if isinstance(out, dict) and self.device_target is None:
+            out.pop("device_target", None)
+        return out
+
+    @property
+    def target_string(self) -> str:
+        """The device's full target string: `device_target`, else the default (see the field)."""
+        if self.device_target:
+            return self.device_target
+        return f"{self.arch}:sramecc+:xnack-" if self.arch in SRAMECC_ARCHS else self.arch
 
     def family_space(self, family: str) -> FamilySpace:
         return getattr(self.tuning, family)

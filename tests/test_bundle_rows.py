@@ -1,0 +1,148 @@
+"""codegen/bundle/rows.py on a small tuning database: the row a case's inputs select (seqlen
+bins, flags, NULL extras), the launched stem's configuration against it, other GPUs' rows that
+give the same configuration, and a tree without a database refused. The real bundle's rows:
+tests/test_bundle_real.py."""
+
+from __future__ import annotations
+
+import io
+import sqlite3
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from codegen.bundle.rows import Inputs, match_row, parse_stem, summary, tree_database
+from codegen.errors import UserError
+
+COLS = ["id", "gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen_k", "inputs$CAUSAL_TYPE",
+        "inputs$BLOCK_DMODEL", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE", "inputs$USE_ALIBI",
+        "tuned_kernel$PERSISTENT_TYPE", "tuned_kernel$GRID_CU_MULTIP", "tuned_kernel$BLOCK_M", "tuned_kernel$BLOCK_N",
+        "tuned_kernel$PRE_LOAD_V", "compiler_options$waves_per_eu", "compiler_options$num_warps",
+        "compiler_options$num_stages"]
+
+
+def _tree(tmp_path: Path, rows: list[tuple]) -> Path:
+    conn = sqlite3.connect(":memory:")
+    conn.execute('create table "FLASH$attn_fwd" (' + ", ".join(f'"{c}"' for c in COLS) + ")")
+    conn.executemany(f'insert into "FLASH$attn_fwd" values ({", ".join("?" * len(COLS))})', rows)
+    conn.commit()
+    data = conn.serialize()
+    tree = tmp_path / "tree"
+    (tree / "v3python" / "rules").mkdir(parents=True)
+    with tarfile.open(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", "w:xz") as t:
+        info = tarfile.TarInfo("tuning_database.sqlite3")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    return tree
+
+
+def _row(i, gpu, sq, sk, m, n, wpe, causal=0, alibi=0):
+    return (i, gpu, "torch.float16", sq, sk, causal, 64, 0, 0, 0, alibi, 0, 2, m, n, 0, wpe, 4, 1)
+
+
+def _stem(m, n, wpe):
+    return (f"amd-gfx908/flash/attn_fwd/FONLY__x/attn_fwd-Sig-F__＊fp16@16_F_F_0_0__P__0_2_{m}_{n}_False"
+            f"__CO__wave{wpe}_warp4_stg1--Arch_gfx908")
+
+
+ROWS = [_row(1, "gfx908_mod0", 128, 128, 64, 32, 1), _row(2, "gfx908_mod0", 128, 256, 64, 64, 1),
+        _row(3, "gfx908_mod0", 256, 128, 128, 64, 1), _row(4, "gfx908_mod0", 256, 256, 32, 16, 1),
+        _row(5, "gfx90a_mod0", 128, 128, 64, 32, 2), _row(6, "gfx90a_mod0", 128, 256, 64, 64, 1),
+        _row(7, "gfx90a_mod0", 256, 128, 128, 64, 2), _row(8, "gfx90a_mod0", 256, 256, 32, 16, 2)]
+
+
+def test_parse_stem():
+    c = parse_stem(_stem(64, 32, 1))
+    assert c.kernel == "attn_fwd" and c.perf == ("0", "2", "64", "32", "False") and c.co == (1, 4, 1)
+    assert parse_stem("not-a-stem") is None
+
+
+@pytest.mark.parametrize("sq,sk,row,m,n", [(97, 211, 2, 64, 64), (1, 1, 1, 64, 32), (211, 97, 3, 128, 64),
+                                          (5000, 5000, 4, 32, 16), (256, 128, 3, 128, 64)])
+def test_bins_pick_the_row_and_config(tmp_path, sq, sk, row, m, n):
+    tdb = tree_database(_tree(tmp_path, ROWS))
+    got = match_row(tdb, "gfx908_mod0", _stem(m, n, 1), Inputs("fp16", 64, False, False, False, sq, sk))
+    assert got.ok and got.row_id == row and got.key["gpu"] == "gfx908_mod0"
+    assert got.want == f"0_2_{m}_{n}_0|wave1_warp4_stg1"
+    # the donor's row gives the same config only where its waves_per_eu is also 1 (row 6)
+    assert got.same_config_gpus == (["gfx90a_mod0"] if row == 2 else [])
+
+
+def test_a_donor_config_is_a_mismatch(tmp_path):
+    tdb = tree_database(_tree(tmp_path, ROWS))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 2), Inputs("fp16", 64, False, False, False, 100, 100),
+                    case="c", phase="fwd")
+    assert not got.ok and got.row_id == 1 and got.got == "0_2_64_32_0|wave2_warp4_stg1"
+    ok, line = summary([got], "gfx908_mod0")
+    assert not ok and "first mismatch: c attn_fwd: launched 0_2_64_32_0|wave2_warp4_stg1" in line
+
+
+def test_no_row_and_null_extras(tmp_path):
+    rows = [_row(1, "gfx908_mod0", 128, 128, 64, 32, 1, alibi=None), _row(2, "gfx90a_mod0", 128, 128, 64, 32, 1)]
+    tdb = tree_database(_tree(tmp_path, rows))
+    inp = Inputs("fp16", 64, False, False, False, 100, 100)
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), inp)
+    assert got.ok and got.same_config_gpus == ["gfx90a_mod0"]
+    ok, line = summary([got], "gfx908_mod0")
+    assert ok and "1 of them would get the same configuration from a row of gfx90a_mod0" in line
+    causal = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, True, False, False, 100, 100))
+    assert not causal.ok and "no gfx908_mod0 row" in causal.note
+    assert match_row(tdb, "gfx908_mod0", _stem(64, 32, 1).replace("attn_fwd-Sig", "bwd_preprocess-Sig"), inp) is None
+
+
+def test_a_tree_without_a_database(tmp_path):
+    with pytest.raises(UserError, match="no tuning database"):
+        tree_database(tmp_path)
+
+
+def test_a_0_13b_stem_by_field_names(tmp_path):
+    """0.13b's image index names kernels `<pack>/flash/<kernel>/<member>/<stem>` with named perf
+    fields (one the table lacks, NUM_XCDS, is not part of the row)."""
+    tdb = tree_database(_tree(tmp_path, ROWS))
+    stem = ("amd-gfx908/flash/attn_fwd/Q='*fp16:16';CAUSAL_TYPE=0/;;#F;Q='*fp16:16';CAUSAL_TYPE=0;;#P;"
+            "PERSISTENT_TYPE=0;GRID_CU_MULTIP=2;BLOCK_M=64;BLOCK_N=32;PRE_LOAD_V=False;NUM_XCDS=1;;"
+            "#CO;waves_per_eu=1;num_warps=4;num_stages=1;;arch=gfx908")
+    cfg = parse_stem(stem)
+    assert cfg.kernel == "attn_fwd" and dict(cfg.perf_named)["NUM_XCDS"] == "1" and cfg.co == (1, 4, 1)
+    got = match_row(tdb, "gfx908_mod0", stem, Inputs("fp16", 64, False, False, False, 100, 100))
+    assert got.ok and got.row_id == 1 and got.got == "0_2_64_32_0|wave1_warp4_stg1"
+    worse = match_row(tdb, "gfx908_mod0", stem.replace("BLOCK_M=64", "BLOCK_M=128"),
+                      Inputs("fp16", 64, False, False, False, 100, 100))
+    assert not worse.ok
+
+
+def test_a_linked_database_is_refused(tmp_path):
+    real = _tree(tmp_path, ROWS)
+    tree = tmp_path / "linked"
+    (tree / "v3python" / "rules").mkdir(parents=True)
+    (tree / "v3python/rules/tuning_database.sqlite3.tar.xz").symlink_to(real / "v3python/rules/tuning_database.sqlite3.tar.xz")
+    with pytest.raises(UserError, match="symbolic link"):
+        tree_database(tree)
+    shards = tmp_path / "sharded"
+    (shards / "v3python" / "database").mkdir(parents=True)
+    (shards / "v3python/database/amd").symlink_to(real / "v3python/rules", target_is_directory=True)
+    with pytest.raises(UserError, match="no tuning database"):
+        tree_database(shards)                       # a linked shard folder is not walked
+
+
+def test_cli_refuses_a_tree_without_a_database_first(tmp_path):
+    """`bundle check FILE --tree DIR`: a tree without a database is one message, exit 2, before
+    the bundle is even opened."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    r = CliRunner().invoke(app, ["bundle", "check", str(tmp_path / "missing.zip"), "--tree", str(tmp_path)])
+    assert r.exit_code == 2 and "no tuning database" in r.output and "Traceback" not in r.output
+
+
+def test_a_padded_head_reads_its_buckets_unpadded_row(tmp_path):
+    """Head dim 56 runs in the 64 bucket (the table's next BLOCK_DMODEL, not a power of two: 48
+    exists too), read from the PADDED_HEAD=0 row as upstream looks it up."""
+    rows = ROWS + [(9, "gfx908_mod0", "torch.float16", 128, 128, 0, 48, 0, 0, 0, 0, 0, 2, 16, 16, 0, 1, 4, 1)]
+    tdb = tree_database(_tree(tmp_path, rows))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 56, False, False, False, 100, 100))
+    assert got.ok and got.row_id == 1 and got.key["inputs$BLOCK_DMODEL"] == 64
+    d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Inputs("fp16", 40, False, False, False, 100, 100))
+    assert d48.ok and d48.row_id == 9
