@@ -174,7 +174,7 @@ def test_apply_with_a_fifo_spec_does_not_hang(tmp_path):
     spec = tmp_path / "spec.yaml"
     os.mkfifo(spec)
     r = invoke(["apply", tmp_path, "--spec", spec])
-    assert r.exit_code == 2, r.output
+    assert r.exit_code == 2 and "FIFO" in r.output, r.output
 
 
 @pytest.mark.timeout(120)
@@ -456,3 +456,24 @@ def test_apply_under_a_memory_limit_is_one_message_exit_3(fresh_tree):
         else:
             break
     assert 3 in seen, "no limit was low enough to fail: lower the first one"
+
+
+@pytest.mark.slow
+@pytest.mark.aotriton
+@pytest.mark.triton
+def test_precompile_prune_to_the_users_own_spec_keeps_it_byte_identical(fresh_tree, tmp_path):
+    """A real run (0.11b, two kernels cross-compiled with this venv's Triton, ~20 s): no config
+    fails or spills, so `--prune-to` adds nothing and leaves the user's spec, comment and all,
+    byte for byte."""
+    pytest.importorskip("triton")
+    tree = fresh_tree("0.11b")
+    spec = tmp_path / "mine.yaml"
+    spec.write_bytes(b"# my own comment, which a rewrite would drop\n" + SPEC.read_bytes())
+    before = spec.read_bytes()
+    r = invoke(["apply", tree, "--spec", spec])
+    assert r.exit_code == 0, r.output
+    r = invoke(["precompile", tree, "--spec", spec, "--sample", "2", "--jobs", "1", "--no-cache",
+                "--python", sys.executable, "--prune-to", spec])
+    assert r.exit_code == 0, r.output
+    assert "0 exclude rule(s) added" in r.output
+    assert spec.read_bytes() == before
