@@ -347,7 +347,7 @@ _NO = object()  # "the fast path cannot vouch for this scalar"
 _INT = re.compile(r"-?(?:0|[1-9][0-9]*)")
 _FLOAT = re.compile(r"-?(?:0|[1-9][0-9]*)\.[0-9]+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_.+/-]*(?: [A-Za-z0-9_.,+/()-]+)*")
-_RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)+[a-df-z][a-z]*")  # 0.11b: never a number
+_RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.[0-9]+)+(?:[a-df-z][a-z]*|-dev)")  # 0.11b, 0.14.0-dev: never a number
 _SPECIAL = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "nan", "inf"}
 _NOT_PLAIN_ASCII = re.compile(r"[^\t\n\x20-\x7e]")
 

@@ -78,8 +78,8 @@ def register(app: typer.Typer, guarded) -> None:
         compile_via: str = typer.Option("workers", "--compile-via", help="How kernels compile: 'workers' (warm "
                                         "workers and the kernel cache) or 'upstream' (compile.py per kernel)."),
         no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the kernel cache."),
-        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="Kernel cache folder (default: "
-                                                 "~/.cache/mi100-codegen/kernels)."),
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", parser=path_option, metavar="PATH",
+                                                 help="Kernel cache (default: kernels/ under the cache folder)."),
         dask: Optional[str] = typer.Option(None, "--dask", help="Compile on a Dask cluster: its scheduler "
                                            "address, or 'local' (needs the [dask] extra)."),
     ) -> None:
@@ -98,6 +98,11 @@ def register(app: typer.Typer, guarded) -> None:
             preflight.output_dir(build_dir if build_dir is not None else aotriton_dir / "build", "--build-dir")
         if python is None:
             preflight.cache_folder("toolchain")  # the build venv
+        if not noimage and compile_via == "workers" and not no_cache:  # the kernel cache
+            if cache_dir is not None:
+                preflight.output_dir(cache_dir, "--cache-dir")
+            else:
+                preflight.cache_folder("kernels")  # codegen.kcache.default_cache_dir
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,

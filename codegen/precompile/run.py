@@ -63,7 +63,7 @@ class PrecompileOptions:
         if not self.no_cache:
             preflight.output_dir(self.cache_dir, "--cache-dir")
             if self.cache_dir is None:
-                preflight.cache_folder("precompile")
+                preflight.cache_folder("kernels")  # codegen.kcache.default_cache_dir
         if self.python is None:
             preflight.cache_folder("toolchain")  # the build venv
         if self.tuning_report is not None:
