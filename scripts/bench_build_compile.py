@@ -96,7 +96,7 @@ def _row(s, base=None) -> str:
 def reuse(trees: list[Path], spec: Path | None, version: str, warp: int) -> list[str]:
     keys = {}
     for t in trees:
-        entries = run_plan(PlanOptions(tree=t, spec=spec)).entries
+        entries = run_plan(PlanOptions(tree=t, spec=spec, python=sys.executable)).entries
         keys[t] = {cache_key(source=str(t / e.source), kernel_name=e.kernel_name, signature=e.signature,
                              num_warps=e.config.num_warps, num_stages=e.config.num_stages,
                              waves_per_eu=e.config.waves_per_eu, arch=e.config.arch, warp_size=warp,
@@ -119,7 +119,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--reuse", type=Path, nargs="*", default=[])
     a = ap.parse_args()
-    run = run_plan(PlanOptions(tree=a.tree, spec=a.spec))
+    run = run_plan(PlanOptions(tree=a.tree, spec=a.spec, python=sys.executable))  # the interpreter both routes use
     loaded, entries = run.loaded, run.entries
     spec = loaded.spec
     sample = stratified_sample(entries, a.sample) if a.sample else entries
