@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import resource
 import shutil
@@ -83,6 +84,19 @@ def _side(name, work, tree, driver, entries, tc, jobs, service=None):
     if r.returncode:
         sys.exit(f"{name}: ninja failed:\n{r.stdout[-3000:]}")
     return {"name": name, "wall": wall, "cpu": cpu, "n": len(entries), "stats": stats, "out": _outputs(b)}
+
+
+def _json_keys(work: Path, a: str, b: str, rel: str) -> str:
+    """For two differing sidecars: which top-level keys differ (the only part of a sidecar the
+    image packer reads is shared, num_warps and warp_size)."""
+    if not rel.endswith(".json"):
+        return ""
+    try:
+        da, db = (json.loads((work / side / rel).read_text()) for side in (a, b))
+    except (OSError, ValueError):
+        return ""
+    keys = sorted(k for k in set(da) | set(db) if da.get(k) != db.get(k))
+    return f" (keys: {', '.join(keys)})"
 
 
 def _row(s, base=None) -> str:
@@ -153,9 +167,9 @@ def main() -> None:
         same = up["out"] == warm["out"] == cold["out"] == hot["out"]
         print(f"\nimages and sidecars byte-identical across the four runs: {same} ({len(up['out'])} files)")
         for s in (warm, cold, hot):
-            for f in sorted(set(up["out"]) | set(s["out"])):
-                if up["out"].get(f) != s["out"].get(f):
-                    print(f"  differs ({s['name']}): {f}")
+            differ = [f for f in sorted(set(up["out"]) | set(s["out"])) if up["out"].get(f) != s["out"].get(f)]
+            for f in differ:
+                print(f"  differs ({s['name']}): {f}{_json_keys(work, up['name'], s['name'], f)}")
         if a.reuse:
             print()
             print("\n".join(reuse([t.resolve() for t in a.reuse], a.spec, version, spec.warp_size)))
