@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import EnvironmentMissing, UpstreamError
+from ..fsutil import move_into_place
 
 _ACTIVE: dict[str, str] = {}  # in a Dask worker: "folder" -> the sources folder its kernel modules come from
 
@@ -56,7 +57,7 @@ def _materialize(files: dict[str, bytes], digest: str) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         try:
-            os.rename(tmp, root)
+            move_into_place(tmp, root)
         except OSError:  # another task of this worker got there first
             pass
     return root

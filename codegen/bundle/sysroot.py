@@ -30,6 +30,7 @@ from typing import Callable
 from filelock import FileLock
 
 from ..errors import EnvironmentMissing, UserError
+from ..fsutil import move_into_place
 from ..resources import user_cache_dir
 
 FORMAT = 2
@@ -278,7 +279,7 @@ def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path
             (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
             if entry.exists():
                 shutil.rmtree(entry)
-            os.rename(tmp, entry)
+            move_into_place(tmp, entry)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
