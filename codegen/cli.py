@@ -213,7 +213,7 @@ def print_warnings(warnings: list[str]) -> None:
 
 def _path_option(value):
     """preflight.path_option, loaded when a path option is parsed (not at start-up)."""
-    from .preflight import path_option
+    from .preflight import path_option  # CLI start-up: preflight loads when a path option is parsed
 
     return path_option(value)
 

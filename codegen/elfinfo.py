@@ -125,6 +125,30 @@ def parse_dynamic(data: bytes | BinaryIO, path: str = "<bytes>") -> DynamicInfo:
 
 
 def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
+    dyn = _dynamic_table(elf, path)
+    needed, soname, rpath, runpath = _dynamic_tags(dyn)
+    versym, verneed, verdef, dynsym = _version_sections(elf)
+    symbols = list(dynsym.iter_symbols()) if dynsym is not None else list(
+        dyn.iter_symbols() if isinstance(dyn, DynamicSegment) else ())
+    names, needs, defs = _version_nodes(verneed, verdef)
+    defined, undefined, imports, exports = _dynamic_symbols(symbols, versym, names)
+    return DynamicInfo(
+        path=path,
+        needed=tuple(needed),
+        soname=soname,
+        rpath=rpath,
+        runpath=runpath,
+        defined=frozenset(defined),
+        undefined=frozenset(undefined),
+        version_needs=tuple(needs),
+        version_defs=tuple(defs),
+        import_versions=tuple(sorted(imports.items())),
+        export_versions=tuple(sorted(exports.items())),
+    )
+
+
+def _dynamic_table(elf: ELFFile, path: str) -> DynamicSection | DynamicSegment:
+    """The dynamic section, or the dynamic segment of a file without section headers."""
     dyn: DynamicSection | DynamicSegment | None = None
     if elf.num_sections():
         dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
@@ -132,6 +156,12 @@ def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
         dyn = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
     if dyn is None:
         raise ElfError(f"{path}: no dynamic section (a static executable or object file?)")
+    return dyn
+
+
+def _dynamic_tags(dyn: DynamicSection | DynamicSegment
+                  ) -> tuple[list[str], str | None, tuple[str, ...], tuple[str, ...]]:
+    """DT_NEEDED (in order), DT_SONAME, DT_RPATH and DT_RUNPATH."""
     needed: list[str] = []
     soname = None
     rpath: tuple[str, ...] = ()
@@ -146,7 +176,12 @@ def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
             rpath += _split(tag.rpath)
         elif t == "DT_RUNPATH":
             runpath += _split(tag.runpath)
+    return needed, soname, rpath, runpath
 
+
+def _version_sections(elf: ELFFile) -> tuple[Any, Any, Any, Any]:
+    """The `.gnu.version`, `.gnu.version_r`, `.gnu.version_d` and `.dynsym` sections (None where
+    absent, all None without section headers)."""
     versym = verneed = verdef = None
     dynsym = None
     for sec in elf.iter_sections() if elf.num_sections() else ():
@@ -158,10 +193,13 @@ def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
             verdef = sec
         elif sec.header.sh_type == "SHT_DYNSYM":
             dynsym = sec
-    symbols = list(dynsym.iter_symbols()) if dynsym is not None else list(
-        dyn.iter_symbols() if isinstance(dyn, DynamicSegment) else ())
+    return versym, verneed, verdef, dynsym
 
-    # version index -> node name
+
+def _version_nodes(verneed: GNUVerNeedSection | None, verdef: GNUVerDefSection | None
+                   ) -> tuple[dict[int, str], list[tuple[str, tuple[str, ...]]], list[str]]:
+    """Version index -> node name, the nodes required from each needed file, the nodes defined
+    (the file's own name excluded)."""
     names: dict[int, str] = {}
     needs: list[tuple[str, tuple[str, ...]]] = []
     defs: list[str] = []
@@ -180,7 +218,13 @@ def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
             names[vd.entry.vd_ndx] = aux.name
             if not vd.entry.vd_flags & 0x1:  # VER_FLG_BASE: the file's own name
                 defs.append(aux.name)
+    return names, needs, defs
 
+
+def _dynamic_symbols(symbols: list, versym: GNUVerSymSection | None, names: dict[int, str]
+                     ) -> tuple[set[str], set[str], dict[str, str], dict[str, str]]:
+    """The defined and undefined dynamic symbols, and the version node of each versioned import
+    and export."""
     defined: set[str] = set()
     undefined: set[str] = set()
     imports: dict[str, str] = {}
@@ -201,19 +245,7 @@ def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
         (undefined if und else defined).add(sym.name)
         if node is not None:
             (imports if und else exports)[sym.name] = node
-    return DynamicInfo(
-        path=path,
-        needed=tuple(needed),
-        soname=soname,
-        rpath=rpath,
-        runpath=runpath,
-        defined=frozenset(defined),
-        undefined=frozenset(undefined),
-        version_needs=tuple(needs),
-        version_defs=tuple(defs),
-        import_versions=tuple(sorted(imports.items())),
-        export_versions=tuple(sorted(exports.items())),
-    )
+    return defined, undefined, imports, exports
 
 
 def read_dynamic(path: Path | str) -> DynamicInfo:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import errno
 import hashlib
+import io
 import json
 import os
 import re
@@ -29,6 +30,8 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.elffile import ELFFile
 from filelock import FileLock, Timeout
 
 from .contain import inside
@@ -150,11 +153,6 @@ def loaded_digest(image: bytes) -> str:
     `.note` with the kernel metadata, `.dynsym`, …), not over the DWARF and symbol tables, which
     name the folders the kernel and Triton were compiled from: equal for the same kernel compiled
     from two trees."""
-    import io
-
-    from elftools.elf.constants import SH_FLAGS
-    from elftools.elf.elffile import ELFFile
-
     h = hashlib.sha256()
     for sec in ELFFile(io.BytesIO(image)).iter_sections():
         if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:

@@ -10,12 +10,15 @@ parser of those options (an empty string is refused instead of meaning the worki
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
 from .errors import UserError
+from .resources import cache_origin, user_cache_dir
 
 
 def path_option(value: str | Path | None) -> Path | None:
@@ -28,7 +31,7 @@ def path_option(value: str | Path | None) -> Path | None:
 
         raise typer.BadParameter("an empty path names no file or folder")
     if "\0" in value:
-        import typer
+        import typer  # only on this error path; the CLI has loaded it already
 
         raise typer.BadParameter("a path cannot contain a NUL character")
     return Path(value)
@@ -38,7 +41,7 @@ def finite(value: float | None) -> float | None:
     """Typer callback of a number option (a timeout, a budget): finite (`nan` passes Typer's
     `min=` check, since every comparison with nan is false; `inf` would never end)."""
     if value is not None and not math.isfinite(value):
-        import typer
+        import typer  # only on this error path; the CLI has loaded it already
 
         raise typer.BadParameter(f"{value} is not a finite number")
     return value
@@ -49,15 +52,12 @@ def iso_date(value: str | None) -> str | None:
     the CSVs, whose reader checks the same)."""
     if value is None:
         return None
-    import datetime
-    import re
-
     try:
         ok = re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}", value) and datetime.date.fromisoformat(value)
     except ValueError:
         ok = False
     if not ok:
-        import typer
+        import typer  # only on this error path; the CLI has loaded it already
 
         raise typer.BadParameter(f"{value!r} is not a date like 2026-11-24 (YYYY-MM-DD)")
     return value
@@ -128,8 +128,6 @@ def output_dir(path: Path | None, option: str) -> None:
 def cache_folder(name: str) -> Path:
     """The user's cache folder `name` (`resources.user_cache_dir`), checked like an output
     folder; a problem names the environment variable that put it there."""
-    from .resources import cache_origin, user_cache_dir
-
     try:
         path = user_cache_dir(name)
     except RuntimeError as exc:  # no $HOME and no passwd entry

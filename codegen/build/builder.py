@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..errors import UserError
+from ..kcache import CompileCache, default_cache_dir
 from ..overlay_inputs import render_overlay
 from ..toolchain import generator_requirements
 from ..toolchain.interpreter import compiler_python
@@ -21,6 +22,8 @@ from ..apply.lock import read_lock
 from .overlay import check_overlay
 from .prereq import check_prerequisites
 from .run import run_cmake, run_ninja
+from .compile_pool import CompileService
+from .dask_pool import DaskExecutor
 from .gpu_check import GpuCheckError, run_gpu_check
 from .verify import verify_install
 
@@ -224,14 +227,9 @@ def compile_service(opts: BuildOptions, tc, spec):
     upstream's per-kernel compile.py."""
     if opts.noimage or opts.compile_via == "upstream":
         return None
-    from ..kcache import CompileCache, default_cache_dir
-    from .compile_pool import CompileService
-
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
     executor = None
     if opts.dask:
-        from .dask_pool import DaskExecutor
-
         executor = DaskExecutor(opts.dask, jobs=opts.jobs, python=tc.python, triton=tc.triton_version)
     return CompileService(jobs=opts.jobs, python=tc.python, triton=tc.triton_version or "", arch=spec.arch,
                           warp_size=spec.warp_size, cache=cache, executor=executor)

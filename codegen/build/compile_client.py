@@ -47,6 +47,8 @@ def _write(path, data):
 
 def request(address, argv, cwd, env):
     """One request to the service: (header dict, image bytes)."""
+    # start-up: the .pth imports this module in every run of the build venv's Python; only a
+    # compile.py sent to the service needs these
     import json
     import socket
     import struct

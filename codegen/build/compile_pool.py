@@ -177,6 +177,7 @@ class CompileService:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _start_local(self) -> None:
+        # the precompile stage's warm workers load only for a local pool (never for --dask)
         from ..precompile.engine import worker_env
         from ..precompile.pool import WorkerPool
 

@@ -31,14 +31,19 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 
+from packaging.version import InvalidVersion, Version
+
 from ..errors import EnvironmentMissing, UpstreamError
+from ..fsutil import move_into_place
+from ..kcache import _closure, _defines
+from ..precompile import worker
+from ..precompile.resources import parse_resources
+from ..precompile.worker import compile_kernel, first_error_line
 
 _ACTIVE: dict[str, str] = {}  # in a Dask worker: "folder" -> the sources folder its kernel modules come from
 
 
 def _public(version: str | None) -> str | None:
-    from packaging.version import InvalidVersion, Version
-
     try:
         return Version(version).public if version else version
     except InvalidVersion:
@@ -56,7 +61,7 @@ def _materialize(files: dict[str, bytes], digest: str) -> Path:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
         try:
-            os.rename(tmp, root)
+            move_into_place(tmp, root)
         except OSError:  # another task of this worker got there first
             pass
     return root
@@ -65,8 +70,6 @@ def _materialize(files: dict[str, bytes], digest: str) -> Path:
 def _switch_modules(folder: str) -> None:
     """A long-lived worker may compile several trees whose kernel modules share names (`flash`):
     forget the modules imported from the previous folder before importing from another."""
-    from ..precompile import worker
-
     old = _ACTIVE.get("folder")
     if old is not None:
         for name, mod in list(sys.modules.items()):
@@ -86,11 +89,8 @@ def compile_remote(task: dict, triton_version: str, files: dict[str, bytes] | No
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     sys.dont_write_bytecode = True
     t0 = time.perf_counter()
-    from ..precompile.resources import parse_resources
-    from ..precompile.worker import compile_kernel, first_error_line
-
     try:
-        import triton
+        import triton  # optional heavy dependency: the spec's Triton, in the Dask worker only
 
         if _public(getattr(triton, "__version__", None)) != _public(triton_version):
             return {"ok": False, "compile_s": 0.0, "error": f"the Dask worker on {os.uname().nodename} has Triton "
@@ -115,8 +115,6 @@ def compile_remote(task: dict, triton_version: str, files: dict[str, bytes] | No
 
 @lru_cache(maxsize=64)
 def _closure_files(source: str, kernel_name: str) -> tuple[str, dict[str, bytes]]:
-    from ..kcache import _closure, _defines
-
     files = _closure(Path(source))
     home = next((p for p, tree in files.values() if _defines(tree, kernel_name)), None)
     if home is not None and home != Path(source):
@@ -141,7 +139,7 @@ class DaskExecutor:
 
     def start(self) -> None:
         try:
-            from distributed import Client, LocalCluster
+            from distributed import Client, LocalCluster  # optional heavy dependency: the [dask] extra
         except ImportError:
             raise EnvironmentMissing("--dask needs Dask distributed in mi100-codegen's environment",
                                      hint="pip install 'mi100-codegen[dask]'") from None

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..contain import Escape, inside, rel_path
 from ..errors import UserError
-from ..fsutil import read_input
+from ..fsutil import move_into_place, read_input, stage_write
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -60,8 +60,6 @@ class Bundle:
 
 def write_bundle(dest: Path, manifest: dict, files: dict[str, bytes]) -> None:
     """Write the zip to `dest` atomically (a temporary file beside it, then one rename)."""
-    from ..fsutil import move_into_place, stage_write
-
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         info = zipfile.ZipInfo(MANIFEST, (2026, 1, 1, 0, 0, 0))

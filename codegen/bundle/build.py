@@ -28,6 +28,7 @@ from rich.console import Console
 from ..elfinfo import read_dynamic
 from ..errors import UpstreamError, UserError
 from ..spec import load_spec
+from ..torch_integration.layout import TORCH_LINES, tag_line
 from ..upstream import detect
 from .archive import FORMAT, SPEC, bundle_name, sha256, write_bundle
 from .check import CheckReport, check_extracted
@@ -61,8 +62,6 @@ class BundleResult:
 
 
 def torch_lines(release: str) -> list[str]:
-    from ..torch_integration.layout import TORCH_LINES, tag_line
-
     line = tag_line(release)
     return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
 
@@ -81,8 +80,8 @@ def _copy_images(src: Path, dest: Path, arch: str) -> None:
 def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path, images: Path | None,
                  build_dir: Path | None, jobs: int, console: Console,
                  progress: Callable[[str], None]) -> BundleResult:
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..build.builder import BuildOptions, build_tree
-    from ..build.verify import verify_install
 
     t0 = time.monotonic()
     tree = tree.resolve()
@@ -95,6 +94,41 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     with _prefix_path(sysroot.prefix):
         rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
                                       show_progress=False), console)
+    kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
+    t_build = time.monotonic() - t0 - t_sysroot
+    lib = Path(rep.verification["library"])
+    dyn = read_dynamic(lib)
+    stage = bdir / "mi100-codegen" / "bundle-stage"
+    files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout)
+    manifest = _manifest(adapter, rep, hip, stage, lib, dyn, sysroot, kernels, files)
+    progress(f"checking the staged bundle ({len(files)} files)")
+    t1 = time.monotonic()
+    check = check_extracted(stage, manifest, progress=progress, tree=tree)
+    t_check = time.monotonic() - t1
+    manifest["verified"] = {
+        "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",
+        "link_identity": [c.as_json() for c in check.claims],
+        "dispatch": check.dispatch.summary() if check.dispatch else None,
+        "negative_controls": [c.as_json() for c in check.controls],
+        "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
+    }
+    seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
+    if not check.ok:
+        return BundleResult(None, manifest, check, seconds)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / bundle_name(adapter.release, rep.arch, hip)
+    write_bundle(dest, manifest, files)
+    shutil.rmtree(stage, ignore_errors=True)
+    seconds["total"] = round(time.monotonic() - t0, 1)
+    return BundleResult(dest, manifest, check, seconds)
+
+
+def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
+    """The kernel summary of the build (with `images`: of the prefix those images are copied into,
+    verified again); a build with problems is a BundleBuildError."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from ..build.verify import verify_install
+
     problems = list(rep.verification.get("problems", []))
     if images is not None:
         _copy_images(images.resolve(), prefix, rep.arch)
@@ -108,23 +142,31 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     if problems:
         raise BundleBuildError(f"{tree}: the HIP {hip} build is incomplete: " + "; ".join(problems[:5]),
                                hint=f"see {rep.log}")
-    t_build = time.monotonic() - t0 - t_sysroot
-    lib = Path(rep.verification["library"])
-    dyn = read_dynamic(lib)
-    hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
+    return kernels
+
+
+def _stage_files(stage: Path, lib: Path, prefix: Path, tree: Path, spec_path: Path | None,
+                 layout) -> dict[str, bytes]:
+    """Copy the bundle's members into a fresh `stage` folder; their bytes by relative path."""
     files: dict[str, bytes] = {}
-    stage = bdir / "mi100-codegen" / "bundle-stage"
     if stage.exists():
         shutil.rmtree(stage)
     (stage / "lib").mkdir(parents=True)
     shutil.copy2(lib, stage / "lib" / lib.name)
     shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
     shutil.copytree(prefix / "include", stage / "include")
-    shutil.copy2(_spec_file(tree, spec_path, adapter.layout), stage / SPEC)
+    shutil.copy2(_spec_file(tree, spec_path, layout), stage / SPEC)
     for p in sorted(stage.rglob("*")):
         if p.is_file() and not p.is_symlink():
             files[p.relative_to(stage).as_posix()] = p.read_bytes()
-    manifest = {
+    return files
+
+
+def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kernels: dict,
+              files: dict[str, bytes]) -> dict:
+    """The bundle's manifest, before its `verified` record."""
+    hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
+    return {
         "format": FORMAT,
         "label": LABEL,
         "release": adapter.release,
@@ -149,30 +191,11 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
                                                  "packages", "kernels_by_family") if k in kernels},
         "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in sorted(files.items())},
     }
-    progress(f"checking the staged bundle ({len(files)} files)")
-    t1 = time.monotonic()
-    check = check_extracted(stage, manifest, progress=progress, tree=tree)
-    t_check = time.monotonic() - t1
-    manifest["verified"] = {
-        "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",
-        "link_identity": [c.as_json() for c in check.claims],
-        "dispatch": check.dispatch.summary() if check.dispatch else None,
-        "negative_controls": [c.as_json() for c in check.controls],
-        "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
-    }
-    seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
-    if not check.ok:
-        return BundleResult(None, manifest, check, seconds)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dest = out_dir / bundle_name(adapter.release, rep.arch, hip)
-    write_bundle(dest, manifest, files)
-    shutil.rmtree(stage, ignore_errors=True)
-    seconds["total"] = round(time.monotonic() - t0, 1)
-    return BundleResult(dest, manifest, check, seconds)
 
 
 def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
     """The build stage's own overlay check (it runs again inside the build)."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..apply.lock import read_lock
     from ..build.builder import resolve_spec
     from ..build.overlay import check_overlay
@@ -185,6 +208,7 @@ def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
 
 
 def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..build.builder import resolve_spec
 
     return resolve_spec(tree, spec_path, layout).path

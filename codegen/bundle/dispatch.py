@@ -31,6 +31,7 @@ from pathlib import Path
 
 from ..elfinfo import AMDGPU_MACH
 from ..errors import EnvironmentMissing, UserError
+from ..fsutil import move_into_place
 from ..models import TargetSpec
 from ..validate.cases import SHAPES, Shape
 from .stub import Stub
@@ -142,7 +143,7 @@ def remove_image(images: Path, container: str) -> None:
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
         for info, data in keep:
             z.writestr(info, data)
-    os.replace(tmp, path)
+    move_into_place(tmp, path)
 
 
 def elf_extent(image: bytes) -> int:
@@ -270,7 +271,7 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
         if r.returncode != 0:
             raise EnvironmentMissing(f"the dispatch driver does not compile against {inc}:\n"
                                      + "\n".join(r.stderr.strip().splitlines()[-15:]))
-        os.replace(tmp / "driver", out)
+        move_into_place(tmp / "driver", out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

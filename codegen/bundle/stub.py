@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..elfinfo import read_dynamic
 from ..errors import EnvironmentMissing
+from ..fsutil import move_into_place
 
 SOURCE = Path(__file__).resolve().parent / "stub" / "hip_stub.c"
 
@@ -96,7 +97,7 @@ def build_stub(include: Path, runtime: Path, cache: Path, cc: str | None = None)
         # the unversioned name too: what a torch wheel's libraries need after patchelf
         os.symlink(out.name, tmp / "libamdhip64.so")
         try:
-            os.rename(tmp, out.parent)
+            move_into_place(tmp, out.parent)
         except OSError:
             if not out.is_file():
                 raise

@@ -30,6 +30,7 @@ from typing import Callable
 from filelock import FileLock
 
 from ..errors import EnvironmentMissing, UserError
+from ..fsutil import move_into_place
 from ..resources import user_cache_dir
 
 FORMAT = 2
@@ -215,6 +216,42 @@ def _apt_env(apt: Path, mirror: Mirror, suite: str) -> dict:
     return {**os.environ, "APT_CONFIG": str(apt / "apt.conf"), "LC_ALL": "C", "DEBIAN_FRONTEND": "noninteractive"}
 
 
+def _fill(tmp: Path, major: int, src: HipSource, env: dict, entry: Path,
+          progress: Callable[[str], None]) -> None:
+    """Download the HIP `major` packages into `tmp`, unpack them there and write its record: the
+    sysroot, before it is renamed into place."""
+    debs = tmp / "debs"
+    debs.mkdir()
+    progress(f"HIP {major} sysroot: apt-get download {' '.join(src.packages)}")
+    _run(["apt-get", "download", *src.packages], env, src, entry, cwd=debs)
+    record: dict = {"format": FORMAT, "major": major, "suite": src.suite, "packages": {}}
+    for deb in sorted(debs.glob("*.deb")):
+        name, version, _arch = deb.stem.split("_", 2)
+        record["packages"][name] = {"version": version.replace("%3a", ":"), "file": deb.name,
+                                    "sha256": hashlib.sha256(deb.read_bytes()).hexdigest()}
+    dev = record["packages"].get(src.packages[0], {})
+    if not str(dev.get("version", "")).startswith(f"{major}."):
+        raise _offline(src, f"suite {src.suite} offers {src.packages[0]} {dev.get('version', 'none')}, "
+                            f"not HIP {major}.x", entry)
+    progress(f"HIP {major} sysroot: dpkg -x ({len(record['packages'])} packages, "
+             f"{src.packages[0]} {dev['version']})")
+    for deb in sorted(debs.glob("*.deb")):
+        _run(["dpkg", "-x", str(deb), str(tmp)], env, src, entry)
+    shutil.rmtree(debs)
+    lib = next(iter(sorted((tmp / "usr" / "lib").glob(f"*/libamdhip64.so.{major}"))), None)
+    if lib is None or not (tmp / "usr" / "include" / "hip" / "hip_runtime_api.h").is_file():
+        raise _offline(src, "the packages hold no hip/hip_runtime_api.h or "
+                            f"libamdhip64.so.{major}", entry)
+    real = lib.resolve()
+    if tmp.resolve() not in real.parents:
+        raise _offline(src, f"{lib.name} links outside the sysroot", entry)
+    record["runtime"] = real.relative_to(tmp.resolve()).as_posix()
+    # hip-config.cmake checks that its bin folder exists (hipcc's, from another package);
+    # the runtime build uses the host compiler, so an empty one does
+    (tmp / "usr" / "bin").mkdir(exist_ok=True)
+    (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path("/etc/apt"),
                    progress: Callable[[str], None] = lambda s: None) -> Sysroot:
     """The HIP `major` sysroot, made on first use (see the module doc)."""
@@ -246,39 +283,10 @@ def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-hip{major}-", dir=base))
         try:
-            debs = tmp / "debs"
-            debs.mkdir()
-            progress(f"HIP {major} sysroot: apt-get download {' '.join(src.packages)}")
-            _run(["apt-get", "download", *src.packages], env, src, entry, cwd=debs)
-            record: dict = {"format": FORMAT, "major": major, "suite": src.suite, "packages": {}}
-            for deb in sorted(debs.glob("*.deb")):
-                name, version, _arch = deb.stem.split("_", 2)
-                record["packages"][name] = {"version": version.replace("%3a", ":"), "file": deb.name,
-                                            "sha256": hashlib.sha256(deb.read_bytes()).hexdigest()}
-            dev = record["packages"].get(src.packages[0], {})
-            if not str(dev.get("version", "")).startswith(f"{major}."):
-                raise _offline(src, f"suite {src.suite} offers {src.packages[0]} {dev.get('version', 'none')}, "
-                                    f"not HIP {major}.x", entry)
-            progress(f"HIP {major} sysroot: dpkg -x ({len(record['packages'])} packages, "
-                     f"{src.packages[0]} {dev['version']})")
-            for deb in sorted(debs.glob("*.deb")):
-                _run(["dpkg", "-x", str(deb), str(tmp)], env, src, entry)
-            shutil.rmtree(debs)
-            lib = next(iter(sorted((tmp / "usr" / "lib").glob(f"*/libamdhip64.so.{major}"))), None)
-            if lib is None or not (tmp / "usr" / "include" / "hip" / "hip_runtime_api.h").is_file():
-                raise _offline(src, "the packages hold no hip/hip_runtime_api.h or "
-                                    f"libamdhip64.so.{major}", entry)
-            real = lib.resolve()
-            if tmp.resolve() not in real.parents:
-                raise _offline(src, f"{lib.name} links outside the sysroot", entry)
-            record["runtime"] = real.relative_to(tmp.resolve()).as_posix()
-            # hip-config.cmake checks that its bin folder exists (hipcc's, from another package);
-            # the runtime build uses the host compiler, so an empty one does
-            (tmp / "usr" / "bin").mkdir(exist_ok=True)
-            (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+            _fill(tmp, major, src, env, entry, progress)
             if entry.exists():
                 shutil.rmtree(entry)
-            os.rename(tmp, entry)
+            move_into_place(tmp, entry)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -10,6 +10,7 @@ a task dict, the worker answers a result dict; `None` stops the worker.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import signal
@@ -81,8 +82,6 @@ def sidecar_json(metadata) -> str:
     without the target, `compile_status` last, `json.dump(indent=2)` (the image packer, aks2,
     reads `shared`, `num_warps` and `warp_size` from it; `extern_libs` and `hash` carry the path
     of the Triton install)."""
-    import json
-
     di = metadata._asdict()
     del di["target"]
     di["compile_status"] = "Complete"

@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -89,8 +90,6 @@ def install(
             stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
             return
         apply_install(plan, bdir)
-    from rich.markup import escape
-
     what = f"bundle {record['file']} ({record['label']})" if record else p.lib.name
     stderr.print(f"[green]installed:[/] {escape(what)} as lib/{t.aot_needed.name} + images for {a} "
                  f"into {escape(str(t.root))} ({plan.summary()}); backup {escape(str(bdir))}")

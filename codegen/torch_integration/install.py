@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..contain import RelPath, inside
 from ..errors import CodegenError, EXIT_UPSTREAM, UserError
 from ..fsutil import atomic_copy, atomic_write, move_into_place, read_input
-from ..elfinfo import ElfError, read_dynamic
+from ..bundle.archive import extract, open_bundle, sha256
+from ..elfinfo import ElfError, read_dynamic, version_key
 from .hip import hip_mismatch, library_hip, torch_hip
 from .layout import (
     inspect_prefix,
@@ -200,9 +201,6 @@ def open_bundle_prefix(path: Path, work: Path, arch: str | None,
     machine (its glibc against the library's needs), extracted below `work` as an install prefix.
     Returns the prefix, the arch and what the backup manifest records of the bundle. Every
     refusal is one message (exit 2) before anything of torch is touched."""
-    from ..bundle.archive import extract, open_bundle, sha256
-    from ..elfinfo import version_key
-
     b = open_bundle(path)
     m = b.manifest
     if arch is not None and arch != m.get("arch"):
