@@ -29,12 +29,13 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import processes
 from ..elfinfo import AMDGPU_MACH
 from ..errors import EnvironmentMissing, UserError
 from ..fsutil import move_into_place
 from ..models import TargetSpec
 from ..validate.cases import SHAPES, Shape
-from .stub import Stub
+from .stub import COMPILE_TIMEOUT_S, Stub
 
 DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
 LABEL = "CPU-built, dispatch emulated; never run on a card"
@@ -267,7 +268,11 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
         cmd = [cxx, "-std=c++20", "-O1", "-D__HIP_PLATFORM_AMD__", "-I", str(inc), *system,
                str(DRIVER), "-o", str(tmp / "driver"), f"-L{lib.parent}", f"-l:{lib.name}",
                f"-L{stub.path.parent}", f"-l:{stub.path.name}", "-Wl,--allow-shlib-undefined"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            r = processes.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentMissing(f"compiling the dispatch driver did not finish within {COMPILE_TIMEOUT_S} s "
+                                     "(killed)") from None
         if r.returncode != 0:
             raise EnvironmentMissing(f"the dispatch driver does not compile against {inc}:\n"
                                      + "\n".join(r.stderr.strip().splitlines()[-15:]))
@@ -292,8 +297,8 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
                "MI100_STUB_WAVE": str(wave), "MI100_STUB_LOG": str(log),
                "LD_LIBRARY_PATH": os.pathsep.join([str(stub.path.parent), str(lib.parent)])}
         try:
-            r = subprocess.run([str(driver)], input="".join(c.line() + "\n" for c in cases), env=env,
-                               capture_output=True, text=True, timeout=timeout)
+            r = processes.run([str(driver)], input="".join(c.line() + "\n" for c in cases), env=env,
+                              capture_output=True, text=True, timeout=timeout)
             rc, stdout, stderr = r.returncode, r.stdout, r.stderr
         except subprocess.TimeoutExpired as exc:
             rc, stdout, stderr = 124, (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or ""), "timed out"

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import processes
 from ..elfinfo import read_dynamic
 from ..errors import EnvironmentMissing
 from ..fsutil import move_into_place
@@ -28,6 +29,8 @@ SOURCE = Path(__file__).resolve().parent / "stub" / "hip_stub.c"
 FUNCTIONS = ("hipGetDevice", "hipGetDeviceCount", "hipStreamGetDevice", "hipGetDeviceProperties",
              "hipGetDevicePropertiesR0600", "hipPeekAtLastError", "hipGetLastError", "hipModuleLoadDataEx",
              "hipModuleGetFunction", "hipModuleLaunchKernel", "hipModuleUnload")
+
+COMPILE_TIMEOUT_S = 600  # one small C file; a compiler that hangs is killed
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,11 @@ def build_stub(include: Path, runtime: Path, cache: Path, cc: str | None = None)
         cmd = [cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-D__HIP_PLATFORM_AMD__",
                *system, "-o", str(tmp / out.name), str(SOURCE),
                f"-Wl,-soname,libamdhip64.so.{major}", f"-Wl,--version-script={tmp / 'hip_stub.map'}"]
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            r = processes.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise EnvironmentMissing(f"compiling the stub HIP runtime did not finish within {COMPILE_TIMEOUT_S} s "
+                                     "(killed)") from None
         if r.returncode != 0:
             raise EnvironmentMissing(f"the stub HIP runtime does not compile against {include}:\n"
                                      + "\n".join(r.stderr.strip().splitlines()[-15:]))

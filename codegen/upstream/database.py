@@ -11,8 +11,11 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from .. import processes
 from ..errors import UpstreamError
 from . import Adapter
+
+COMPOSE_TIMEOUT_S = 1800  # the composer reads a few MB of sqlite: seconds; a hang is killed
 
 
 def _extract(archive: Path, dest: Path) -> None:
@@ -52,11 +55,15 @@ def compose_database(adapter: Adapter, tree: Path, build_dir: Path, python: str,
             _extract(archive, db_dir / archive.parent.relative_to(base))
     except (OSError, tarfile.TarError, EOFError) as exc:
         raise UpstreamError(f"{tree}: cannot extract the tuning database: {exc}") from None
-    proc = subprocess.run(
-        [python, "-m", adapter.db_compose_module,
-         "--database_file", str(db_dir / "tuning_database.sqlite3"), "--decomposed", str(db_dir)],
-        cwd=tree, env=env, capture_output=True, text=True,
-    )
+    try:
+        proc = processes.run(
+            [python, "-m", adapter.db_compose_module,
+             "--database_file", str(db_dir / "tuning_database.sqlite3"), "--decomposed", str(db_dir)],
+            cwd=tree, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPOSE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise UpstreamError(f"{tree}: {adapter.db_compose_module} did not finish within "
+                            f"{COMPOSE_TIMEOUT_S // 60} min (killed)") from None
     if proc.returncode:
         raise UpstreamError(f"{tree}: {adapter.db_compose_module} failed (rc {proc.returncode}): "
                             + last_line(proc.stderr or proc.stdout), hint=python_hint(proc.stderr, python))
