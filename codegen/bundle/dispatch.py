@@ -35,7 +35,7 @@ from ..errors import EnvironmentMissing, UserError
 from ..fsutil import move_into_place
 from ..models import TargetSpec
 from ..validate.cases import SHAPES, Shape
-from .stub import COMPILE_TIMEOUT_S, Stub
+from .stub import Stub, compile_c
 
 DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
 LABEL = "CPU-built, dispatch emulated; never run on a card"
@@ -268,14 +268,7 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
         cmd = [cxx, "-std=c++20", "-O1", "-D__HIP_PLATFORM_AMD__", "-I", str(inc), *system,
                str(DRIVER), "-o", str(tmp / "driver"), f"-L{lib.parent}", f"-l:{lib.name}",
                f"-L{stub.path.parent}", f"-l:{stub.path.name}", "-Wl,--allow-shlib-undefined"]
-        try:
-            r = processes.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise EnvironmentMissing(f"compiling the dispatch driver did not finish within {COMPILE_TIMEOUT_S} s "
-                                     "(killed)") from None
-        if r.returncode != 0:
-            raise EnvironmentMissing(f"the dispatch driver does not compile against {inc}:\n"
-                                     + "\n".join(r.stderr.strip().splitlines()[-15:]))
+        compile_c(cmd, "the dispatch driver", inc)
         move_into_place(tmp / "driver", out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

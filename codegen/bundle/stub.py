@@ -30,7 +30,19 @@ FUNCTIONS = ("hipGetDevice", "hipGetDeviceCount", "hipStreamGetDevice", "hipGetD
              "hipGetDevicePropertiesR0600", "hipPeekAtLastError", "hipGetLastError", "hipModuleLoadDataEx",
              "hipModuleGetFunction", "hipModuleLaunchKernel", "hipModuleUnload")
 
-COMPILE_TIMEOUT_S = 600  # one small C file; a compiler that hangs is killed
+COMPILE_TIMEOUT_S = 600  # one small C/C++ file; a compiler that hangs is killed
+
+
+def compile_c(cmd: list[str], what: str, include: Path) -> None:
+    """Run one compiler command of ours (the stub, the dispatch driver) with a time limit; a
+    failure is EnvironmentMissing with the compiler's last lines."""
+    try:
+        r = processes.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentMissing(f"compiling {what} did not finish within {COMPILE_TIMEOUT_S} s (killed)") from None
+    if r.returncode != 0:
+        raise EnvironmentMissing(f"{what} does not compile against {include}:\n"
+                                 + "\n".join(r.stderr.strip().splitlines()[-15:]))
 
 
 @dataclass(frozen=True)
@@ -93,14 +105,7 @@ def build_stub(include: Path, runtime: Path, cache: Path, cc: str | None = None)
         cmd = [cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-D__HIP_PLATFORM_AMD__",
                *system, "-o", str(tmp / out.name), str(SOURCE),
                f"-Wl,-soname,libamdhip64.so.{major}", f"-Wl,--version-script={tmp / 'hip_stub.map'}"]
-        try:
-            r = processes.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPILE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise EnvironmentMissing(f"compiling the stub HIP runtime did not finish within {COMPILE_TIMEOUT_S} s "
-                                     "(killed)") from None
-        if r.returncode != 0:
-            raise EnvironmentMissing(f"the stub HIP runtime does not compile against {include}:\n"
-                                     + "\n".join(r.stderr.strip().splitlines()[-15:]))
+        compile_c(cmd, "the stub HIP runtime", include)
         # the unversioned name too: what a torch wheel's libraries need after patchelf
         os.symlink(out.name, tmp / "libamdhip64.so")
         try:

@@ -196,7 +196,7 @@ def _apt_env(apt: Path, mirror: Mirror, suite: str) -> dict:
     for d in ("state/lists/partial", "cache/archives/partial", "sources", "preferences"):
         (apt / d).mkdir(parents=True, exist_ok=True)
     (apt / "status").touch()
-    stanza = [f"Types: deb", f"URIs: {mirror.uri}", f"Suites: {suite}",
+    stanza = ["Types: deb", f"URIs: {mirror.uri}", f"Suites: {suite}",
               f"Components: {' '.join(mirror.components)}"]
     if mirror.signed_by:
         stanza.append(f"Signed-By: {mirror.signed_by}")

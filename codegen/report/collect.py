@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
