@@ -48,9 +48,9 @@ def test_missing_prerequisites_listed(fresh_tree, tmp_path):
     r = _run("build", tree, "--prefix", tmp_path / "p", "--build-dir", tmp_path / "b", "--for-tuning")
     assert r.exit_code == 2 and "at least two head dims" in r.output
     assert not (tmp_path / "b").exists()
-    # The spec is found from the sha256 the lock records; another spec is refused.
+    # The spec is the copy apply recorded in the tree; another spec is refused, naming both.
     r = _run("build", tree, "--prefix", tmp_path / "p", "--spec", REPO / "rules" / "mi100.yaml")
-    assert r.exit_code == 2 and "applied from another spec" in r.output
+    assert r.exit_code == 2 and "is not the spec this tree was applied from" in r.output
 
 
 def test_compile_route_options_refused(pristine_tree, tmp_path):
