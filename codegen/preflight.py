@@ -163,4 +163,6 @@ def interpreter(python: str, option: str = "--python") -> str:
     if not found:
         raise UserError(f"{option} {python}: no such executable",
                         hint="pass a Python that has the tree's generator requirements (pandas, ...)")
-    return found
+    # absolute, so that it still names the same file when a command runs in the tree's folder;
+    # not resolved: a venv's python is a link whose location decides the venv
+    return os.path.abspath(found)

@@ -477,3 +477,16 @@ def test_precompile_prune_to_the_users_own_spec_keeps_it_byte_identical(fresh_tr
     assert r.exit_code == 0, r.output
     assert "0 exclude rule(s) added" in r.output
     assert spec.read_bytes() == before
+
+
+def test_a_relative_python_is_made_absolute(tmp_path, monkeypatch):
+    """`--python .venv/bin/python` must still name the same file when the generator or the database
+    composer runs with the tree as its working directory (it crashed with FileNotFoundError)."""
+    from codegen import preflight
+
+    link = tmp_path / "venv" / "bin" / "python"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    got = preflight.interpreter("venv/bin/python")
+    assert got == str(link) and os.path.isabs(got)  # absolute, and not resolved past the venv's link
