@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..fsutil import write_if_changed
 from ..kcache import CACHE_ENV, CompileCache, cache_key
-from .compile_client import POOL_ENV
+from .compile_client import POOL_ENV, _recv_exact  # one framing reader, the client's (stdlib only)
 
 HOOK_MODULE = "_mi100_codegen_compile_hook"
 HOOK_PTH = "_mi100_codegen_compile_hook.pth"
@@ -278,16 +278,6 @@ class CompileService:
             return {"ok": False, "error": record.get("error") or "compile failed",
                     "traceback": record.get("traceback", "")}, b""
         return {"ok": True, "out": job["out"], "sidecar": record["sidecar"], "cached": cached}, image
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(1 << 20, n - len(buf)))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return bytes(buf)
 
 
 __all__ = ["CompileService", "HOOK_MODULE", "POOL_ENV", "ServiceStats", "install_client", "parse_request"]
