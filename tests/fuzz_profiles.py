@@ -27,3 +27,15 @@ def fast(n: int) -> settings:
 def slow(n: int) -> settings:
     """`-m slow`: fresh random cases every run."""
     return settings(_BASE, max_examples=n)
+
+
+def node_paths(node, loc=()):
+    """Every location in a parsed document (YAML or JSON), as a tuple of keys and indexes: the
+    places the mutation fuzzers pick from."""
+    yield loc
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from node_paths(v, loc + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from node_paths(v, loc + (i,))

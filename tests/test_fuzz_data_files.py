@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fuzz_profiles import fast, slow
+from fuzz_profiles import fast, node_paths, slow
 from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -46,20 +46,10 @@ json_values = st.recursive(json_scalars, lambda inner: st.one_of(
     st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)), max_leaves=8)
 
 
-def _paths(node, loc=()):
-    yield loc
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, loc + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, loc + (i,))
-
-
 def _mutate(draw, doc):
     doc = copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
-        paths = list(_paths(doc))
+        paths = list(node_paths(doc))
         loc = draw(st.sampled_from(paths))
         if not loc:
             doc = draw(st.sampled_from([[doc], [], "text", 1, None])) if draw(st.booleans()) else doc

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fuzz_profiles import fast, slow
+from fuzz_profiles import fast, node_paths, slow
 from hypothesis import given
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -26,17 +26,7 @@ BASE_TEXT = (REPO / "rules" / "mi100.yaml").read_text()
 BASE = YAML(typ="safe", pure=True).load(BASE_TEXT)
 
 
-def _paths(node, loc=()):
-    yield loc
-    if isinstance(node, dict):
-        for k, v in node.items():
-            yield from _paths(v, loc + (k,))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _paths(v, loc + (i,))
-
-
-PATHS = [p for p in _paths(BASE) if p]
+PATHS = [p for p in node_paths(BASE) if p]
 
 
 def _at(doc, loc):
@@ -45,7 +35,7 @@ def _at(doc, loc):
     return doc
 
 
-CONTAINERS = [p for p in _paths(BASE) if isinstance(_at(BASE, p), (dict, list))]
+CONTAINERS = [p for p in node_paths(BASE) if isinstance(_at(BASE, p), (dict, list))]
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),

@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from codegen.bundle.archive import FORMAT, bundle_name, sha256, write_bundle
 from codegen.elfinfo import read_dynamic
 from codegen.torch_integration.install import machine_glibc
-from test_torch_install import build_prefix, build_torch, cli, load_which, need_cc, snapshot
+from test_torch_install import build_prefix, cli, load_which, site, snapshot  # noqa: F401 (site: the fixture)
 
 
 def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) -> Path:
@@ -31,14 +29,6 @@ def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) 
     out = tmp_path / bundle_name("0.11b", arch, 6)
     write_bundle(out, manifest, files)
     return out
-
-
-@pytest.fixture
-def site(tmp_path):
-    need_cc()
-    s = tmp_path / "site-packages"
-    build_torch(s)
-    return s
 
 
 def test_install_bundle_status_restore(site, tmp_path):
