@@ -113,6 +113,7 @@ class BuildOptions:
     no_cache: bool = False          # the compile service neither reads nor writes the kernel cache
     cache_dir: Path | None = None   # the kernel cache (default codegen.kcache.default_cache_dir())
     dask: str | None = None         # a Dask scheduler address, or "local" (codegen.build.dask_pool)
+    hip_prefix: Path | None = None  # HIP from this prefix alone (bundle build's sysroot; prereq._check_hip)
 
 
 COMPILE_ROUTES = ("workers", "upstream")
@@ -173,7 +174,8 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                           manifest_sha256=manifest,
                           spec_display=loaded.display)
     tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
-                             python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang)
+                             python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang,
+                             hip_prefix=opts.hip_prefix)
     req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
                        for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)

@@ -253,11 +253,16 @@ def _check_tools(missing: list[str], warnings: list[str], min_clang: int | None 
             "cxx": (shutil.which(cxx) or cxx) if cxx else cxx, "cc": (shutil.which(cc) or cc) if cc else cc}
 
 
-def _check_hip(missing: list[str]) -> tuple[Path | None, str | None]:
-    """HIP's CMake packages, headers and hipcc; the common way to get them all is said once."""
-    prefixes = _prefixes()
+def _check_hip(missing: list[str], hip_prefix: Path | None = None) -> tuple[Path | None, str | None]:
+    """HIP's CMake packages, headers and hipcc; the common way to get them all is said once.
+
+    `hip_prefix` (bundle build's private sysroot, codegen.bundle.sysroot): HIP is taken from there
+    alone, and neither hipcc nor the device libraries are asked for: the runtime is compiled by the
+    host's C++ compiler and HIP 6/7's config loads AMDDeviceLibs only QUIET."""
+    prefixes = [hip_prefix] if hip_prefix is not None else _prefixes()
     hip_dir = find_cmake_package("hip", prefixes)
-    absent = [(name, pkg) for name, pkg in HIP_CMAKE_PACKAGES if find_cmake_package(name, prefixes) is None]
+    wanted = [(n, p) for n, p in HIP_CMAKE_PACKAGES if hip_prefix is None or n != "AMDDeviceLibs"]
+    absent = [(name, pkg) for name, pkg in wanted if find_cmake_package(name, prefixes) is None]
     if absent:
         names = ", ".join(f"'{name}'" for name, _ in absent)
         missing.append(f"HIP: CMake package(s) {names} (HIP headers and CMake config): apt-get install -y "
@@ -266,7 +271,8 @@ def _check_hip(missing: list[str]) -> tuple[Path | None, str | None]:
     hip_version = hip_version_of(hip_dir) if hip_dir else None
     if hip_dir is not None and hip_version is None:
         missing.append(f"HIP headers (hip/hip_version.h) for {hip_dir}: apt-get install -y libamdhip64-dev")
-    if hip_dir is not None and shutil.which("hipcc") is None and not (hip_dir.parents[2] / "bin" / "hipcc").exists():
+    if (hip_prefix is None and hip_dir is not None and shutil.which("hipcc") is None
+            and not (hip_dir.parents[2] / "bin" / "hipcc").exists()):
         missing.append("hipcc: apt-get install -y hipcc")
     return hip_dir, hip_version
 
@@ -302,7 +308,8 @@ def _refuse(missing: list[str]) -> None:
 
 
 def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_triton: bool, python_binding: bool = False,
-                        spec: TargetSpec | None = None, min_clang: int | None = None) -> Toolchain:
+                        spec: TargetSpec | None = None, min_clang: int | None = None,
+                        hip_prefix: Path | None = None) -> Toolchain:
     """Find every tool the build needs; raise one PrerequisiteError listing all that are missing.
     The Triton in `python`'s environment must be one the spec's toolchain names (default: the
     embedded gfx908 spec's). `python` may be a function that finds it (the build venv, created on
@@ -310,7 +317,7 @@ def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_tri
     missing: list[str] = []
     warnings: list[str] = []
     tools = _check_tools(missing, warnings, min_clang)
-    hip_dir, hip_version = _check_hip(missing)
+    hip_dir, hip_version = _check_hip(missing, hip_prefix)
     if callable(python):
         if missing:  # the system's tools first: no build venv is created for a build that cannot run
             _refuse(missing)

@@ -79,7 +79,9 @@ def _copy_images(src: Path, dest: Path, arch: str) -> None:
 
 def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path, images: Path | None,
                  build_dir: Path | None, jobs: int, console: Console,
-                 progress: Callable[[str], None]) -> BundleResult:
+                 progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
+    """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
+    no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..build.builder import BuildOptions, build_tree
 
@@ -92,8 +94,9 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
     prefix = bdir / "mi100-codegen" / "bundle-prefix"
     with _prefix_path(sysroot.prefix):
+        opts = {"show_progress": False, **(compile_opts or {}), "hip_prefix": sysroot.prefix}
         rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
-                                      show_progress=False), console)
+                                      **opts), console)
     kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
     t_build = time.monotonic() - t0 - t_sysroot
     lib = Path(rep.verification["library"])
@@ -186,6 +189,8 @@ def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kern
             "hip_headers": {k: v["version"] for k, v in sysroot.record["packages"].items()},
             "hip_suite": sysroot.record["suite"], "toolchain": rep.toolchain, "machine": platform.machine(),
             "build_log": rep.log,
+            # this run's kernel compiles (codegen.kcache): 0 compiled when the images came from --images
+            "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,
         },
         "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "missing_count", "empty_count",
                                                  "packages", "kernels_by_family") if k in kernels},

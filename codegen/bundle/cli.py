@@ -10,6 +10,10 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from .. import preflight
+from ..precompile.cli import PYTHON_HELP, TRITON_HELP
+from ..preflight import path_option
+
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 bundle_app = typer.Typer(
@@ -53,8 +57,13 @@ def build(
     images: Optional[Path] = typer.Option(None, "--images", help="Take the kernel images from this "
                                           "`mi100-codegen build` prefix of the same tree (else build them)."),
     build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Build folder (default: "
-                                             "AOTRITON_DIR/build-hip<N>)."),
+                                             "build-hip<N> in the tree)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel jobs."),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the kernel cache."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", parser=path_option, metavar="PATH",
+                                             help="Kernel cache (default: kernels/ under the cache folder)."),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
 ) -> None:
     """Build the runtime against HIP N's headers, check it, write one bundle file."""
@@ -62,8 +71,12 @@ def build(
     from ..build.run import cpu_count
     from .build import BundleBuildError, build_bundle
 
+    if cache_dir is not None and not no_cache:
+        preflight.output_dir(cache_dir, "--cache-dir")
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
-                       jobs=jobs or cpu_count(), console=stderr, progress=_say)
+                       jobs=jobs or cpu_count(), console=stderr, progress=_say,
+                       compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
+                                     "cache_dir": cache_dir, "show_progress": not as_json})
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,
