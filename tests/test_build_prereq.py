@@ -141,3 +141,38 @@ def test_build_interpreter_is_the_build_venv_unless_python_given(tmp_path, monke
     with pytest.raises(UserError, match="--triton-version picks the build venv"):
         builder.build_python(builder.BuildOptions(tree=tmp_path, prefix=tmp_path / "p", python=sys.executable,
                                                   triton_version="3.8.0"), tmp_path, spec, quiet)
+
+
+def _sysroot(root):
+    """A private HIP sysroot's `usr` as codegen.bundle.sysroot unpacks it: the three CMake packages
+    HIP 6/7's config loads, hip_version.h, no hipcc and no device libraries."""
+    cm = root / "lib" / "x86_64-linux-gnu" / "cmake"
+    for name in ("hip", "amd_comgr", "hsa-runtime64"):
+        (cm / name).mkdir(parents=True)
+        (cm / name / f"{name}-config.cmake").write_text("# stand-in\n")
+    (root / "include" / "hip").mkdir(parents=True)
+    (root / "include" / "hip" / "hip_version.h").write_text(
+        "#define HIP_VERSION_MAJOR 6\n#define HIP_VERSION_MINOR 4\n#define HIP_VERSION_PATCH 43484\n")
+    (root / "bin").mkdir()
+    return root
+
+
+def test_a_bundle_sysroot_needs_neither_hipcc_nor_device_libs(tmp_path, monkeypatch):
+    """bundle build compiles the runtime with the host's compiler against the sysroot alone: a machine
+    with no system HIP at all builds (the system's HIP is not consulted, not even when present)."""
+    usr = _sysroot(tmp_path / "usr")
+    monkeypatch.setattr(shutil, "which", lambda *_a, **_k: None)
+    missing: list[str] = []
+    hip_dir, version = prereq._check_hip(missing, usr)
+    assert missing == []
+    assert hip_dir == usr / "lib" / "x86_64-linux-gnu" / "cmake" / "hip"
+    assert version == (6, 4, 43484)
+    # the same folder as an ordinary prefix is not enough for `build`: hipcc and the device libs are named
+    monkeypatch.setattr(prereq, "_prefixes", lambda: [usr])
+    missing = []
+    prereq._check_hip(missing, None)
+    assert any("AMDDeviceLibs" in m for m in missing) and any(m.startswith("hipcc") for m in missing)
+    # an empty sysroot is named as the HIP packages it lacks
+    missing = []
+    assert prereq._check_hip(missing, tmp_path / "empty") == (None, None)
+    assert len(missing) == 1 and "remove that folder" in missing[0] and "apt-get" not in missing[0]

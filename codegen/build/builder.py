@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..kcache import CompileCache, default_cache_dir
 from ..overlay_inputs import render_overlay
 from ..toolchain import generator_requirements
+from .aiter import place_stand_in
 from ..toolchain.interpreter import compiler_python
 from ..upstream import detect
 from ..upstream.layouts import DEFAULT_LAYOUT
@@ -56,6 +57,7 @@ class BuildReport:
     hip_compat: bool = False
     verification: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    aiter: str | None = None         # what --aiter-stand-in did (codegen.build.aiter), None without it
 
     @property
     def kernels_per_minute(self) -> float | None:
@@ -114,6 +116,7 @@ class BuildOptions:
     cache_dir: Path | None = None   # the kernel cache (default codegen.kcache.default_cache_dir())
     dask: str | None = None         # a Dask scheduler address, or "local" (codegen.build.dask_pool)
     hip_prefix: Path | None = None  # HIP from this prefix alone (bundle build's sysroot; prereq._check_hip)
+    aiter_stand_in: bool = False    # place an empty, tagged aiter repository (codegen.build.aiter; offline)
 
 
 COMPILE_ROUTES = ("workers", "upstream")
@@ -189,6 +192,10 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
         mode="noimage" if opts.noimage else ("tuning" if opts.for_tuning else "images"),
         toolchain=tc.summary(), hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
     )
+    if opts.aiter_stand_in and not opts.noimage:
+        report.aiter = place_stand_in(tree, build_dir, adapter, spec.arch)
+        console.print(f"aiter: {report.aiter} ({build_dir / 'v3src' / 'aiter'}; {spec.arch} reads none of "
+                      f"aiter's kernels)", markup=False)
     if adapter.clones_aiter and not opts.noimage and not (build_dir / "v3src" / "aiter").is_dir():
         report.warnings.append(f"AOTriton {adapter.release} clones https://github.com/ROCm/aiter.git at configure time "
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")

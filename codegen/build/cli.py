@@ -15,6 +15,9 @@ from .. import preflight
 from ..preflight import path_option
 from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 
+AITER_HELP = ("Offline 0.12b+ builds: an empty repository, tagged as third_party/aiter.txt says, in "
+              "place of the ROCm/aiter clone (refused for the archs whose kernels come from aiter).")
+
 
 def _print_summary(console: Console, rep) -> None:
     v = rep.verification
@@ -82,6 +85,7 @@ def register(app: typer.Typer, guarded) -> None:
                                                  help="Kernel cache (default: kernels/ under the cache folder)."),
         dask: Optional[str] = typer.Option(None, "--dask", help="Compile on a Dask cluster: its scheduler "
                                            "address, or 'local' (needs the [dask] extra)."),
+        aiter_stand_in: bool = typer.Option(False, "--aiter-stand-in", help=AITER_HELP),
     ) -> None:
         """Configure, build and install AOTriton for the spec's GPU; verify the install.
 
@@ -106,7 +110,8 @@ def register(app: typer.Typer, guarded) -> None:
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,
-                                      reconfigure, triton_version, compile_via, no_cache, cache_dir, dask),
+                                      reconfigure, triton_version, compile_via, no_cache, cache_dir, dask,
+                                      aiter_stand_in=aiter_stand_in),
                          console)
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")

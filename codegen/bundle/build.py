@@ -191,6 +191,7 @@ def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kern
             "build_log": rep.log,
             # this run's kernel compiles (codegen.kcache): 0 compiled when the images came from --images
             "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,
+            "aiter": rep.aiter,   # 'placed'/'kept: …' with --aiter-stand-in (codegen.build.aiter)
         },
         "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "missing_count", "empty_count",
                                                  "packages", "kernels_by_family") if k in kernels},

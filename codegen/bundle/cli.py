@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from .. import preflight
+from ..build.cli import AITER_HELP
 from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 from ..preflight import path_option
 
@@ -64,6 +65,7 @@ def build(
     no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the kernel cache."),
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", parser=path_option, metavar="PATH",
                                              help="Kernel cache (default: kernels/ under the cache folder)."),
+    aiter_stand_in: bool = typer.Option(False, "--aiter-stand-in", help=AITER_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
 ) -> None:
     """Build the runtime against HIP N's headers, check it, write one bundle file."""
@@ -76,7 +78,8 @@ def build(
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
                        jobs=jobs or cpu_count(), console=stderr, progress=_say,
                        compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
-                                     "cache_dir": cache_dir, "show_progress": not as_json})
+                                     "cache_dir": cache_dir, "show_progress": not as_json,
+                                     "aiter_stand_in": aiter_stand_in})
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,

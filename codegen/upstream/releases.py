@@ -90,6 +90,10 @@ class Release:
     exports_v3_api: bool = True           # aotriton::v3::flash entry points (0.11b+)
     exports_v2_attn: bool = True          # aotriton::v2::flash::attn_fwd/attn_bwd (gone in 0.13b)
     clones_aiter: bool = False            # CMake clones ROCm/aiter at configure time (0.12b+)
+    # the archs aiter's prebuilt kernels serve (0.12b's SUPPORTED_ARCH, 0.13b's @ati.affine.arch; a
+    # real-tree test reads them): a build for any other arch reads nothing from the clone
+    aiter_archs: tuple[str, ...] = ()
+    aiter_tag_file: str = "third_party/aiter.txt"  # the tag CMake clones
     min_clang: int | None = None          # oldest Clang for the C++ runtime (0.12b+: 16)
     package_dir: str | None = None        # tree folder imported as the generator package ('python')
     kernel_dir: str = "tritonsrc"         # the Triton kernels (tune, validate --kernels)
@@ -127,6 +131,8 @@ def _commit_knobs(version: Version) -> tuple[str, ...]:
         return ()
     return (COMMIT_ENV,) if version < (0, 12, 0) else (COMMIT_ENV, TREE_SHA_ENV)
 
+
+AITER_ARCHS = ("gfx942", "gfx950")  # the archs of the aiter kernels 0.12b … main pack
 
 V3PYTHON_FILES = (
     "CMakeLists.txt",
@@ -173,7 +179,8 @@ def _traits(family: str, version: Version) -> dict:
                     build_db_dir="database",
                     required_files=V3PYTHON_FILES + (tdb, odb, "v3python/database_compose.py"),
                     foreign_paths=("python/generate.py", "modules"),
-                    clones_aiter=version >= (0, 12, 0), min_clang=16 if version >= (0, 12, 0) else None)
+                    clones_aiter=version >= (0, 12, 0), min_clang=16 if version >= (0, 12, 0) else None,
+                    aiter_archs=AITER_ARCHS if version >= (0, 12, 0) else ())
     if family in ("aotriton-python", "aotriton-modular"):
         # aotriton-python (0.13b): the package `aotriton` (source python/), kernels and rules under
         # modules/flash/, one DB folder modules/database/amd/<arch>/flash/<kernel>.
@@ -193,7 +200,7 @@ def _traits(family: str, version: Version) -> dict:
                     kernel_dir="modules/flash/kernel", image_format="zip", exports_v2_attn=False,
                     foreign_paths=("v3python/generate.py",)
                     + (("modules/database", "tritonsrc") if modular else ("modules/flash/database",)),
-                    clones_aiter=True, min_clang=16)
+                    clones_aiter=True, min_clang=16, aiter_archs=AITER_ARCHS)
     raise ValueError(f"unknown layout family {family}")
 
 
