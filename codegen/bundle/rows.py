@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contain import inside
+from ..upstream.releases import SUPPORTED
 from ..errors import UserError
 from ..models.dtypes import DTYPE_INFO
 from ..upstream import tuning_db as db
@@ -102,25 +103,30 @@ def _sqlite_of(archive: Path) -> sqlite3.Connection:
 
 
 def tree_database(tree: Path) -> TuningDatabase:
-    """The kernel tuning databases of an applied tree: `v3python/rules/tuning_database` (0.10b,
-    0.11b) or the per-arch shards under `v3python/database/` (later releases); never the op DB.
-    Only regular files reached through no symbolic link below the tree are read."""
+    """The kernel tuning databases of an applied tree, wherever a supported release keeps them
+    (each record's `tuning_db` and the per-arch shards under its `shard_root`: 0.10b/0.11b one
+    file under v3python/rules, 0.11.1b+ shards under v3python/database, 0.13b and main under
+    modules/); never the op DB. Only regular files reached through no symbolic link below the tree
+    are read."""
     tree = Path(tree).resolve()
     if not tree.is_dir():
         raise UserError(f"{tree}: not a folder (the applied AOTriton tree the bundle was built from)")
-    cands = [tree / "v3python/rules/tuning_database.sqlite3.tar.xz"]
-    shards = tree / "v3python" / "database"
-    if shards.is_dir() and not shards.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
-            cands += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".sqlite3.tar.xz")]
+    files = sorted({r.tuning_db for r in SUPPORTED if r.tuning_db})
+    roots = sorted({r.shard_root for r in SUPPORTED if r.shard_root})
+    cands = [tree / f for f in files]
+    for root in roots:
+        shards = tree / root
+        if shards.is_dir() and not shards.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
+                cands += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".sqlite3.tar.xz")]
     found = []
     for p in cands:
         p = inside(tree, p.relative_to(tree).as_posix())          # Escape (a UserError) on a link
-        if p.is_file() and "op_" not in p.name:
+        if p.is_file() and "op_" not in p.name and p not in found:
             found.append(p)
     if not found:
-        raise UserError(f"{tree}: no tuning database (v3python/rules/tuning_database.sqlite3.tar.xz "
-                        "or v3python/database/) in this tree")
+        raise UserError(f"{tree}: no tuning database ({', '.join(files)} or shards under "
+                        f"{', '.join(roots)}) in this tree")
     return TuningDatabase([_sqlite_of(p) for p in found])
 
 
