@@ -9,7 +9,9 @@
 // One JSON line per case on stdout; a {"event":"case"} marker goes to the stub's log first, so
 // the log's load/launch lines that follow belong to that case.
 #include <aotriton/flash.h>
-#include <aotriton/v2/flash.h>
+#if __has_include(<aotriton/v2/flash.h>)
+#include <aotriton/v2/flash.h>  // 0.11b-0.12.1b declare check_gpu here; 0.13b+ in aotriton/flash.h
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -66,6 +68,19 @@ ao::TensorView<4> acquire4(void* cookie) {
   return t4(l->a, l->b, l->c, l->d, DType::kFloat32);
 }
 void dispose(void*) {}
+
+// A lazy tensor's callbacks take its cookie (0.11b-0.12.1b) or the LazyTensor itself (0.13b+):
+// Bind<decltype(member)>::to<F> adapts F(void* cookie) to whichever the headers declare.
+void* cookie_of(void* cookie) { return cookie; }
+template <int R>
+void* cookie_of(ao::LazyTensor<R>* self) { return self->cookie; }
+template <typename P>
+struct Bind;
+template <typename Ret, typename Arg>
+struct Bind<Ret (*)(Arg)> {
+  template <Ret (*F)(void*)>
+  static Ret to(Arg a) { return F(cookie_of(a)); }
+};
 
 void marker(const std::string& name, const char* phase) {
   const char* path = std::getenv("MI100_STUB_LOG");
@@ -133,11 +148,11 @@ int main() {
     Lazy2 d{batch * hq, sq};
     Lazy4 acc{batch, hq, sq, hd};
     bwd.D.cookie = &d;
-    bwd.D.acquire = acquire2;
-    bwd.D.dispose = dispose;
+    bwd.D.acquire = Bind<decltype(bwd.D.acquire)>::to<acquire2>;
+    bwd.D.dispose = Bind<decltype(bwd.D.dispose)>::to<dispose>;
     bwd.DQ_ACC.cookie = &acc;
-    bwd.DQ_ACC.acquire = acquire4;
-    bwd.DQ_ACC.dispose = dispose;
+    bwd.DQ_ACC.acquire = Bind<decltype(bwd.DQ_ACC.acquire)>::to<acquire4>;
+    bwd.DQ_ACC.dispose = Bind<decltype(bwd.DQ_ACC.dispose)>::to<dispose>;
     bwd.dropout_p = dropout;
     bwd.philox_seed_ptr = fwd.philox_seed_ptr;
     bwd.philox_offset1 = fwd.philox_offset1;
