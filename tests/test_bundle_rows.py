@@ -22,18 +22,23 @@ COLS = ["id", "gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen
         "compiler_options$num_stages"]
 
 
-def _tree(tmp_path: Path, rows: list[tuple]) -> Path:
+def _archive(path: Path, rows: list[tuple], cols: list[str] = COLS) -> None:
+    """One sqlite database of a FLASH$attn_fwd table, tar.xz'd as upstream ships it."""
     conn = sqlite3.connect(":memory:")
-    conn.execute('create table "FLASH$attn_fwd" (' + ", ".join(f'"{c}"' for c in COLS) + ")")
-    conn.executemany(f'insert into "FLASH$attn_fwd" values ({", ".join("?" * len(COLS))})', rows)
+    conn.execute('create table "FLASH$attn_fwd" (' + ", ".join(f'"{c}"' for c in cols) + ")")
+    conn.executemany(f'insert into "FLASH$attn_fwd" values ({", ".join("?" * len(cols))})', rows)
     conn.commit()
     data = conn.serialize()
-    tree = tmp_path / "tree"
-    (tree / "v3python" / "rules").mkdir(parents=True)
-    with tarfile.open(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", "w:xz") as t:
-        info = tarfile.TarInfo("tuning_database.sqlite3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:xz") as t:
+        info = tarfile.TarInfo(path.name.removesuffix(".tar.xz"))
         info.size = len(data)
         t.addfile(info, io.BytesIO(data))
+
+
+def _tree(tmp_path: Path, rows: list[tuple]) -> Path:
+    tree = tmp_path / "tree"
+    _archive(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", rows)
     return tree
 
 
@@ -126,6 +131,23 @@ def test_a_linked_database_is_refused(tmp_path):
         tree_database(shards)                       # a linked shard folder is not walked
 
 
+@pytest.mark.parametrize("db", ["v3python/database", "modules/database", "modules/flash/database"])
+def test_sharded_layouts_are_read(tmp_path, db):
+    """0.11.1b-0.12.1b, 0.13b and main keep a schema-only central archive and per-arch shards below
+    its folder (each layout where codegen.upstream says); a shard may order its columns its own way."""
+    tree = tmp_path / "tree"
+    _archive(tree / db / "tuning_database.sqlite3.tar.xz", [])
+    _archive(tree / db / "amd/gfx908/flash/attn_fwd.sqlite3.tar.xz", ROWS[:4])
+    swapped = COLS[:1] + COLS[2:3] + COLS[1:2] + COLS[3:]            # gpu and Q_dtype swapped
+    _archive(tree / db / "amd/gfx90a/flash/attn_fwd.sqlite3.tar.xz",
+             [r[:1] + r[2:3] + r[1:2] + r[3:] for r in ROWS[4:]], swapped)
+    _archive(tree / db / "op_database.sqlite3.tar.xz", [_row(99, "gfx908_mod0", 128, 128, 16, 16, 9)])
+    tdb = tree_database(tree)
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 64, 1), Inputs("fp16", 64, False, False, False, 97, 211))
+    assert got.ok and got.row_id == 2 and got.same_config_gpus == ["gfx90a_mod0"]
+    assert len(tdb.family("attn_fwd")[1]) == len(ROWS)                # the op database is not read
+
+
 def test_cli_refuses_a_tree_without_a_database_first(tmp_path):
     """`bundle check FILE --tree DIR`: a tree without a database is one message, exit 2, before
     the bundle is even opened."""
@@ -146,3 +168,13 @@ def test_a_padded_head_reads_its_buckets_unpadded_row(tmp_path):
     assert got.ok and got.row_id == 1 and got.key["inputs$BLOCK_DMODEL"] == 64
     d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Inputs("fp16", 40, False, False, False, 100, 100))
     assert d48.ok and d48.row_id == 9
+
+
+@pytest.mark.aotriton
+@pytest.mark.parametrize("tag", ["0.11b", "0.12b", "0.13b", "0.14.0-dev"])
+def test_each_release_layouts_database_is_read(pristine_tree, tag):
+    """The detected release's place: the central archive (0.11b), v3python/database shards (0.12b),
+    modules/database (0.13b), modules/flash/database (main): the donor's attn_fwd rows are there."""
+    tdb = tree_database(pristine_tree(tag))
+    cols, rows = tdb.family("attn_fwd")
+    assert sum(r[cols.index("gpu")] == "gfx90a_mod0" for r in rows) > 1000

@@ -28,6 +28,7 @@ from ..contain import inside
 from ..errors import UserError
 from ..models.dtypes import DTYPE_INFO
 from ..upstream import tuning_db as db
+from ..upstream import tuning_db_places
 
 # up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
 # 0.13b (named `<pack>/flash/<kernel>/<member>/<stem>` by the image index):
@@ -75,7 +76,7 @@ class TuningDatabase:
     def __init__(self, conns: list[sqlite3.Connection]):
         self.tables: dict[str, tuple[list[str], list[tuple]]] = {}
         for c in conns:
-            for (name,) in c.execute("select name from sqlite_master where type='table'"):
+            for (name,) in c.execute("select name from sqlite_master where type='table' order by name"):
                 if not name.startswith(db.TABLE_PREFIX):
                     continue
                 cols = [r[1] for r in c.execute(f'pragma table_info("{name}")')]
@@ -83,8 +84,13 @@ class TuningDatabase:
                 have = self.tables.get(name)
                 if have and have[0] == cols:
                     have[1].extend(rows)
-                else:
+                elif have and sorted(have[0]) == sorted(cols):   # a shard's own column order
+                    order = [cols.index(x) for x in have[0]]
+                    have[1].extend(tuple(r[i] for i in order) for r in rows)
+                elif not have or not have[1]:     # a schema-only central DB beside its shards
                     self.tables[name] = (cols, list(rows))
+                else:
+                    raise UserError(f"{name}: the tuning database's shards disagree on its columns")
 
     def family(self, family: str) -> tuple[list[str], list[tuple]] | None:
         return self.tables.get(db.table_of(family))
@@ -102,25 +108,30 @@ def _sqlite_of(archive: Path) -> sqlite3.Connection:
 
 
 def tree_database(tree: Path) -> TuningDatabase:
-    """The kernel tuning databases of an applied tree: `v3python/rules/tuning_database` (0.10b,
-    0.11b) or the per-arch shards under `v3python/database/` (later releases); never the op DB.
-    Only regular files reached through no symbolic link below the tree are read."""
+    """The kernel tuning databases of an applied tree, where its release keeps them
+    (`codegen.upstream.tuning_db_places`: the central archive, 0.10b and 0.11b, or the schema-only
+    one and the per-arch shards below its folder, later releases); never the op DB. Only regular
+    files reached through no symbolic link below the tree are read."""
     tree = Path(tree).resolve()
     if not tree.is_dir():
         raise UserError(f"{tree}: not a folder (the applied AOTriton tree the bundle was built from)")
-    cands = [tree / "v3python/rules/tuning_database.sqlite3.tar.xz"]
-    shards = tree / "v3python" / "database"
-    if shards.is_dir() and not shards.is_symlink():
-        for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
-            cands += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".sqlite3.tar.xz")]
+    cands = []
+    for central, sharded in tuning_db_places(tree):
+        cands.append(tree / central)
+        shards = (tree / central).parent
+        if sharded and shards.is_dir() and not shards.is_symlink():
+            for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
+                dirnames.sort()
+                cands += [Path(dirpath) / f for f in sorted(filenames)
+                          if f.endswith(".sqlite3.tar.xz") and Path(dirpath) / f != tree / central]
     found = []
     for p in cands:
         p = inside(tree, p.relative_to(tree).as_posix())          # Escape (a UserError) on a link
-        if p.is_file() and "op_" not in p.name:
+        if p.is_file() and "op_" not in p.name and p not in found:
             found.append(p)
     if not found:
-        raise UserError(f"{tree}: no tuning database (v3python/rules/tuning_database.sqlite3.tar.xz "
-                        "or v3python/database/) in this tree")
+        places = " or ".join(f"{c}{' (and shards beside it)' if sh else ''}" for c, sh in tuning_db_places(tree))
+        raise UserError(f"{tree}: no tuning database ({places}) in this tree")
     return TuningDatabase([_sqlite_of(p) for p in found])
 
 
