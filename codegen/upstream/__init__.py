@@ -171,9 +171,9 @@ def kernel_dirs_text() -> str:
     return " nor ".join(f"{d}/flash.py" for d in KERNEL_DIRS)
 
 
-__all__ = ["Adapter", "KERNEL_DIRS", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "TUNING_DB_PLACES", "UnsupportedTree",
-           "by_release", "detect", "kernel_dirs_text", "kernel_source_dir", "read_version", "release_name",
-           "tuning_db_places"]
+__all__ = ["Adapter", "KERNEL_DIRS", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "TUNING_DB_PLACES",
+           "UnsupportedTree", "by_release", "detect", "kernel_dirs_text", "kernel_source_dir", "read_version",
+           "release_name", "tuning_db_places"]
 
 
 def parse_constexpr(text: str):
