@@ -1,19 +1,28 @@
 """codegen/bundle/rows.py on a small tuning database: the row a case's inputs select (seqlen
 bins, flags, NULL extras), the launched stem's configuration against it, other GPUs' rows that
-give the same configuration, and a tree without a database refused. The real bundle's rows:
-tests/test_bundle_real.py."""
+give the same configuration, and a tree without a database refused; the rows a bundle carries
+(tuning-rows.json): the same lookups as the tree's, hostile content refused, a tree's rows
+compared with them, and the tuning-rows claim of `bundle check` from each source. The real
+bundle's rows: tests/test_bundle_real.py."""
 
 from __future__ import annotations
 
 import io
+import json
+import shutil
 import sqlite3
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from codegen.bundle.rows import Inputs, match_row, parse_stem, summary, tree_database
+from codegen.bundle import rows as rows_mod
+from codegen.bundle.archive import BundleError
+from codegen.bundle.rows import (ROWS as MEMBER, Inputs, carried_database, carry_rows, match_row, parse_stem,
+                                 read_rows, summary, tree_database)
 from codegen.errors import UserError
+
+SMOKE = Path(__file__).resolve().parents[1] / "rules" / "examples" / "smoke.yaml"
 
 COLS = ["id", "gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen_k", "inputs$CAUSAL_TYPE",
         "inputs$BLOCK_DMODEL", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE", "inputs$USE_ALIBI",
@@ -22,18 +31,23 @@ COLS = ["id", "gpu", "inputs$Q_dtype", "inputs$Max_seqlen_q", "inputs$Max_seqlen
         "compiler_options$num_stages"]
 
 
-def _tree(tmp_path: Path, rows: list[tuple]) -> Path:
+def _archive(path: Path, rows: list[tuple], cols: list[str] = COLS) -> None:
+    """One sqlite database of a FLASH$attn_fwd table, tar.xz'd as upstream ships it."""
     conn = sqlite3.connect(":memory:")
-    conn.execute('create table "FLASH$attn_fwd" (' + ", ".join(f'"{c}"' for c in COLS) + ")")
-    conn.executemany(f'insert into "FLASH$attn_fwd" values ({", ".join("?" * len(COLS))})', rows)
+    conn.execute('create table "FLASH$attn_fwd" (' + ", ".join(f'"{c}"' for c in cols) + ")")
+    conn.executemany(f'insert into "FLASH$attn_fwd" values ({", ".join("?" * len(cols))})', rows)
     conn.commit()
     data = conn.serialize()
-    tree = tmp_path / "tree"
-    (tree / "v3python" / "rules").mkdir(parents=True)
-    with tarfile.open(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", "w:xz") as t:
-        info = tarfile.TarInfo("tuning_database.sqlite3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:xz") as t:
+        info = tarfile.TarInfo(path.name.removesuffix(".tar.xz"))
         info.size = len(data)
         t.addfile(info, io.BytesIO(data))
+
+
+def _tree(tmp_path: Path, rows: list[tuple]) -> Path:
+    tree = tmp_path / "tree"
+    _archive(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", rows)
     return tree
 
 
@@ -126,6 +140,23 @@ def test_a_linked_database_is_refused(tmp_path):
         tree_database(shards)                       # a linked shard folder is not walked
 
 
+@pytest.mark.parametrize("db", ["v3python/database", "modules/database", "modules/flash/database"])
+def test_sharded_layouts_are_read(tmp_path, db):
+    """0.11.1b-0.12.1b, 0.13b and main keep a schema-only central archive and per-arch shards below
+    its folder (each layout where codegen.upstream says); a shard may order its columns its own way."""
+    tree = tmp_path / "tree"
+    _archive(tree / db / "tuning_database.sqlite3.tar.xz", [])
+    _archive(tree / db / "amd/gfx908/flash/attn_fwd.sqlite3.tar.xz", ROWS[:4])
+    swapped = COLS[:1] + COLS[2:3] + COLS[1:2] + COLS[3:]            # gpu and Q_dtype swapped
+    _archive(tree / db / "amd/gfx90a/flash/attn_fwd.sqlite3.tar.xz",
+             [r[:1] + r[2:3] + r[1:2] + r[3:] for r in ROWS[4:]], swapped)
+    _archive(tree / db / "op_database.sqlite3.tar.xz", [_row(99, "gfx908_mod0", 128, 128, 16, 16, 9)])
+    tdb = tree_database(tree)
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 64, 1), Inputs("fp16", 64, False, False, False, 97, 211))
+    assert got.ok and got.row_id == 2 and got.same_config_gpus == ["gfx90a_mod0"]
+    assert len(tdb.family("attn_fwd").rows) == len(ROWS)                # the op database is not read
+
+
 def test_cli_refuses_a_tree_without_a_database_first(tmp_path):
     """`bundle check FILE --tree DIR`: a tree without a database is one message, exit 2, before
     the bundle is even opened."""
@@ -146,3 +177,136 @@ def test_a_padded_head_reads_its_buckets_unpadded_row(tmp_path):
     assert got.ok and got.row_id == 1 and got.key["inputs$BLOCK_DMODEL"] == 64
     d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Inputs("fp16", 40, False, False, False, 100, 100))
     assert d48.ok and d48.row_id == 9
+
+
+@pytest.mark.aotriton
+@pytest.mark.parametrize("tag", ["0.11b", "0.12b", "0.13b", "0.14.0-dev"])
+def test_each_release_layouts_database_is_read(pristine_tree, tag):
+    """The detected release's place: the central archive (0.11b), v3python/database shards (0.12b),
+    modules/database (0.13b), modules/flash/database (main): the donor's attn_fwd rows are there."""
+    tdb = tree_database(pristine_tree(tag))
+    t = tdb.family("attn_fwd")
+    assert sum(r[t.columns.index("gpu")] == "gfx90a_mod0" for r in t.rows) > 1000
+
+
+
+# --- the rows a bundle carries ------------------------------------------------------------------
+def _carried(tmp_path: Path, rows: list[tuple] = ROWS) -> bytes:
+    return carry_rows(tree_database(_tree(tmp_path, rows)), ["gfx908_mod0"])
+
+
+def test_carried_rows_give_the_trees_lookups(tmp_path):
+    """The spec GPU's rows and every GPU's head-dim buckets are carried: each lookup gives the
+    tree's row (here a 48 bucket only the donor has sends head dim 40 to no gfx908 row in both);
+    other GPUs are not named, and the summary says they are not carried."""
+    rows = ROWS + [(9, "gfx90a_mod0", "torch.float16", 128, 128, 0, 48, 0, 0, 0, 0, 0, 2, 16, 16, 0, 1, 4, 1)]
+    tree = tree_database(_tree(tmp_path, rows))
+    data = carry_rows(tree, ["gfx908_mod0"])
+    assert data == carry_rows(tree_database(tmp_path / "tree"), ["gfx908_mod0"])      # deterministic
+    kept = carried_database(data)
+    assert kept.gpus == ("gfx908_mod0",) and kept.sources == ("v3python/rules/tuning_database.sqlite3.tar.xz",)
+    assert len(kept.family("attn_fwd").rows) == 4 and kept.family("attn_fwd").head_dims == (48, 64)
+    for sq, sk, head in [(97, 211, 64), (1, 1, 64), (5000, 5000, 64), (256, 128, 64), (100, 100, 40)]:
+        inp = Inputs("fp16", head, False, False, False, sq, sk)
+        a, b = (match_row(t, "gfx908_mod0", _stem(64, 64, 1), inp) for t in (tree, kept))
+        assert (a.ok, a.row_id, a.key, a.want, a.note) == (b.ok, b.row_id, b.key, b.want, b.note)
+        assert b.same_config_gpus == []
+    b = match_row(kept, "gfx908_mod0", _stem(64, 64, 1), Inputs("fp16", 64, False, False, False, 97, 211))
+    ok, line = summary([b], "gfx908_mod0", every_gpu=False)
+    assert ok and "no other GPU's row" not in line and "other GPUs' rows are not carried: give --tree" in line
+
+
+def _edit(data: bytes, change) -> bytes:
+    doc = json.loads(data)
+    change(doc, doc["tables"]["FLASH$attn_fwd"]["rows"][0])
+    return json.dumps(doc).encode()
+
+
+HOSTILE = {
+    "not JSON": lambda doc, row: None,
+    "another format": lambda doc, row: doc.update(format=2),
+    "an unknown key": lambda doc, row: doc.update(extra=1),
+    "a short row": lambda doc, row: row.pop(),
+    "a seqlen as text": lambda doc, row: row.__setitem__(3, "128"),
+    "a boolean option": lambda doc, row: row.__setitem__(18, True),
+    "a row of a GPU it does not name": lambda doc, row: row.__setitem__(1, "gfx90a_mod0"),
+    "a control character": lambda doc, row: row.__setitem__(2, "torch\x1b[2J"),
+    "not a FLASH table": lambda doc, row: doc["tables"].update({"evil": doc["tables"].pop("FLASH$attn_fwd")}),
+    "no gpu column": lambda doc, row: doc["tables"]["FLASH$attn_fwd"]["columns"].__setitem__(1, "gpux"),
+    "a bad GPU name": lambda doc, row: doc.update(gpus=["\x1b[2J"]),
+    "an absolute source": lambda doc, row: doc.update(sources=["/etc/passwd"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_carried_rows_are_one_message(tmp_path, case):
+    data = _carried(tmp_path)
+    bad = b"{" if case == "not JSON" else _edit(data, HOSTILE[case])
+    with pytest.raises(BundleError, match=r"b\.zip: tuning-rows\.json: not the tuning rows of a bundle \(") as e:
+        carried_database(bad, f"b.zip: {MEMBER}")
+    assert "\n" not in str(e.value) and "\x1b" not in str(e.value)
+
+
+def test_oversized_carried_rows(tmp_path, monkeypatch):
+    data = _carried(tmp_path)
+    monkeypatch.setattr(rows_mod, "ROWS_LIMIT", len(data) - 1)
+    with pytest.raises(BundleError, match="larger than"):
+        carried_database(data)
+
+
+def test_read_rows_from_a_tree_the_carried_rows_or_none(tmp_path):
+    data = _carried(tmp_path)
+    none = read_rows()
+    assert none.db is None and not none.carried
+    kept = read_rows(carried=data)
+    assert kept.carried and kept.db.gpus == ("gfx908_mod0",) and kept.differ == ()
+    same = read_rows(tree=tmp_path / "tree", carried=data)
+    assert same.carried and same.db.gpus is None and same.differ == ()
+    changed = [ROWS[0][:13] + (128,) + ROWS[0][14:]] + ROWS[1:]              # row 1's BLOCK_M
+    other = read_rows(tree=_tree(tmp_path / "b", changed), carried=data)
+    assert other.differ == ("FLASH$attn_fwd 2 rows (4 in the tree, 4 carried)",)
+    old = read_rows(tree=tmp_path / "tree")                                   # a bundle without rows
+    assert old.db.gpus is None and not old.carried
+
+
+def _report(tmp_path: Path):
+    """A CheckReport of the smoke spec whose dispatch launched, for q97k211, the config of the
+    gfx908 row its bins select (row 2: BLOCK_M 64, BLOCK_N 64)."""
+    from codegen.bundle.check import CheckReport
+    from codegen.bundle.dispatch import CaseResult, DispatchReport
+
+    root = tmp_path / "bundle"
+    root.mkdir(parents=True)
+    shutil.copy(SMOKE, root / "spec.yaml")
+    res = CaseResult("fp16.d64.full.b2h4k4.q97k211", 0, 0, {"fwd": [_stem(64, 64, 1)], "bwd": []})
+    return root, CheckReport("b.zip", {}, dispatch=DispatchReport("gfx908", 6, 0, [res], 1))
+
+
+def test_check_rows_from_each_source(tmp_path):
+    from codegen.bundle.check import NO_ROWS, check_rows
+
+    data = _carried(tmp_path)
+    root, rep = _report(tmp_path)
+    check_rows(rep, root, read_rows())                                        # an old bundle, no --tree
+    assert rep.rows_claim is None and rep.rows == [] and rep.rows_note == NO_ROWS
+    assert rep.as_json()["tuning_rows"] is None and rep.as_json()["tuning_rows_note"] == NO_ROWS
+
+    root, rep = _report(tmp_path / "c")
+    check_rows(rep, root, read_rows(carried=data))
+    c = rep.rows_claim
+    assert c.ok and c.name == "tuned kernels from the gfx908_mod0 rows of the bundle's tuning-rows.json"
+    assert "bundle's tuning-rows.json" in c.where and "not carried: give --tree" in c.detail
+    assert [m.row_id for m in rep.rows] == [2]
+
+    root, rep = _report(tmp_path / "t")
+    check_rows(rep, root, read_rows(tree=tmp_path / "tree", carried=data))
+    c = rep.rows_claim
+    assert c.ok and c.name == "tuned kernels from the gfx908_mod0 rows of tree's database"
+    assert "same as the bundle's tuning-rows.json" in c.where and "carries the same rows" in c.detail
+
+    changed = [r if r[0] != 2 else r[:13] + (128,) + r[14:] for r in ROWS]   # row 2 is what q97k211 reads
+    root, rep = _report(tmp_path / "d")
+    check_rows(rep, root, read_rows(tree=_tree(tmp_path / "d", changed), carried=data))
+    c = rep.rows_claim
+    assert not c.ok and "the tree's rows differ from those the bundle carries (tuning-rows.json): " \
+        "FLASH$attn_fwd 2 rows" in c.detail and "differ from the bundle's" in c.where

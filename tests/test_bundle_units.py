@@ -157,6 +157,31 @@ def test_cli_refusals_are_one_message(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "not a bundle or a truncated one" in r.output and "Traceback" not in r.output
 
 
+def test_bad_carried_rows_are_one_message_before_any_work(tmp_path, monkeypatch):
+    """A bundle whose tuning-rows.json is no rows member (listed with its sha256, so integrity
+    passes): `bundle check` refuses it, exit 2, one message, before the HIP sysroot is fetched."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    b = _raw_bundle(tmp_path / "b.mi100-bundle.zip", {"lib/libaotriton_v2.so.0.11.0": b"x",
+                                                       "tuning-rows.json": b'{"format": 1, "gpus": []}'})
+    r = CliRunner().invoke(app, ["bundle", "check", str(b)])
+    assert r.exit_code == 2 and "tuning-rows.json: not the tuning rows of a bundle (gpus" in r.output, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "cache").exists()
+
+
+def test_add_rows_refuses_a_tree_the_bundle_was_not_built_from(tmp_path):
+    from codegen.bundle.build import add_rows
+
+    b = _raw_bundle(tmp_path / "b.mi100-bundle.zip", {"lib/libaotriton_v2.so.0.11.0": b"x"})
+    (tmp_path / "tree").mkdir()
+    with pytest.raises(UserError, match="not the applied tree b.mi100-bundle.zip was built from"):
+        add_rows(b, tmp_path / "tree", tmp_path / "out.zip")
+    assert not (tmp_path / "out.zip").exists()
+
+
 @pytest.mark.aotriton
 def test_bundle_build_refuses_an_unapplied_tree_before_fetching(pristine_tree, tmp_path, monkeypatch):
     from typer.testing import CliRunner

@@ -1,9 +1,10 @@
 """The bundle file: one zip per (AOTriton release, arch, HIP major), and the only reader of it.
 
 Members: `manifest.json`, `spec.yaml` (the spec it was built from), `lib/libaotriton_v2.so.X.Y.Z`,
-`lib/aotriton.images/amd-<arch>/...` and `include/aotriton/...` (the headers the library was
-built with: `bundle check` compiles its dispatch driver against them). The manifest lists every
-other member with its sha256 and size.
+`lib/aotriton.images/amd-<arch>/...`, `include/aotriton/...` (the headers the library was
+built with: `bundle check` compiles its dispatch driver against them) and `tuning-rows.json` (the
+spec's GPUs' tuning rows, read and validated by rows.py; absent from bundles made before it). The
+manifest lists every other member with its sha256 and size.
 
 A bundle is hostile input. `open_bundle` reads only a bounded regular file; every member name
 goes through `codegen.contain.rel_path`; links, directories posing as files, duplicates, members

@@ -8,8 +8,11 @@ config, headers and `libamdhip64.so.<N>`, in a build folder of its own per major
 image install of the same tree and spec by `mi100-codegen build`) the runtime is built
 `--noimage` and the images are taken from PREFIX, then verified against this build's own
 dispatch tables (every kernel they can select packed, non-empty); without it the build stage
-builds both. `bundle check`'s checks (check.py) run on the staged folder before the file is
-written; a failed check writes nothing.
+builds both. The bundle carries the spec's GPUs' tuning rows (`tuning-rows.json`, rows.py), read
+from the tree before the build so a tree without a database fails first. `bundle check`'s checks
+(check.py) run on the staged folder before the file is written (the rows against the tree, which
+must be the ones carried); a failed check writes nothing. `add_rows` gives a bundle made before
+bundles carried rows the rows of the tree it was built from.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,9 +34,10 @@ from ..errors import UpstreamError, UserError
 from ..spec import load_spec
 from ..torch_integration.layout import TORCH_LINES, tag_line
 from ..upstream import detect
-from .archive import FORMAT, SPEC, bundle_name, sha256, write_bundle
+from .archive import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
 from .check import CheckReport, check_extracted
 from .dispatch import LABEL
+from .rows import ROWS, carry_rows, read_rows, tree_database
 from .sysroot import ensure_sysroot
 
 
@@ -88,7 +93,8 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     t0 = time.monotonic()
     tree = tree.resolve()
     adapter = detect(tree)
-    _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
+    spec = _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
+    rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
     sysroot = ensure_sysroot(hip, progress=progress)
     t_sysroot = time.monotonic() - t0
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
@@ -102,11 +108,12 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     lib = Path(rep.verification["library"])
     dyn = read_dynamic(lib)
     stage = bdir / "mi100-codegen" / "bundle-stage"
-    files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout)
+    files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout, rows)
     manifest = _manifest(adapter, rep, hip, stage, lib, dyn, sysroot, kernels, files)
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
-    check = check_extracted(stage, manifest, progress=progress, tree=tree)
+    source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones
+    check = check_extracted(stage, manifest, progress=progress, rows=source)
     t_check = time.monotonic() - t1
     manifest["verified"] = {
         "where": "CPU-only machine: ELF read with codegen.elfinfo, dispatch emulated by the stub HIP runtime",
@@ -116,7 +123,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
     }
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
-    if not check.ok:
+    if not check.ok or source.differ:   # differ: the tree's database changed during the build
         return BundleResult(None, manifest, check, seconds)
     out_dir.mkdir(parents=True, exist_ok=True)
     dest = out_dir / bundle_name(adapter.release, rep.arch, hip)
@@ -148,10 +155,14 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
     return kernels
 
 
+def rows_member(tree: Path, gpus) -> bytes:
+    """The bundle's `tuning-rows.json`: the rows of `gpus` (the spec's) of the tree's tuned tables."""
+    return carry_rows(tree_database(tree), list(gpus))
+
+
 def _stage_files(stage: Path, lib: Path, prefix: Path, tree: Path, spec_path: Path | None,
-                 layout) -> dict[str, bytes]:
+                 layout, rows: bytes) -> dict[str, bytes]:
     """Copy the bundle's members into a fresh `stage` folder; their bytes by relative path."""
-    files: dict[str, bytes] = {}
     if stage.exists():
         shutil.rmtree(stage)
     (stage / "lib").mkdir(parents=True)
@@ -159,10 +170,40 @@ def _stage_files(stage: Path, lib: Path, prefix: Path, tree: Path, spec_path: Pa
     shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
     shutil.copytree(prefix / "include", stage / "include")
     shutil.copy2(_spec_file(tree, spec_path, layout), stage / SPEC)
-    for p in sorted(stage.rglob("*")):
-        if p.is_file() and not p.is_symlink():
-            files[p.relative_to(stage).as_posix()] = p.read_bytes()
-    return files
+    (stage / ROWS).write_bytes(rows)
+    return _staged(stage)
+
+
+def _staged(stage: Path) -> dict[str, bytes]:
+    return {p.relative_to(stage).as_posix(): p.read_bytes() for p in sorted(stage.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _files_record(files: dict[str, bytes]) -> dict:
+    return {n: {"sha256": sha256(b), "size": len(b)} for n, b in sorted(files.items())}
+
+
+def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
+    """A bundle made before bundles carried tuning rows, written again to `dest` with the rows of
+    the applied tree it was built from (the same `rows_member` as `bundle build`); the tree must
+    hold the spec the bundle was built from (its lock's spec sha256, exit 2 otherwise)."""
+    # CLI start-up: the apply stage loads when rows are added
+    from ..apply.lock import read_lock
+
+    b = open_bundle(bundle)
+    lock = read_lock(tree)
+    if lock is None or lock.spec_sha256 != b.manifest.get("spec", {}).get("sha256"):
+        raise UserError(f"{tree}: not the applied tree {bundle.name} was built from (its spec sha256 "
+                        f"{(b.manifest.get('spec', {}).get('sha256') or '?')[:12]}…, the tree's "
+                        f"{lock.spec_sha256[:12] + '…' if lock else 'none: not applied'})")
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
+        stage = extract(b, Path(td) / "stage")
+        (stage / ROWS).write_bytes(rows_member(tree, load_spec(stage / SPEC).spec.gpus))
+        files = _staged(stage)
+    manifest = dict(b.manifest, files=_files_record(files),
+                    rows_added={"to": bundle.name, "from_tree": Path(tree).resolve().name})
+    write_bundle(dest, manifest, files)
+    return dest
 
 
 def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kernels: dict,
@@ -195,12 +236,12 @@ def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kern
         },
         "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "missing_count", "empty_count",
                                                  "packages", "kernels_by_family") if k in kernels},
-        "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in sorted(files.items())},
+        "files": _files_record(files),
     }
 
 
-def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
-    """The build stage's own overlay check (it runs again inside the build)."""
+def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
+    """The build stage's own overlay check (it runs again inside the build); the spec."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..apply.lock import read_lock
     from ..build.builder import resolve_spec
@@ -211,6 +252,7 @@ def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter) -> None:
     manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
     check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
                   manifest_sha256=manifest, spec_display=loaded.display)
+    return loaded.spec
 
 
 def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
@@ -220,4 +262,4 @@ def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
     return resolve_spec(tree, spec_path, layout).path
 
 
-__all__ = ["BundleBuildError", "BundleResult", "build_bundle", "torch_lines"]
+__all__ = ["BundleBuildError", "BundleResult", "add_rows", "build_bundle", "rows_member", "torch_lines"]

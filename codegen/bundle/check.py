@@ -9,9 +9,12 @@
    (read from the private sysroot's library), and with HIP >= 6 `hipGetDevicePropertiesR0600`,
    not the pre-6.0 `hipGetDeviceProperties` (whose struct layout differs); the GLIBC/GLIBCXX
    versions it needs equal what the manifest states (the baseline `torch install` checks).
-3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case; given the
-   applied tree the bundle was built from, the tuning-database row each launched kernel got
-   (rows.py): the spec GPU's row for the case's inputs, its configuration the launched one's.
+3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case, and the
+   tuning-database row each tuned launch got (rows.py): the spec GPU's row for the case's inputs,
+   its configuration the launched one's; rows read from the applied tree the bundle was built
+   from when it is given (and compared with the rows the bundle carries), else from the rows the
+   bundle carries (`tuning-rows.json`); a bundle made before bundles carried rows names none
+   without the tree (no verdict, not a failure).
 4. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
    image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
@@ -30,11 +33,12 @@ from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
 from .dispatch import LABEL, DispatchReport, dispatch_cases, remove_image, run_dispatch
-from .rows import RowMatch, TuningDatabase, match_report, summary, tree_database
+from .rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
 
 HIP_RE_PREFIX = "libamdhip64"
+NO_ROWS = "not named (this bundle carries no rows; give --tree)"
 
 
 @dataclass
@@ -86,8 +90,9 @@ class CheckReport:
     claims: list[Claim] = field(default_factory=list)
     dispatch: DispatchReport | None = None
     controls: list[Claim] = field(default_factory=list)
-    rows: list[RowMatch] = field(default_factory=list)   # empty when no tree was given
-    rows_claim: Claim | None = None                      # None when no tree was given
+    rows: list[RowMatch] = field(default_factory=list)   # empty when no rows were read
+    rows_claim: Claim | None = None                      # None: no rows to read (rows_note says why)
+    rows_note: str = ""
 
     @property
     def ok(self) -> bool:
@@ -110,6 +115,7 @@ class CheckReport:
                 "stderr": d.stderr_tail},
             "negative_controls": [c.as_json() for c in self.controls],
             "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
+            "tuning_rows_note": self.rows_note or None,
         }
 
 
@@ -126,23 +132,41 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
                         target=spec.target_string, wave=spec.warp_size)
 
 
-def check_rows(rep: CheckReport, root: Path, tree: Path, tdb: TuningDatabase | None = None) -> None:
-    """The tuning-database row of every tuned launch (rows.py), one claim."""
+def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
+    """The tuning-database row of every tuned launch (rows.py), one claim; none without rows."""
+    tdb = source.db
+    if tdb is None:
+        rep.rows_note = NO_ROWS
+        return
     spec = load_spec(root / SPEC).spec
     gpu = spec.primary_gpu
-    rep.rows = match_report(tdb or tree_database(tree), gpu, dispatch_cases(spec), rep.dispatch.cases)
-    ok, line = summary(rep.rows, gpu)
-    rep.rows_claim = Claim(f"tuned kernels from the {gpu} rows of {tree.name}'s database", ok, line,
-                           "CPU: emulated dispatch, rows read from the applied tree's tuning database")
+    rep.rows = match_report(tdb, gpu, dispatch_cases(spec), rep.dispatch.cases)
+    ok, line = summary(rep.rows, gpu, every_gpu=tdb.gpus is None)
+    if tdb.gpus is not None:
+        where = f"CPU: emulated dispatch, rows read from the bundle's {ROWS} (the spec's GPUs' rows only)"
+    else:
+        where = "CPU: emulated dispatch, rows read from the applied tree's tuning database"
+        if not source.carried:
+            line += "; the bundle carries no rows"
+        elif source.differ:
+            line += f"; the tree's rows differ from those the bundle carries ({ROWS}): {'; '.join(source.differ[:4])}"
+            where += f", which differ from the bundle's {ROWS}"
+        else:
+            line += f"; the bundle carries the same rows ({ROWS})"
+            where += f", the same as the bundle's {ROWS}"
+    rep.rows_claim = Claim(f"tuned kernels from the {gpu} rows of {tdb.origin}", ok, line, where)
 
 
 def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
                     controls: bool = True, name: str = "", tree: Path | None = None,
-                    tdb: TuningDatabase | None = None) -> CheckReport:
+                    rows: RowsSource | None = None) -> CheckReport:
     """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
-    `tree`: the applied tree it was built from, for the tuning-row check (skipped without)."""
-    if tree is not None and tdb is None:
-        tdb = tree_database(Path(tree))   # a bad tree: refused before the work
+    `tree`: the applied tree it was built from, for the tuning-row check; without it the rows the
+    bundle carries are read (`rows`: read already)."""
+    if rows is None:   # a bad tree or bad carried rows: refused before the work
+        carried = root / ROWS
+        rows = read_rows(tree=tree, carried=carried.read_bytes() if carried.is_file() else None,
+                         name=f"{name or root}: {ROWS}")
     hip = int(manifest["hip_major"])
     cache = user_cache_dir("bundle-check")
     rep = CheckReport(name or str(root), manifest)
@@ -153,8 +177,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
     progress(f"emulated dispatch: {manifest['arch']} ({load_spec(root / SPEC).spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
-    if tree is not None:
-        check_rows(rep, root, Path(tree), tdb)
+    check_rows(rep, root, rows)
     if not controls:
         return rep
     # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image
@@ -190,9 +213,10 @@ def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None
                  tree: Path | None = None) -> CheckReport:
     tdb = tree_database(Path(tree)) if tree is not None else None   # a bad tree: refused first
     b: Bundle = open_bundle(path)
+    rows = read_rows(tree_db=tdb, carried=b.members.get(ROWS), name=f"{path}: {ROWS}")   # then bad rows
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(path), tree=tree, tdb=tdb)
+        return check_extracted(root, b.manifest, progress=progress, name=str(path), rows=rows)
 
 
-__all__ = ["CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]
+__all__ = ["NO_ROWS", "CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]

@@ -31,6 +31,8 @@ def _say(msg: str) -> None:
 def _print_check(rep) -> None:
     for c in rep.claims + rep.controls + ([rep.rows_claim] if rep.rows_claim else []):
         stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
+    if rep.rows_note:
+        stderr.print(f"--   tuning rows: {rep.rows_note}", markup=False)
     d = rep.dispatch
     if d is not None:
         s = d.summary()
@@ -40,7 +42,7 @@ def _print_check(rep) -> None:
         for c in d.cases:
             if not c.ok:
                 stderr.print(f"     {c.case}: fwd {c.fwd} bwd {c.bwd}; {'; '.join(c.violations[:2])}", markup=False)
-        for m in rep.rows:   # the tuning row each tuned launch got (with --tree)
+        for m in rep.rows:   # the tuning row each tuned launch got
             other = f"  (same config: {', '.join(m.same_config_gpus)})" if m.same_config_gpus else ""
             stderr.print(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
                          f"{m.row_id if m.row_id is not None else m.note} {m.want or m.got}{other}", markup=False)
@@ -93,10 +95,11 @@ def build(
 def check(
     file: Path = typer.Argument(..., help="A bundle file (.mi100-bundle.zip)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
-    tree: Optional[Path] = typer.Option(None, "--tree", help="The applied tree it was built from: "
-                                        "check each tuned launch against the spec's rows."),
+    tree: Optional[Path] = typer.Option(None, "--tree", help="The applied tree it was built from: check "
+                                        "each tuned launch against its tuning database (default: the rows the "
+                                        "bundle carries) and name other GPUs' rows with the same configuration."),
 ) -> None:
-    """Integrity, link identity, emulated dispatch and negative controls of a bundle."""
+    """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
     # CLI start-up: the stage loads when the command runs
     from .build import BundleBuildError
     from .check import check_bundle

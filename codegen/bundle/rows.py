@@ -12,23 +12,36 @@ row the spec's GPU defines, and checks that the kernel the stub saw launched has
 configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
 named beside it: the check then cannot tell the two apart, and says so.
 
+A bundle carries the rows the check needs (`tuning-rows.json`, written by `carry_rows` when the
+bundle is staged): the spec's GPUs' rows of every tuned table and each table's head-dim buckets.
+Other GPUs' rows are not carried (all of them are tens of MB), so without the tree no other GPU
+is named. `read_rows` is the one reader the check uses: the tree's database when a tree is given
+(compared with the carried rows), else the carried rows, validated as hostile input.
+
 Where it ran: a CPU; the kernels never run. Label: "CPU-built, dispatch emulated; never run on a card".
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
 import tarfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError, model_validator
 
 from ..contain import inside
-from ..upstream.releases import SUPPORTED
 from ..errors import UserError
 from ..models.dtypes import DTYPE_INFO
+from ..models.target import GpuName
 from ..upstream import tuning_db as db
+from ..upstream import tuning_db_places
+from .archive import BundleError
 
 # up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
 # 0.13b (named `<pack>/flash/<kernel>/<member>/<stem>` by the image index):
@@ -40,6 +53,10 @@ STEM_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*
 MAX_DB_BYTES = 1 << 31
 TUNED, OPTIONS = "tuned_kernel$", "compiler_options$"
 CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "compiler_options$num_stages")
+HEAD = db.HEAD_DIM
+ROWS = "tuning-rows.json"        # the bundle member that carries the rows
+ROWS_FORMAT = 1
+ROWS_LIMIT = 64 << 20            # bytes of that member (the default spec's: about 1 MB)
 
 
 @dataclass(frozen=True)
@@ -70,24 +87,53 @@ def _token(v) -> str:
     return str(v)
 
 
-class TuningDatabase:
-    """The `FLASH$<family>` tables of one or more sqlite databases, in memory."""
+@dataclass
+class Table:
+    """One `FLASH$<family>` table: its columns, rows, and head-dim buckets (the BLOCK_DMODEL
+    values of every GPU's rows: kept apart so a table carried with one GPU's rows buckets alike)."""
+    columns: list[str]
+    rows: list[tuple]
+    head_dims: tuple[int, ...] = ()
 
-    def __init__(self, conns: list[sqlite3.Connection]):
-        self.tables: dict[str, tuple[list[str], list[tuple]]] = {}
+    def with_head_dims(self) -> "Table":
+        if HEAD in self.columns:
+            hi = self.columns.index(HEAD)
+            self.head_dims = tuple(sorted({r[hi] for r in self.rows if type(r[hi]) is int}))
+        return self
+
+
+class TuningDatabase:
+    """The `FLASH$<family>` tables of a tree's sqlite databases, or the rows a bundle carries.
+    `gpus`: the GPUs whose rows it holds (None: every GPU's, as the tree has them); `origin`: how
+    a claim names it; `sources`: the archives read, relative to the tree."""
+
+    def __init__(self, tables: dict[str, Table], *, gpus: tuple[str, ...] | None = None, origin: str = "",
+                 sources: tuple[str, ...] = ()):
+        self.tables, self.gpus, self.origin, self.sources = tables, gpus, origin, sources
+
+    @classmethod
+    def from_sqlite(cls, conns: list[sqlite3.Connection], *, origin: str = "",
+                    sources: tuple[str, ...] = ()) -> "TuningDatabase":
+        tables: dict[str, Table] = {}
         for c in conns:
-            for (name,) in c.execute("select name from sqlite_master where type='table'"):
+            for (name,) in c.execute("select name from sqlite_master where type='table' order by name"):
                 if not name.startswith(db.TABLE_PREFIX):
                     continue
                 cols = [r[1] for r in c.execute(f'pragma table_info("{name}")')]
                 rows = c.execute(f'select * from "{name}"').fetchall()
-                have = self.tables.get(name)
-                if have and have[0] == cols:
-                    have[1].extend(rows)
+                have = tables.get(name)
+                if have and have.columns == cols:
+                    have.rows.extend(rows)
+                elif have and sorted(have.columns) == sorted(cols):   # a shard's own column order
+                    order = [cols.index(x) for x in have.columns]
+                    have.rows.extend(tuple(r[i] for i in order) for r in rows)
+                elif not have or not have.rows:     # a schema-only central DB beside its shards
+                    tables[name] = Table(cols, list(rows))
                 else:
-                    self.tables[name] = (cols, list(rows))
+                    raise UserError(f"{name}: the tuning database's shards disagree on its columns")
+        return cls({n: t.with_head_dims() for n, t in sorted(tables.items())}, origin=origin, sources=sources)
 
-    def family(self, family: str) -> tuple[list[str], list[tuple]] | None:
+    def family(self, family: str) -> Table | None:
         return self.tables.get(db.table_of(family))
 
 
@@ -103,31 +149,179 @@ def _sqlite_of(archive: Path) -> sqlite3.Connection:
 
 
 def tree_database(tree: Path) -> TuningDatabase:
-    """The kernel tuning databases of an applied tree, wherever a supported release keeps them
-    (each record's `tuning_db` and the per-arch shards under its `shard_root`: 0.10b/0.11b one
-    file under v3python/rules, 0.11.1b+ shards under v3python/database, 0.13b and main under
-    modules/); never the op DB. Only regular files reached through no symbolic link below the tree
-    are read."""
+    """The kernel tuning databases of an applied tree, where its release keeps them
+    (`codegen.upstream.tuning_db_places`: the central archive, 0.10b and 0.11b, or the schema-only
+    one and the per-arch shards below its folder, later releases); never the op DB. Only regular
+    files reached through no symbolic link below the tree are read."""
     tree = Path(tree).resolve()
     if not tree.is_dir():
         raise UserError(f"{tree}: not a folder (the applied AOTriton tree the bundle was built from)")
-    files = sorted({r.tuning_db for r in SUPPORTED if r.tuning_db})
-    roots = sorted({r.shard_root for r in SUPPORTED if r.shard_root})
-    cands = [tree / f for f in files]
-    for root in roots:
-        shards = tree / root
-        if shards.is_dir() and not shards.is_symlink():
+    cands = []
+    for central, sharded in tuning_db_places(tree):
+        cands.append(tree / central)
+        shards = (tree / central).parent
+        if sharded and shards.is_dir() and not shards.is_symlink():
             for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
-                cands += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".sqlite3.tar.xz")]
+                dirnames.sort()
+                cands += [Path(dirpath) / f for f in sorted(filenames)
+                          if f.endswith(".sqlite3.tar.xz") and Path(dirpath) / f != tree / central]
     found = []
     for p in cands:
         p = inside(tree, p.relative_to(tree).as_posix())          # Escape (a UserError) on a link
         if p.is_file() and "op_" not in p.name and p not in found:
             found.append(p)
     if not found:
-        raise UserError(f"{tree}: no tuning database ({', '.join(files)} or shards under "
-                        f"{', '.join(roots)}) in this tree")
-    return TuningDatabase([_sqlite_of(p) for p in found])
+        places = " or ".join(f"{c}{' (and shards beside it)' if sh else ''}" for c, sh in tuning_db_places(tree))
+        raise UserError(f"{tree}: no tuning database ({places}) in this tree")
+    return TuningDatabase.from_sqlite([_sqlite_of(p) for p in found], origin=f"{tree.name}'s database",
+                                      sources=tuple(p.relative_to(tree).as_posix() for p in found))
+
+
+# --- the rows a bundle carries (tuning-rows.json) ----------------------------------------------
+TEXT_RE = re.compile(r"[\x20-\x7e]{0,200}")      # a cell is printed: no control characters
+
+
+def _cell(v: object) -> object:
+    if v is None or type(v) in (int, float) or (type(v) is str and TEXT_RE.fullmatch(v)):
+        return v
+    raise ValueError("a cell that is not a number, printable text of at most 200 characters or null")
+
+
+Cell = Annotated[object, PlainValidator(_cell)]
+Column = Annotated[str, Field(pattern=r"^[A-Za-z0-9_$]{1,100}$")]
+TableName = Annotated[str, Field(pattern=r"^FLASH\$[A-Za-z0-9_]{1,100}$")]
+Source = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,300}$")]
+INT_COLUMNS = (HEAD,) + CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
+
+
+class CarriedTable(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    columns: list[Column] = Field(min_length=1)
+    head_dims: list[StrictInt]
+    rows: list[list[Cell]]
+
+    @model_validator(mode="after")
+    def _shape(self) -> "CarriedTable":
+        cols = self.columns
+        if len(set(cols)) != len(cols):
+            raise ValueError("a column is named twice")
+        lacking = [c for c in (db.GPU,) + INT_COLUMNS if c not in cols]
+        if lacking:
+            raise ValueError(f"no column {', '.join(lacking)}")
+        seqlens = (db.column(cols, db.SEQLEN_Q), db.column(cols, db.SEQLEN_K))
+        ints = [cols.index(c) for c in INT_COLUMNS + tuple(c for c in seqlens if c)]
+        for n, r in enumerate(self.rows):
+            if len(r) != len(cols):
+                raise ValueError(f"row {n} has {len(r)} cells for {len(cols)} columns")
+            if any(type(r[i]) is not int for i in ints):
+                raise ValueError(f"row {n}: a head dim, seqlen or compiler option that is not an integer")
+        return self
+
+
+class CarriedRows(BaseModel):
+    """`tuning-rows.json`: the spec's GPUs' rows of every tuned table of the tree the bundle was
+    built from (a bundle member, so hostile input: read only through this model)."""
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    format: Literal[1]
+    gpus: list[GpuName] = Field(min_length=1)
+    sources: list[Source]
+    tables: dict[TableName, CarriedTable]
+
+    @model_validator(mode="after")
+    def _gpus(self) -> "CarriedRows":
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError("a GPU is named twice")
+        for name, t in self.tables.items():
+            gi = t.columns.index(db.GPU)
+            if any(r[gi] not in self.gpus for r in t.rows):
+                raise ValueError(f"{name} holds a row of a GPU it does not name")
+        return self
+
+
+def _carried_tables(tdb: TuningDatabase, gpus: list[str] | tuple[str, ...]) -> dict[str, Table]:
+    """The tables a bundle carries: every table of tuned kernels (compiler options among its
+    columns), with the rows of `gpus` only, and its head-dim buckets over every GPU."""
+    out = {}
+    for name, t in sorted(tdb.tables.items()):
+        if not all(c in t.columns for c in (db.GPU, HEAD) + CO_COLUMNS):
+            continue
+        gi = t.columns.index(db.GPU)
+        out[name] = Table(t.columns, [r for r in t.rows if r[gi] in gpus], t.head_dims)
+    return out
+
+
+def carry_rows(tdb: TuningDatabase, gpus: list[str] | tuple[str, ...]) -> bytes:
+    """`tuning-rows.json` of a bundle built from the tree `tdb` was read from, for the spec's GPUs."""
+    tables = _carried_tables(tdb, gpus)
+    doc = {"format": ROWS_FORMAT, "gpus": sorted(gpus), "sources": list(tdb.sources),
+           "tables": {n: {"columns": t.columns, "head_dims": list(t.head_dims), "rows": [list(r) for r in t.rows]}
+                      for n, t in tables.items()}}
+    try:
+        data = json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        CarriedRows.model_validate_json(data)     # what the reader takes, and nothing it would refuse
+    except (ValueError, TypeError) as exc:        # ValidationError is a ValueError
+        why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise UserError(f"{', '.join(tdb.sources) or 'the tuning database'}: rows a bundle cannot carry ({why})") \
+            from None
+    return data
+
+
+def carried_database(data: bytes, name: str = ROWS) -> TuningDatabase:
+    """The rows a bundle carries, validated; BundleError (exit 2, one message) on anything wrong."""
+    if len(data) > ROWS_LIMIT:
+        raise BundleError(f"{name}: larger than {ROWS_LIMIT:,} bytes: not the rows of a bundle")
+    try:
+        doc = CarriedRows.model_validate_json(data)
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        why = f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+        why = "".join(ch if " " <= ch <= "~" else "?" for ch in why[:300])   # hostile text, printed
+        raise BundleError(f"{name}: not the tuning rows of a bundle ({why})",
+                          hint="the bundle was changed after it was built: download or build it again") from None
+    tables = {n: Table(list(t.columns), [tuple(r) for r in t.rows], tuple(sorted(set(t.head_dims))))
+              for n, t in sorted(doc.tables.items())}
+    return TuningDatabase(tables, gpus=tuple(doc.gpus), origin=f"the bundle's {ROWS}",
+                          sources=tuple(doc.sources))
+
+
+def differences(tree: TuningDatabase, carried: TuningDatabase) -> list[str]:
+    """Where the tree's rows of the carried GPUs differ from the carried ones, one phrase a table."""
+    mine = _carried_tables(tree, carried.gpus or ())
+    out = []
+    for name in sorted(set(mine) | set(carried.tables)):
+        a, b = mine.get(name), carried.tables.get(name)
+        if a is None or b is None:
+            out.append(f"{name} {'only carried' if a is None else 'not carried'}")
+        elif a.columns != b.columns:
+            out.append(f"{name} columns")
+        else:
+            n = sum(((Counter(a.rows) - Counter(b.rows)) + (Counter(b.rows) - Counter(a.rows))).values())
+            if n:
+                out.append(f"{name} {n} rows ({len(a.rows)} in the tree, {len(b.rows)} carried)")
+            if a.head_dims != b.head_dims:
+                out.append(f"{name} head-dim buckets")
+    return out
+
+
+@dataclass(frozen=True)
+class RowsSource:
+    """The rows a check reads (`db`, None: neither a tree nor carried rows), whether the bundle
+    carries rows, and where a tree's differ from them."""
+    db: TuningDatabase | None
+    carried: bool = False
+    differ: tuple[str, ...] = ()
+
+
+def read_rows(*, tree: Path | None = None, carried: bytes | None = None, name: str = ROWS,
+              tree_db: TuningDatabase | None = None) -> RowsSource:
+    """The one reader of the rows a check uses: the applied tree's database when a tree is given
+    (`tree_db`: already read), compared with the rows the bundle carries; else those rows."""
+    kept = carried_database(carried, name) if carried is not None else None
+    if tree_db is None and tree is not None:
+        tree_db = tree_database(tree)
+    if tree_db is None:
+        return RowsSource(kept, kept is not None)
+    return RowsSource(tree_db, kept is not None, tuple(differences(tree_db, kept)) if kept else ())
 
 
 def _bin(values: set[int], n: int) -> int:
@@ -198,15 +392,14 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: st
     table = tdb.family(cfg.kernel)
     if table is None:
         return None
-    cols, rows = table
+    cols, rows = table.columns, table.rows
     m = RowMatch(case, phase, stem, cfg.kernel, gpu, got=_stem_spelling(cfg, cols))
     sq = db.column(cols, db.SEQLEN_Q)
     sk = db.column(cols, db.SEQLEN_K)
     # the head dim's bucket: the smallest BLOCK_DMODEL of the table at least the head dim; the
     # rows read are the PADDED_HEAD=False ones for a padded head too (upstream's rules list
     # PADDED_HEAD among PARTIALLY_TUNED_FUNCTIONALS, looked up as False)
-    hi = cols.index(db.HEAD_DIM)
-    dims = sorted({r[hi] for r in rows if isinstance(r[hi], int) and r[hi] >= inp.head_dim})
+    dims = [d for d in table.head_dims if d >= inp.head_dim]
     bucket = dims[0] if dims else inp.head_dim
     fixed = {db.DTYPE: DTYPE_INFO[inp.dtype].db_value, db.HEAD_DIM: bucket,
              "inputs$CAUSAL_TYPE": db.CAUSAL_TYPE_CAUSAL if inp.causal else 0,
@@ -268,8 +461,9 @@ def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list) -> l
     return out
 
 
-def summary(matches: list[RowMatch], gpu: str) -> tuple[bool, str]:
-    """(ok, one line): every launched tuned kernel has the configuration of `gpu`'s row."""
+def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tuple[bool, str]:
+    """(ok, one line): every launched tuned kernel has the configuration of `gpu`'s row.
+    `every_gpu`: the rows read hold every GPU's (a tree), else only the spec's (a bundle's)."""
     bad = [m for m in matches if not m.ok]
     shared = sum(1 for m in matches if m.ok and m.same_config_gpus)
     others = sorted({g for m in matches for g in m.same_config_gpus})
@@ -277,12 +471,15 @@ def summary(matches: list[RowMatch], gpu: str) -> tuple[bool, str]:
             f"{gpu} row for their inputs")
     if matches and not bad:
         line += (f"; {shared} of them would get the same configuration from a row of {', '.join(others)}"
-                 if shared else "; no other GPU's row gives any of them")
+                 if shared else "; no other GPU's row gives any of them" if every_gpu else "")
+    if not every_gpu:
+        line += "; other GPUs' rows are not carried: give --tree to name those giving the same configuration"
     if bad:
         b = bad[0]
         line += f"; first mismatch: {b.case} {b.family}: launched {b.got}, row {b.want or b.note}"
     return bool(matches) and not bad, line
 
 
-__all__ = ["Inputs", "RowMatch", "StemConfig", "TuningDatabase", "case_inputs", "match_report", "match_row",
-           "parse_stem", "summary", "tree_database"]
+__all__ = ["CarriedRows", "Inputs", "ROWS", "RowMatch", "RowsSource", "StemConfig", "Table", "TuningDatabase",
+           "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
+           "read_rows", "summary", "tree_database"]

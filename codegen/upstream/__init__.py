@@ -150,13 +150,30 @@ def kernel_source_dir(tree: Path | str) -> Path | None:
     return next((root / d for d in KERNEL_DIRS if (root / d / "flash.py").is_file()), None)
 
 
+# where each layout keeps its kernel tuning database: (the central archive, whether shards lie below
+# its folder: the sharded layouts' central archive is schema only)
+TUNING_DB_PLACES: tuple[tuple[str, bool], ...] = tuple(dict.fromkeys(
+    (a.tuning_db, a.tuning_db_layout == "sharded") for a in SUPPORTED))
+
+
+def tuning_db_places(tree: Path | str) -> tuple[tuple[str, bool], ...]:
+    """Where the tree's kernel tuning database lies: the detected release's place; for a tree
+    `detect` refuses (e.g. a bare database fixture), every known place."""
+    try:
+        a = detect(Path(tree))
+        return ((a.tuning_db, a.tuning_db_layout == "sharded"),)
+    except UnsupportedTree:
+        return TUNING_DB_PLACES
+
+
 def kernel_dirs_text() -> str:
     """'tritonsrc/flash.py nor modules/flash/kernel/flash.py', for messages."""
     return " nor ".join(f"{d}/flash.py" for d in KERNEL_DIRS)
 
 
-__all__ = ["Adapter", "KERNEL_DIRS", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "UnsupportedTree", "by_release",
-           "detect", "kernel_dirs_text", "kernel_source_dir", "read_version", "release_name"]
+__all__ = ["Adapter", "KERNEL_DIRS", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "TUNING_DB_PLACES",
+           "UnsupportedTree", "by_release", "detect", "kernel_dirs_text", "kernel_source_dir", "read_version",
+           "release_name", "tuning_db_places"]
 
 
 def parse_constexpr(text: str):
