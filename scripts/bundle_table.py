@@ -29,7 +29,8 @@ def row(out: dict) -> str:
     path = Path(out["bundle"]) if out.get("bundle") else None
     size = f"{path.stat().st_size / 1e6:.1f}" if path and path.is_file() else "–"
     got = (f"{bw.get('kernels_compiled', 0)} compiled, {bw.get('kernels_cached', 0)} cached"
-           if bw.get("kernels_compiled") or bw.get("kernels_cached") else "images taken (--images)")
+           if bw.get("kernels_compiled") or bw.get("kernels_cached") else
+           "images taken (--images)" if str(bw.get("images", "")).startswith("taken") else "none (build folder up to date)")
     detail = rows.get("detail", "–").split(";")[0]
     return (f"| `{path.name if path else m.get('release')}` | {size} | {sec.get('build', '–')} | {sec.get('check', '–')} | "
             f"{k.get('kernels_packed', '–')} of {k.get('kernels_referenced', '–')} | {got} | "

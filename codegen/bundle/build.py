@@ -110,6 +110,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     stage = bdir / "mi100-codegen" / "bundle-stage"
     files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout, rows)
     manifest = _manifest(adapter, rep, hip, stage, lib, dyn, sysroot, kernels, files)
+    manifest["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
     source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones

@@ -45,7 +45,7 @@ def _print_check(rep) -> None:
         for m in rep.rows:   # the tuning row each tuned launch got
             other = f"  (same config: {', '.join(m.same_config_gpus)})" if m.same_config_gpus else ""
             stderr.print(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
-                         f"{m.row_id if m.row_id is not None else m.note} {m.want or m.got}{other}", markup=False)
+                         f"{m.row_id if m.row_id is not None else (m.note or '(unnumbered)')} {m.want or m.got}{other}", markup=False)
         if d.stderr_tail and not d.ok:
             stderr.print(f"     driver: {d.stderr_tail.splitlines()[-1]}", markup=False)
     stderr.print(f"label: {rep.as_json()['label']}", markup=False)

@@ -348,7 +348,8 @@ class RowMatch:
     kernel: str                 # the launched image stem
     family: str
     gpu: str
-    row_id: int | None = None
+    row_id: int | None = None   # None also where the table has no `id` column (0.13b's shards)
+    found: bool = False         # the GPU defines a row for these inputs
     key: dict = field(default_factory=dict)
     want: str = ""              # the row's config, spelled as in the stem
     got: str = ""
@@ -357,7 +358,7 @@ class RowMatch:
 
     @property
     def ok(self) -> bool:
-        return self.row_id is not None and self.want == self.got
+        return self.found and self.want == self.got
 
     def as_json(self) -> dict:
         return {"case": self.case, "phase": self.phase, "family": self.family, "kernel": self.kernel,
@@ -428,6 +429,7 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: st
     if row is None:
         m.note = f"no {gpu} row for these inputs in {db.table_of(cfg.kernel)}"
         return m
+    m.found = True
     m.row_id = row[cols.index("id")] if "id" in cols else None
     m.key = {c: row[cols.index(c)] for c in cols if c.startswith(db.INPUT_PREFIX) or c == db.GPU}
     m.want = _spell(cols, row)
