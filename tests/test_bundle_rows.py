@@ -310,3 +310,16 @@ def test_check_rows_from_each_source(tmp_path):
     c = rep.rows_claim
     assert not c.ok and "the tree's rows differ from those the bundle carries (tuning-rows.json): " \
         "FLASH$attn_fwd 2 rows" in c.detail and "differ from the bundle's" in c.where
+
+
+def test_a_table_that_numbers_no_rows(tmp_path):
+    """0.13b's shards have no `id` column: a row found there is found (ok), only unnumbered."""
+    tdb = tree_database(_tree(tmp_path, ROWS))
+    for name, t in list(tdb.tables.items()):
+        i = t.columns.index("id")
+        tdb.tables[name] = type(t)([c for c in t.columns if c != "id"],
+                                   [r[:i] + r[i + 1:] for r in t.rows]).with_head_dims()
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, False, False, False, 100, 100))
+    assert got.ok and got.found and got.row_id is None
+    missing = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, True, False, False, 100, 100))
+    assert not missing.ok and not missing.found and "no gfx908_mod0 row" in missing.note
