@@ -5,6 +5,7 @@ kernel cache as `build`), the logs of the shell's `time` around each of them, an
 matrices of `scripts/bench_build_compile.py --reuse-matrix --json`.
 
     python scripts/build_cost_table.py REPORT.json ... [--log LOG ...] [--reuse REUSE.json ...]
+    python scripts/build_cost_table.py REPORT.json ... [--log LOG ...] --runs    # one line per report
 
 One row per (release, target). A report is the row's cold run when its kernel cache served at most
 1 % of its kernels (what another release's entries can serve), its warm run when every kernel that
@@ -221,13 +222,33 @@ def table(rows: list[Row], counts: dict) -> list[str]:
     return out
 
 
+def runs_table(reports: list[Path], logs: dict) -> list[str]:
+    """--runs: one line per report, as measured (the raw figures behind the table)."""
+    out = ["| report | release | GPU | Triton, jobs | kernels | compiled | cached | failed | run | "
+           "precompile's wall | `time` real / user / sys | Σ compile_s |", "|" + "---|" * 12]
+    for path in reports:
+        rep = json.loads(path.read_text(encoding="utf-8"))
+        run, ks = rep["run"], rep["kernels"]
+        t = timed(rep, logs)
+        clock = f"{t.real:.1f} / {t.user:.1f} / {t.sys:.1f} s" if t else "–"
+        out.append(f"| `{path.name}` | {run['release']} | {run['gpu']} | {run['triton']}, -j {run['jobs']} | "
+                   f"{run['planned']:,} | {run['compiled_now']:,} | {run['from_cache']:,} | "
+                   f"{sum(k['status'] == 'failed' for k in ks)} | {kind(rep)} | {run['wall_s']:.1f} s | {clock} | "
+                   f"{_n(sum(k['compile_s'] or 0 for k in ks))} s |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("reports", type=Path, nargs="+", help="precompile --json reports")
     ap.add_argument("--log", type=Path, nargs="*", default=[], help="logs with the `time` output of those runs")
     ap.add_argument("--reuse", type=Path, nargs="*", default=[],
                     help="bench_build_compile.py --reuse-matrix --json outputs, one per spec")
+    ap.add_argument("--runs", action="store_true", help="print one line per report instead (the raw figures)")
     a = ap.parse_args()
+    if a.runs:
+        print("\n".join(runs_table(a.reports, read_logs(a.log))))
+        return
     counts = json.loads(COUNTS.read_text(encoding="utf-8"))["kernels"] if COUNTS.is_file() else {}
     docs = [json.loads(p.read_text(encoding="utf-8")) for p in a.reuse]
     print("\n".join(table(gather(a.reports, read_logs(a.log), docs), counts)))

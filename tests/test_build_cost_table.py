@@ -1,6 +1,7 @@
 """The build-cost table of docs/build.md from its inputs (issue 24, items 4 and 6): the reuse matrix of
-scripts/bench_build_compile.py (`--reuse-matrix`) and scripts/build_cost_table.py over precompile
---json reports and `time` logs. Synthetic inputs, no tree, no compile (fast)."""
+scripts/bench_build_compile.py (`--reuse-matrix`), scripts/build_cost_table.py over precompile
+--json reports and `time` logs, and scripts/op_table_reach.py's reading of a generated backward op
+table. Synthetic inputs, no tree, no compile (fast)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,10 @@ def test_table_rows_from_reports_logs_and_reuse(tmp_path):
                       "129.9 s | 12.1 s (1 failed ones again) | 0.11.1b: 100 % | 1: 0.5 MB of 2.0 MB (25 %) |")
     assert out[4] == ("| 0.11.1b | gfx1030 (`rdna2`) | 4 | – | – | = 0.11b (same kernels) | = 0.11b | = 0.11b | "
                       "0.11b: 100 % | – |")
+    runs = table.runs_table([cold, warm], logs)
+    assert runs[2] == ("| `cold.json` | 0.11b | gfx1030_mod0 | 3.6.0, -j 16 | 4 | 4 | 0 | 1 | cold | 100.0 s | "
+                       "129.9 / 1891.1 / 33.5 s | 3 s |")
+    assert "| 1 | 3 | 1 | warm |" in runs[3]
 
 
 def test_a_resumed_run_is_neither_cold_nor_warm_and_cpu_falls_back_to_compile_s(tmp_path):
@@ -97,3 +102,55 @@ def test_a_resumed_run_is_neither_cold_nor_warm_and_cpu_falls_back_to_compile_s(
     assert cells[5] == "≈ 400 (Σ compile_s)"
     assert cells[6] == "not measured; resumed here: 20 compiled, 180 cached"
     assert table.kind(json.loads(_report(tmp_path / "c.json", "0.13b", 198, 2, ks).read_text())) == "cold"  # ≤ 1 % cached
+
+
+IFACE = """\
+int64_t OpAttnBwdContext::godel_number() const
+{
+    int64_t sum = 0;
+    const auto& args = *params;
+    {
+        int64_t number = -1;
+        if (args.Q->dtype() == DType::kFloat16) number = 0 ;
+        if (args.Q->dtype() == DType::kBFloat16) number = 1 ;
+        sum += number * 2;
+    }
+    {
+        int64_t number = -1;
+        if (args.PADDED_HEAD == false) number = 0 ;
+        if (args.PADDED_HEAD == true) number = 1 ;
+        sum += number * 1;
+    }
+
+    return sum;
+}
+
+OpAttnBwdContext::OpTuneTableEntry
+OpAttnBwdContext::optune_table[][ 4 ] = {
+    {
+        &optune::Optune_op_attn_bwd__A0__F0,
+        &optune_op_attn_bwd__Trivial_kMetro_TritonSplit,
+        &optune::Optune_op_attn_bwd__A0__F2,
+        &optune_op_attn_bwd__Trivial_kShim_BwdKernelFuse,
+    },
+};
+"""
+
+
+def _lut(name: str, rows: str) -> str:
+    return (f"#define CURRENT_ENTRY_PUBLIC {name}\n\nstatic int8_t lut[1][2][2] =\n{{\n// GPU gfx1030_mod0\n"
+            f"{rows}\n// End of GPU gfx1030_mod0\n}}\n;\n")
+
+
+def test_op_table_reach_reads_trivial_and_tuned_entries(tmp_path):
+    reach = _script("op_table_reach")
+    flash = tmp_path / "flash"
+    (flash / "optune.op_attn_bwd").mkdir(parents=True)
+    (flash / "iface.op_attn_bwd.cc").write_text(IFACE, encoding="utf-8")
+    (flash / "optune.op_attn_bwd" / "a.cc").write_text(_lut("Optune_op_attn_bwd__A0__F0", "{{0,1},\n {0,0}}"))
+    (flash / "optune.op_attn_bwd" / "b.cc").write_text(_lut("Optune_op_attn_bwd__A0__F2", "{{0,0},\n {2,0}}"))
+    table = reach.read_op_table(flash)
+    assert [f[0] for f in table.fields] == ["Q", "PADDED_HEAD"]
+    assert table.fused == (True, False, False, True)  # tuned with a 1; trivial split; tuned without; trivial fused
+    assert table.number({"Q": "kBFloat16", "PADDED_HEAD": "true"}) == 3
+    assert reach.read_op_table(tmp_path / "none") is None
