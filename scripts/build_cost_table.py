@@ -4,7 +4,7 @@
 kernel cache as `build`), the logs of the shell's `time` around each of them, and the reuse
 matrices of `scripts/bench_build_compile.py --reuse-matrix --json`.
 
-    python scripts/build_cost_table.py REPORT.json ... [--log LOG ...] [--reuse REUSE.json ...]
+    python scripts/build_cost_table.py REPORT.json ... [--log LOG ...] [--reuse REUSE.json ...] [--reach REACH.json ...]
     python scripts/build_cost_table.py REPORT.json ... [--log LOG ...] --runs    # one line per report
 
 One row per (release, target). A report is the row's cold run when its kernel cache served at most
@@ -16,7 +16,10 @@ and kernels cached (the `AOTriton R: N kernels planned for GPU` line and the pro
 compile_s of the run that compiled it), marked `Σ compile_s`. Releases of a reuse matrix that no
 report measured get a row of their own (kernels and reuse only). Kernel counts carry the
 `<!-- kernels RELEASE SPEC -->` mark that tests/test_docs.py checks where docs/kernel-counts.json
-has the pair. Markdown on stdout; nothing is written.
+has the pair. The last column counts the fused-backward kernels the backward op table never
+selects, with their code bytes: from `scripts/op_table_reach.py --json` (`--reach`), read from the
+generated tables, else from the reports' `dispatched` flags (marked `(flag)`: precompile sets them
+from the spec's split_backward rule only). Markdown on stdout; nothing is written.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def _same_kernels(row: Row, by_release: dict[str, Row], cold: bool = False) -> s
     return None
 
 
-def cells(row: Row, counts: dict, by_release: dict[str, Row]) -> list[str]:
+def cells(row: Row, counts: dict, by_release: dict[str, Row], reach: dict | None = None) -> list[str]:
     rep = _any(row)
     mark = f"<!-- kernels {row.release} {row.spec} -->" if counts.get(row.release, {}).get(row.spec) == row.kernels else ""
     kernels = f"{row.kernels:,}{mark}" if row.kernels is not None else "–"
@@ -203,22 +206,26 @@ def cells(row: Row, counts: dict, by_release: dict[str, Row]) -> list[str]:
         warm = _wall(t.real) if t else "not timed"
         if row.warm["run"]["compiled_now"]:
             warm += f" ({row.warm['run']['compiled_now']} failed ones again)"
-    nd = [k for k in ks if not k["dispatched"]]
     code = sum((k.get("resources") or {}).get("code_bytes") or 0 for k in ks)
-    nd_code = sum((k.get("resources") or {}).get("code_bytes") or 0 for k in nd)
-    undispatched = (f"{len(nd)}: {_mb(nd_code)} of {_mb(code)} ({_pct(nd_code, code)})" if nd
-                    else f"0 (of {_mb(code)})")
+    r = (reach or {}).get((row.arch, row.release))
+    if r is not None:  # read from the op table (op_table_reach.py)
+        n, n_code, flag = r["never"], r["never_bytes"], ""
+    else:  # precompile's flag (the spec's split_backward rule)
+        nd = [k for k in ks if not k["dispatched"]]
+        n, n_code, flag = len(nd), sum((k.get("resources") or {}).get("code_bytes") or 0 for k in nd), " (flag)"
+    undispatched = (f"{n}{flag}: {_mb(n_code)} of {_mb(code)} ({_pct(n_code, code)})" if n
+                    else f"0{flag} (of {_mb(code)})")
     how = f"{rep['run']['triton']}, -j {rep['run']['jobs']}"
     return [row.release, target, kernels, failed, how, cpu, wall, warm, share, undispatched]
 
 
-def table(rows: list[Row], counts: dict) -> list[str]:
+def table(rows: list[Row], counts: dict, reach: dict | None = None) -> list[str]:
     head = ["release", "target (spec)", "kernels", "failed", "Triton, jobs", "CPU-s cold", "wall cold", "wall warm",
-            "reused from (best other release: share)", "not dispatched: code"]
+            "reused from (best other release: share)", "op table never selects: code"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         by_release = {r.release: r for r in rows if r.arch == row.arch}
-        out.append("| " + " | ".join(cells(row, counts, by_release)) + " |")
+        out.append("| " + " | ".join(cells(row, counts, by_release, reach)) + " |")
     return out
 
 
@@ -244,6 +251,8 @@ def main() -> None:
     ap.add_argument("--log", type=Path, nargs="*", default=[], help="logs with the `time` output of those runs")
     ap.add_argument("--reuse", type=Path, nargs="*", default=[],
                     help="bench_build_compile.py --reuse-matrix --json outputs, one per spec")
+    ap.add_argument("--reach", type=Path, nargs="*", default=[],
+                    help="op_table_reach.py --json outputs: the last column from the op tables")
     ap.add_argument("--runs", action="store_true", help="print one line per report instead (the raw figures)")
     a = ap.parse_args()
     if a.runs:
@@ -251,7 +260,8 @@ def main() -> None:
         return
     counts = json.loads(COUNTS.read_text(encoding="utf-8"))["kernels"] if COUNTS.is_file() else {}
     docs = [json.loads(p.read_text(encoding="utf-8")) for p in a.reuse]
-    print("\n".join(table(gather(a.reports, read_logs(a.log), docs), counts)))
+    reach = {(r["arch"], r["release"]): r for p in a.reach for r in json.loads(p.read_text(encoding="utf-8"))}
+    print("\n".join(table(gather(a.reports, read_logs(a.log), docs), counts, reach)))
 
 
 if __name__ == "__main__":

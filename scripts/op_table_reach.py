@@ -3,7 +3,7 @@
 the proof from the dispatch tables themselves, next to precompile's `not dispatched` flag (which
 follows the spec's rows.split_backward rule only).
 
-    python scripts/op_table_reach.py TREE=REPORT.json [TREE=REPORT.json ...]
+    python scripts/op_table_reach.py TREE=REPORT.json [TREE=REPORT.json ...] [--json OUT]
 
 For each applied tree: the tree's own generator is run into a throwaway build dir (as `plan`
 does); its op table for the backward (`flash/iface.op_attn_bwd.cc`: one entry per functional,
@@ -15,11 +15,13 @@ index 1 in the tables) never launches its fused kernels through the table. Each 
 the precompile --json REPORT of the same tree for its code bytes and compile time. Markdown on
 stdout; the trees are not written to. Only what the op table selects is proven here: callers
 that force a backend (`attn_options.force_backend_index`) or call the v2 `attn_bwd_fused` reach
-every fused kernel (docs/build.md).
+every fused kernel (docs/build.md). A release without an op database (0.10b) counts every fused
+kernel as selectable: PyTorch calls its v2 `attn_bwd_fused` directly.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -89,7 +91,8 @@ def reach(tree: Path, report: dict) -> dict:
         build = Path(tmp) / "build"
         entries = generate_kernel_list(tree, list(spec.gpus), sys.executable, arch=spec.arch, env=env,
                                        keep_build_dir=build)
-        table = read_op_table(build / "flash")
+        # no op database (0.10b): PyTorch's v2 path calls attn_bwd_fused itself; as precompile's flag
+        table = read_op_table(build / "flash") if release_of(tree).adapter.op_db is not None else None
     kernels = {k["id"]: k for k in report["kernels"]}
     out = {"release": release_of(tree).release, "spec": spec.name, "arch": spec.arch, "fused": 0, "picked": 0,
            "never": 0, "flagged": 0, "never_bytes": 0, "never_s": 0.0,
@@ -120,18 +123,24 @@ def _pct(n: float, total: float) -> str:
 
 
 def main() -> None:
-    pairs = [arg.split("=", 1) for arg in sys.argv[1:]]
-    if not pairs or any(len(p) != 2 for p in pairs):
-        sys.exit(__doc__.split("\n\n")[1])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("pairs", nargs="+", metavar="TREE=REPORT.json")
+    ap.add_argument("--json", type=Path, help="also write the rows here (build_cost_table.py --reach)")
+    a = ap.parse_args()
+    pairs = [arg.split("=", 1) for arg in a.pairs]
+    if any(len(p) != 2 for p in pairs):
+        ap.error("each argument is TREE=REPORT.json")
+    rows = [reach(Path(tree).resolve(), json.loads(Path(rep).read_text(encoding="utf-8"))) for tree, rep in pairs]
     print("| release | target (spec) | fused kernels | op table can pick | never picks (flagged `not dispatched`) "
           "| their code | their Σ compile_s |")
     print("|---|---|---|---|---|---|---|")
-    for tree, rep in pairs:
-        r = reach(Path(tree).resolve(), json.loads(Path(rep).read_text(encoding="utf-8")))
+    for r in rows:
         print(f"| {r['release']} | {r['arch']} (`{r['spec']}`) | {r['fused']} | {r['picked']} | "
               f"{r['never']} ({r['flagged']}) | {r['never_bytes'] / 1e6:.1f} of {r['all_bytes'] / 1e6:.1f} MB "
               f"({_pct(r['never_bytes'], r['all_bytes'])}) | {r['never_s']:,.0f} of {r['all_s']:,.0f} s "
               f"({_pct(r['never_s'], r['all_s'])}) |")
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

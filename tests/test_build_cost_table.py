@@ -83,9 +83,11 @@ def test_table_rows_from_reports_logs_and_reuse(tmp_path):
     assert out[0].startswith("| release | target (spec) | kernels | failed | Triton, jobs | CPU-s cold |")
     assert out[2] == ("| 0.10b | gfx1030 (`rdna2`) | 5 | – | – | not measured | not measured | not measured | none | – |")
     assert out[3] == ("| 0.11b | gfx1030 (`rdna2`) | 4<!-- kernels 0.11b rdna2 --> | 1 | 3.6.0, -j 16 | 1,925 | "
-                      "129.9 s | 12.1 s (1 failed ones again) | 0.11.1b: 100 % | 1: 0.5 MB of 2.0 MB (25 %) |")
+                      "129.9 s | 12.1 s (1 failed ones again) | 0.11.1b: 100 % | 1 (flag): 0.5 MB of 2.0 MB (25 %) |")
     assert out[4] == ("| 0.11.1b | gfx1030 (`rdna2`) | 4 | – | – | = 0.11b (same kernels) | = 0.11b | = 0.11b | "
                       "0.11b: 100 % | – |")
+    reach = {("gfx1030", "0.11b"): {"never": 2, "never_bytes": 1_500_000}}  # op_table_reach.py's reading
+    assert table.table(rows, counts, reach)[3].endswith("| 2: 1.5 MB of 2.0 MB (75 %) |")
     runs = table.runs_table([cold, warm], logs)
     assert runs[2] == ("| `cold.json` | 0.11b | gfx1030_mod0 | 3.6.0, -j 16 | 4 | 4 | 0 | 1 | cold | 100.0 s | "
                        "129.9 / 1891.1 / 33.5 s | 3 s |")
