@@ -8,8 +8,12 @@ lists alone, what share of one release's kernels another release's cache entries
     python scripts/bench_build_compile.py TREE --spec rules/examples/smoke.yaml --sample 16 --jobs 2 \\
         [--reuse TREE_A TREE_B ...]
 
+    python scripts/bench_build_compile.py --reuse-matrix TREE_A TREE_B ... [--triton-version X] [--json OUT]
+
 Prints a Markdown table (wall, CPU of all child processes, kernels/min, ratio) and whether the
-images and sidecars of both routes are byte-identical. The tree is not written to (bytecode of
+images and sidecars of both routes are byte-identical. `--reuse-matrix` compiles nothing: every
+tree (applied from one spec) is planned by its own generator and each release's kernel cache keys
+are compared with every other's (the matrix of item 4 of issue 24; docs/measurements.md). The tree is not written to (bytecode of
 upstream's route goes to a copy of the driver's sources, as in `mi100-codegen bench`).
 """
 
@@ -34,10 +38,11 @@ from codegen.build.compile_pool import CompileService  # noqa: E402
 from codegen.build.configure import prepare_venv  # noqa: E402
 from codegen.build.edges import write_kernel_ninja  # noqa: E402
 from codegen.build.prereq import Toolchain  # noqa: E402
-from codegen.kcache import CompileCache, cache_key  # noqa: E402
+from codegen.apply.applied_spec import resolve_spec  # noqa: E402
+from codegen.kcache import CompileCache  # noqa: E402
 from codegen.plan.run import PlanOptions, run_plan  # noqa: E402
 from codegen.plan.tree import release_of  # noqa: E402
-from codegen.precompile.engine import triton_version  # noqa: E402
+from codegen.precompile.engine import entry_cache_key, triton_version  # noqa: E402
 from codegen.precompile.sample import stratified_sample  # noqa: E402
 
 
@@ -107,32 +112,91 @@ def _row(s, base=None) -> str:
     return f"| {s['name']} | {s['n']} | {served} | {s['wall']:.1f} | {s['cpu']:.1f} | {kpm:.1f} | {ratio} |"
 
 
-def reuse(trees: list[Path], spec: Path | None, version: str, warp: int) -> list[str]:
-    keys = {}
+def reuse_keys(trees: list[Path], spec: Path | None, version: str) -> dict[str, set[str]]:
+    """Each tree's planned kernels (its own generator, the spec applied to it or `spec`) as the
+    kernel cache keys precompile and build look them up (codegen.precompile.engine.entry_cache_key),
+    by release name. No compile."""
+    keys: dict[str, set[str]] = {}
     for t in trees:
-        entries = run_plan(PlanOptions(tree=t, spec=spec, python=sys.executable)).entries
-        keys[t] = {cache_key(source=str(t / e.source), kernel_name=e.kernel_name, signature=e.signature,
-                             num_warps=e.config.num_warps, num_stages=e.config.num_stages,
-                             waves_per_eu=e.config.waves_per_eu, arch=e.config.arch, warp_size=warp,
-                             triton_version=version) for e in entries}
+        run = run_plan(PlanOptions(tree=t, spec=spec, python=sys.executable))
+        keys[release_of(t).release] = {entry_cache_key(t, e, run.loaded.spec.warp_size, version)
+                                       for e in run.entries}
+    return keys
+
+
+def reuse(keys: dict[str, set[str]]) -> list[str]:
+    """One row per ordered pair: release A's kernels, how many release B's cache entries serve."""
     rows = ["| release | kernels | served by the cache of | share |", "|---|---|---|---|"]
-    for a in trees:
-        for b in trees:
+    for a in keys:
+        for b in keys:
             if a != b:
                 common = len(keys[a] & keys[b])
-                rows.append(f"| {release_of(a).release} | {len(keys[a])} | {release_of(b).release} | "
-                            f"{common} ({100 * common / max(1, len(keys[a])):.0f} %) |")
+                rows.append(f"| {a} | {len(keys[a])} | {b} | {common} ({_pct(common, len(keys[a]))}) |")
     return rows
+
+
+def _pct(n: int, total: int) -> str:
+    share = 100 * n / max(1, total)
+    return f"{share:.0f} %" if share >= 10 or n in (0, total) else f"{share:.1f} %"
+
+
+def reuse_matrix(keys: dict[str, set[str]]) -> dict:
+    """For every release A and every other release B: how many of A's kernels B's cache entries
+    serve, and the best others (every B that serves the most, in the given order; none when no B
+    serves any)."""
+    out = {}
+    for a, ka in keys.items():
+        served = {b: len(ka & kb) for b, kb in keys.items() if b != a}
+        top = max(served.values(), default=0)
+        out[a] = {"kernels": len(ka), "served_by": served, "best": [b for b, n in served.items() if n == top and n]}
+    return out
+
+
+def matrix_table(matrix: dict) -> list[str]:
+    names = list(matrix)
+    rows = ["| release (kernels) | " + " | ".join(f"{b}'s cache" for b in names) + " | best other |",
+            "|---|" + "---|" * (len(names) + 1)]
+    for a, m in matrix.items():
+        cells = [("–" if b == a else f"{m['served_by'][b]} ({_pct(m['served_by'][b], m['kernels'])})")
+                 for b in names]
+        best = m["best"]
+        tail = f"{', '.join(best)}: {_pct(m['served_by'][best[0]], m['kernels'])}" if best else "–"
+        rows.append(f"| {a} ({m['kernels']}) | " + " | ".join(cells) + f" | {tail} |")
+    return rows
+
+
+def reuse_matrix_main(a: argparse.Namespace) -> None:
+    """--reuse-matrix: plan every tree, print the matrix (and write it as JSON with --json)."""
+    version = a.triton_version or triton_version()
+    trees = [t.resolve() for t in a.reuse_matrix]
+    specs = sorted({f"{s.name} ({s.arch})" for s in (resolve_spec(t, a.spec).spec for t in trees)})
+    if len(specs) != 1:
+        sys.exit(f"--reuse-matrix: the trees are applied from different specs ({', '.join(specs)}): "
+                 "cache keys include the target, so compare one spec's trees")
+    matrix = reuse_matrix(reuse_keys(trees, a.spec, version))
+    print(f"spec {specs[0]}, kernel cache keys with Triton {version} (the shares do not depend on the version)\n")
+    print("\n".join(matrix_table(matrix)))
+    if a.json:
+        doc = {"spec": specs[0], "triton": version, "releases": matrix}
+        a.json.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("tree", type=Path)
+    ap.add_argument("tree", type=Path, nargs="?")
     ap.add_argument("--spec", type=Path, default=None)
     ap.add_argument("--sample", type=int, default=16)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--reuse", type=Path, nargs="*", default=[])
+    ap.add_argument("--reuse-matrix", type=Path, nargs="+", metavar="TREE",
+                    help="no compile: plan each applied tree and print which release's cache serves which")
+    ap.add_argument("--triton-version", help="the Triton version in the keys (--reuse-matrix; default: this Python's)")
+    ap.add_argument("--json", type=Path, help="--reuse-matrix: also write the matrix here")
     a = ap.parse_args()
+    if a.reuse_matrix:
+        return reuse_matrix_main(a)
+    if a.tree is None:
+        ap.error("give a TREE to bench, or --reuse-matrix TREE...")
     run = run_plan(PlanOptions(tree=a.tree, spec=a.spec, python=sys.executable))  # the interpreter both routes use
     loaded, entries = run.loaded, run.entries
     spec = loaded.spec
@@ -172,7 +236,7 @@ def main() -> None:
                 print(f"  differs ({s['name']}): {f}{_json_keys(work, up['name'], s['name'], f)}")
         if a.reuse:
             print()
-            print("\n".join(reuse([t.resolve() for t in a.reuse], a.spec, version, spec.warp_size)))
+            print("\n".join(reuse(reuse_keys([t.resolve() for t in a.reuse], a.spec, version))))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -69,7 +69,9 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
     }
 
 
-def _cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
+def entry_cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
+    """The kernel cache key of a planned kernel (codegen.kcache.cache_key), as precompile and build
+    look it up; scripts/bench_build_compile.py's reuse shares use it too."""
     c = e.config
     return cache_key(source=str(tree / e.source), kernel_name=e.kernel_name, signature=e.signature,
                      num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
@@ -103,7 +105,7 @@ def compile_entries(
         if not (tree / e.source).is_file():
             raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
     by_id = {e.id: e for e in entries}
-    keys = {e.id: _cache_key(tree, e, spec.warp_size, version) for e in entries}
+    keys = {e.id: entry_cache_key(tree, e, spec.warp_size, version) for e in entries}
     results: dict[str, KernelResult] = {}
     todo: list[dict] = []
 
