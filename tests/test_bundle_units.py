@@ -192,3 +192,26 @@ def test_bundle_build_refuses_an_unapplied_tree_before_fetching(pristine_tree, t
     r = CliRunner().invoke(app, ["bundle", "build", str(pristine_tree("0.11b")), "--hip", "6", "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "overlay is not applied" in r.output, r.output
     assert not (tmp_path / "cache").exists() and not (tmp_path / "o").exists()
+
+
+@pytest.mark.aotriton
+def test_the_manifest_summarises_the_compile_report_of_the_tree(fresh_tree):
+    """`compile_report` in a bundle's manifest: the report render used for the tree's recorded
+    spec (here the shipped tuning/gfx908/compile_report.json), counted independently."""
+    from collections import Counter
+
+    from typer.testing import CliRunner
+
+    from codegen.bundle.build import _compile_report
+    from codegen.cli import app
+    from codegen.upstream import detect
+    from conftest import REPO
+
+    tree = fresh_tree("0.11b")
+    assert CliRunner().invoke(app, ["apply", str(tree)]).exit_code == 0
+    got = _compile_report(tree, None, detect(tree).layout)
+    shipped = REPO / "tuning" / "gfx908" / "compile_report.json"
+    want = json.loads(shipped.read_text())
+    assert got["sha256"] == sha256(shipped.read_bytes())
+    assert (got["arch"], got["triton"], got["configs"]) == (want["arch"], want["triton"], len(want["configs"]))
+    assert got["verdicts"] == dict(Counter(c["verdict"] for c in want["configs"].values()))

@@ -111,6 +111,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout, rows)
     manifest = _manifest(adapter, rep, hip, stage, lib, dyn, sysroot, kernels, files)
     manifest["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
+    manifest["compile_report"] = _compile_report(tree, spec_path, adapter.layout)
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
     source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones
@@ -254,6 +255,28 @@ def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
     check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
                   manifest_sha256=manifest, spec_display=loaded.display)
     return loaded.spec
+
+
+def _compile_report(tree: Path, spec_path: Path | None, layout) -> dict | None:
+    """The summary of the compile report the overlay was rendered with (`precompile
+    --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
+    read through its one reader from where render takes it for the tree's spec; None without one."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from collections import Counter
+
+    from ..build.builder import resolve_spec
+    from ..overlay_inputs import read_compile_report
+    from ..workspace import COMPILE_REPORT, overlay_results
+
+    path = overlay_results(resolve_spec(tree, spec_path, layout)).get(COMPILE_REPORT)
+    data = read_compile_report(path) if path is not None else None
+    if data is None:
+        return None
+    configs = data.get("configs", {})
+    return {"sha256": sha256(path.read_bytes()), "arch": data.get("arch"), "gpu": data.get("gpu"),
+            "release": data.get("release"), "triton": data.get("triton"), "configs": len(configs),
+            "verdicts": dict(sorted(Counter(c["verdict"] for c in configs.values()).items())),
+            "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
 
 
 def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
