@@ -189,7 +189,9 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     assert len(wanted) >= 3, wanted
     site = tmp_path / "site"
     hip = _hip(bundle)
-    root = build_torch(site, version=f"2.9.0+rocm{hip}.4", hip=f"{hip}.4.43484", images=False)
+    aot = b.manifest["version"]                     # the wheel of the bundle's first torch line links it
+    root = build_torch(site, version=f"{b.manifest['torch_lines'][0]}.0+rocm{hip}.4", hip=f"{hip}.4.43484",
+                       aot_version=aot, images=False)
     lib = root / "lib"
     sysroot = ensure_sysroot(hip)
     stub = build_stub(sysroot.include, sysroot.runtime, tmp_path / "stub")
@@ -200,13 +202,13 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     decls = "".join(f'void f{i}(void) __asm__("{s}");\n' for i, s in enumerate(wanted))
     calls = "".join(f"(void*)f{i}, " for i in range(len(wanted)))
     src = decls + "int hipGetDevice(int*);\nvoid *table[] = {" + calls + "};\nint which_hip(void) { int d; return hipGetDevice(&d); }\n"
-    _cc(lib / "libtorch_hip.so", src, "-Wl,--no-as-needed", f"-L{link}", f"-L{lib}", "-l:libaotriton_v2.so.0.11.0",
+    _cc(lib / "libtorch_hip.so", src, "-Wl,--no-as-needed", f"-L{link}", f"-L{lib}", f"-l:libaotriton_v2.so.{aot}",
         "-l:libamdhip64.so", "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags")
     r = cli("torch", "install", "--bundle", str(bundle), "--torch-dir", str(root))
     assert r.exit_code == 0, r.output
     code = ("import ctypes, sys\n"
             f"ctypes.CDLL({str(lib / 'libtorch_hip.so')!r}, mode=ctypes.RTLD_GLOBAL)\n"
-            f"aot = ctypes.CDLL({str(lib / 'libaotriton_v2.so.0.11.0')!r})\n"
+            f"aot = ctypes.CDLL({str(lib / f'libaotriton_v2.so.{aot}')!r})\n"
             f"fn = getattr(aot, {wanted[0]!r}) if 'check_gpu' in {wanted[0]!r} else None\n"
             "fn.argtypes = [ctypes.c_void_p]; print(fn(None))\n")
     assert "check_gpu" in wanted[0]
