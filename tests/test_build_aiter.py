@@ -84,3 +84,18 @@ def test_hostile_tag_file_and_build_folder(fresh_tree, tmp_path):
     with pytest.raises(Escape):
         place_stand_in(tree, tmp_path / "b", rel, "gfx908")
     assert list(outside.iterdir()) == []
+
+
+def test_the_cli_refuses_before_any_work(fresh_tree, tmp_path):
+    """`build --aiter-stand-in` on a release that clones no aiter: exit 2 before the build venv,
+    the toolchain check or the build folder."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    tree = fresh_tree("0.11b")
+    assert CliRunner().invoke(app, ["apply", str(tree)]).exit_code == 0
+    r = CliRunner().invoke(app, ["build", str(tree), "--prefix", str(tmp_path / "p"), "--build-dir",
+                                 str(tmp_path / "b"), "--aiter-stand-in"])
+    assert r.exit_code == 2 and "clones no aiter" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "b").exists() and not (tmp_path / "p").exists()

@@ -45,15 +45,21 @@ def _git(args: list[str], cwd: Path) -> str:
     return r.stdout.strip()
 
 
-def place_stand_in(tree: Path, build_dir: Path, release, arch: str) -> str:
-    """Make BUILD/v3src/aiter an empty git repository tagged as the tree's aiter.txt says; return
-    what was done ('placed', 'kept: stand-in', 'kept: a clone'). Refused for an arch aiter serves."""
+def refuse_stand_in(release, arch: str) -> None:
+    """A stand-in that would replace nothing, or change what is built: one UserError (checked
+    before any work; place_stand_in checks again)."""
     if not release.clones_aiter:
         raise UserError(f"AOTriton {release.release} clones no aiter: --aiter-stand-in has nothing to replace")
     if arch in release.aiter_archs:
         raise UserError(f"{arch} builds aiter's kernels ({', '.join(release.aiter_archs)}): it needs the real "
                         f"clone, not a stand-in", hint="run the build where github.com is reachable, or place "
                         "a clone of ROCm/aiter at the tree's third_party/aiter.txt tag in BUILD/v3src/aiter")
+
+
+def place_stand_in(tree: Path, build_dir: Path, release, arch: str) -> str:
+    """Make BUILD/v3src/aiter an empty git repository tagged as the tree's aiter.txt says; return
+    what was done ('placed', 'kept: stand-in', 'kept: a clone'). Refused for an arch aiter serves."""
+    refuse_stand_in(release, arch)
     if shutil.which("git") is None:
         raise EnvironmentMissing("git is needed for the aiter stand-in (AOTriton's CMake checks its tag)",
                                  hint="apt-get install -y git")
@@ -80,4 +86,4 @@ def place_stand_in(tree: Path, build_dir: Path, release, arch: str) -> str:
     return "placed"
 
 
-__all__ = ["MARKER", "aiter_tag", "place_stand_in"]
+__all__ = ["MARKER", "aiter_tag", "place_stand_in", "refuse_stand_in"]

@@ -12,7 +12,7 @@ from ..errors import UserError
 from ..kcache import CompileCache, default_cache_dir
 from ..overlay_inputs import render_overlay
 from ..toolchain import generator_requirements
-from .aiter import place_stand_in
+from .aiter import place_stand_in, refuse_stand_in
 from ..toolchain.interpreter import compiler_python
 from ..upstream import detect
 from ..upstream.layouts import DEFAULT_LAYOUT
@@ -141,6 +141,8 @@ def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
     spec = loaded.spec
     if opts.compile_via not in COMPILE_ROUTES:
         raise UserError(f"--compile-via {opts.compile_via!r}: one of {', '.join(COMPILE_ROUTES)}")
+    if opts.aiter_stand_in and not opts.noimage:
+        refuse_stand_in(adapter, spec.arch)
     if opts.dask and opts.compile_via == "upstream":
         raise UserError("--dask runs the compile service's workers elsewhere: it needs --compile-via workers")
     if opts.for_tuning and opts.noimage:

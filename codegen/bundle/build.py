@@ -29,6 +29,7 @@ from typing import Callable, Iterator
 
 from rich.console import Console
 
+from ..build.aiter import refuse_stand_in
 from ..elfinfo import read_dynamic
 from ..errors import UpstreamError, UserError
 from ..spec import load_spec
@@ -95,6 +96,8 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     adapter = detect(tree)
     spec = _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
     rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
+    if (compile_opts or {}).get("aiter_stand_in") and images is None:
+        refuse_stand_in(adapter, spec.arch)              # and a stand-in that replaces nothing
     sysroot = ensure_sysroot(hip, progress=progress)
     t_sysroot = time.monotonic() - t0
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
