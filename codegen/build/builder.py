@@ -12,10 +12,10 @@ from ..errors import UserError
 from ..kcache import CompileCache, default_cache_dir
 from ..overlay_inputs import render_overlay
 from ..toolchain import generator_requirements
-from .aiter import place_stand_in, refuse_stand_in
 from ..toolchain.interpreter import compiler_python
 from ..upstream import detect
 from ..upstream.layouts import DEFAULT_LAYOUT
+from .aiter import place_stand_in, refuse_stand_in
 from .configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
 from ..apply import applied_spec

@@ -94,7 +94,8 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     t0 = time.monotonic()
     tree = tree.resolve()
     adapter = detect(tree)
-    spec = _refuse_unapplied(tree, spec_path, adapter)   # exit 2 before anything is fetched or built
+    loaded = _refuse_unapplied(tree, spec_path, adapter)  # exit 2 before anything is fetched or built
+    spec = loaded.spec
     rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
     if (compile_opts or {}).get("aiter_stand_in") and images is None:
         refuse_stand_in(adapter, spec.arch)              # and a stand-in that replaces nothing
@@ -111,10 +112,10 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     lib = Path(rep.verification["library"])
     dyn = read_dynamic(lib)
     stage = bdir / "mi100-codegen" / "bundle-stage"
-    files = _stage_files(stage, lib, prefix, tree, spec_path, adapter.layout, rows)
-    manifest = _manifest(adapter, rep, hip, stage, lib, dyn, sysroot, kernels, files)
+    files = _stage_files(stage, lib, prefix, loaded.path, rows)
+    manifest = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files)
     manifest["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
-    manifest["compile_report"] = _compile_report(tree, spec_path, adapter.layout)
+    manifest["compile_report"] = _compile_report(loaded)
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
     source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones
@@ -165,8 +166,7 @@ def rows_member(tree: Path, gpus) -> bytes:
     return carry_rows(tree_database(tree), list(gpus))
 
 
-def _stage_files(stage: Path, lib: Path, prefix: Path, tree: Path, spec_path: Path | None,
-                 layout, rows: bytes) -> dict[str, bytes]:
+def _stage_files(stage: Path, lib: Path, prefix: Path, spec_file: Path, rows: bytes) -> dict[str, bytes]:
     """Copy the bundle's members into a fresh `stage` folder; their bytes by relative path."""
     if stage.exists():
         shutil.rmtree(stage)
@@ -174,7 +174,7 @@ def _stage_files(stage: Path, lib: Path, prefix: Path, tree: Path, spec_path: Pa
     shutil.copy2(lib, stage / "lib" / lib.name)
     shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
     shutil.copytree(prefix / "include", stage / "include")
-    shutil.copy2(_spec_file(tree, spec_path, layout), stage / SPEC)
+    shutil.copy2(spec_file, stage / SPEC)
     (stage / ROWS).write_bytes(rows)
     return _staged(stage)
 
@@ -211,7 +211,7 @@ def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
     return dest
 
 
-def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kernels: dict,
+def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
               files: dict[str, bytes]) -> dict:
     """The bundle's manifest, before its `verified` record."""
     hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
@@ -222,7 +222,7 @@ def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kern
         "version": ".".join(map(str, adapter.version)),
         "torch_lines": torch_lines(adapter.release),
         "arch": rep.arch,
-        "device_target": load_spec(stage / SPEC).spec.target_string,
+        "device_target": target,
         "hip_major": hip,
         "spec": {"name": rep.spec, "sha256": rep.spec_sha256, "file": SPEC},
         "library": {
@@ -246,7 +246,7 @@ def _manifest(adapter, rep, hip: int, stage: Path, lib: Path, dyn, sysroot, kern
 
 
 def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
-    """The build stage's own overlay check (it runs again inside the build); the spec."""
+    """The build stage's own overlay check (it runs again inside the build); the loaded spec."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from ..apply.lock import read_lock
     from ..build.builder import resolve_spec
@@ -257,21 +257,20 @@ def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
     manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
     check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
                   manifest_sha256=manifest, spec_display=loaded.display)
-    return loaded.spec
+    return loaded
 
 
-def _compile_report(tree: Path, spec_path: Path | None, layout) -> dict | None:
+def _compile_report(loaded) -> dict | None:
     """The summary of the compile report the overlay was rendered with (`precompile
     --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
     read through its one reader from where render takes it for the tree's spec; None without one."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from collections import Counter
 
-    from ..build.builder import resolve_spec
     from ..overlay_inputs import read_compile_report
     from ..workspace import COMPILE_REPORT, overlay_results
 
-    path = overlay_results(resolve_spec(tree, spec_path, layout)).get(COMPILE_REPORT)
+    path = overlay_results(loaded).get(COMPILE_REPORT)
     data = read_compile_report(path) if path is not None else None
     if data is None:
         return None
@@ -280,13 +279,6 @@ def _compile_report(tree: Path, spec_path: Path | None, layout) -> dict | None:
             "release": data.get("release"), "triton": data.get("triton"), "configs": len(configs),
             "verdicts": dict(sorted(Counter(c["verdict"] for c in configs.values()).items())),
             "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
-
-
-def _spec_file(tree: Path, spec_path: Path | None, layout) -> Path:
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from ..build.builder import resolve_spec
-
-    return resolve_spec(tree, spec_path, layout).path
 
 
 __all__ = ["BundleBuildError", "BundleResult", "add_rows", "build_bundle", "rows_member", "torch_lines"]
