@@ -216,3 +216,21 @@ def test_the_manifest_summarises_the_compile_report_of_the_tree(fresh_tree):
     assert got["sha256"] == sha256(shipped.read_bytes())
     assert (got["arch"], got["triton"], got["configs"]) == (want["arch"], want["triton"], len(want["configs"]))
     assert got["verdicts"] == dict(Counter(c["verdict"] for c in want["configs"].values()))
+
+
+@pytest.mark.aotriton
+def test_bundle_build_checks_its_outputs_before_any_work(fresh_tree, tmp_path):
+    """`--out`, `--build-dir` and `--cache-dir` that cannot be written: exit 2, one message, before
+    the sysroot, the build venv or the build folder (the same checks as `build`'s)."""
+    from typer.testing import CliRunner
+
+    from codegen.cli import app
+
+    tree = fresh_tree("0.11b")
+    assert CliRunner().invoke(app, ["apply", str(tree)]).exit_code == 0
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    for opt in ("--out", "--build-dir", "--cache-dir"):
+        r = CliRunner().invoke(app, ["bundle", "build", str(tree), "--hip", "6", opt, str(afile)])
+        assert r.exit_code == 2 and f"{opt} {afile}: is a file" in r.output and "Traceback" not in r.output, r.output
+    assert not (tree / "build-hip6").exists() and afile.read_text() == "x"

@@ -59,12 +59,14 @@ def _print_summary(console: Console, rep) -> None:
         console.print(f"  empty {m}", markup=False)
 
 
-def _check_outputs(aotriton_dir: Path, prefix: Path, build_dir: Path | None, python: str | None, noimage: bool,
-                   compile_via: str, no_cache: bool, cache_dir: Path | None) -> None:
-    """Every output `build` writes, checked before any work (no venv, no CMake, no image build)."""
-    preflight.output_dir(prefix, "--prefix")
+def check_outputs(aotriton_dir: Path, prefix: Path, build_dir: Path | None, python: str | None, noimage: bool,
+                  compile_via: str, no_cache: bool, cache_dir: Path | None, *, prefix_option: str = "--prefix",
+                  default_build: str = "build") -> None:
+    """Every output `build` (and `bundle build`: its `--out`, its `build-hip<N>`) writes, checked
+    before any work (no venv, no CMake, no image build)."""
+    preflight.output_dir(prefix, prefix_option)
     if build_dir is not None or aotriton_dir.is_dir():  # no tree: detect() says so
-        preflight.output_dir(build_dir if build_dir is not None else aotriton_dir / "build", "--build-dir")
+        preflight.output_dir(build_dir if build_dir is not None else aotriton_dir / default_build, "--build-dir")
     if python is None:
         preflight.cache_folder("toolchain")  # the build venv
     if not noimage and compile_via == "workers" and not no_cache:  # the kernel cache
@@ -111,7 +113,7 @@ def register(app: typer.Typer, guarded) -> None:
         from .run import cpu_count
         from .verify import VerifyError
 
-        _check_outputs(aotriton_dir, prefix, build_dir, python, noimage, compile_via, no_cache, cache_dir)
+        check_outputs(aotriton_dir, prefix, build_dir, python, noimage, compile_via, no_cache, cache_dir)
         console = Console(stderr=True, highlight=False, soft_wrap=True)
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,

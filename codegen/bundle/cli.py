@@ -10,8 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .. import preflight
-from ..build.cli import AITER_HELP
+from ..build.cli import AITER_HELP, check_outputs
 from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 from ..preflight import path_option
 
@@ -75,8 +74,8 @@ def build(
     from ..build.run import cpu_count
     from .build import BundleBuildError, build_bundle
 
-    if cache_dir is not None and not no_cache:
-        preflight.output_dir(cache_dir, "--cache-dir")
+    check_outputs(aotriton_dir, out, build_dir, python, images is not None, "workers", no_cache, cache_dir,
+                  prefix_option="--out", default_build=f"build-hip{hip}")
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
                        jobs=jobs or cpu_count(), console=stderr, progress=_say,
                        compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
