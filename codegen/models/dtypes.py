@@ -5,6 +5,7 @@ name (upstream's spelling, the one specs use).
     DTYPE_INFO["fp16"].torch              # 'torch.float16' (the tuning database's inputs$Q_dtype)
     DTYPE_INFO["fp16"].torch_attr         # 'float16' (getattr(torch, ...))
     DTYPE_INFO["fp16"].bytes              # 2
+    DTYPE_INFO["fp16"].aotriton_enum      # 'kFloat16' (AOTriton's C++ DType)
     by_torch("torch.bfloat16").short      # 'bf16'
 """
 
@@ -19,6 +20,7 @@ class DtypeInfo:
     torch: str             # str(torch.<dtype>): what the tuning database stores in inputs$Q_dtype
     triton_signature: str  # pointer argument in a Triton kernel signature
     bytes: int
+    aotriton_enum: str     # AOTriton's C++ `DType` enumerator (the generated dispatch tables compare with it)
 
     @property
     def torch_attr(self) -> str:
@@ -32,9 +34,9 @@ class DtypeInfo:
 
 DTYPE_INFO: dict[str, DtypeInfo] = {
     d.short: d for d in (
-        DtypeInfo("fp16", "torch.float16", "*fp16:16", 2),
-        DtypeInfo("bf16", "torch.bfloat16", "*bf16:16", 2),
-        DtypeInfo("fp32", "torch.float32", "*fp32:16", 4),
+        DtypeInfo("fp16", "torch.float16", "*fp16:16", 2, "kFloat16"),
+        DtypeInfo("bf16", "torch.bfloat16", "*bf16:16", 2, "kBFloat16"),
+        DtypeInfo("fp32", "torch.float32", "*fp32:16", 4, "kFloat32"),
     )
 }
 

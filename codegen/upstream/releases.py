@@ -89,6 +89,10 @@ class Release:
     builds_own_triton: bool = False       # image builds compile third_party/triton (0.10b)
     exports_v3_api: bool = True           # aotriton::v3::flash entry points (0.11b+)
     exports_v2_attn: bool = True          # aotriton::v2::flash::attn_fwd/attn_bwd (gone in 0.13b)
+    # PyTorch's backward goes through the v3 attn_bwd and so the backward op table (0.11b+, whose
+    # torch lines set AOTRITON_ALWAYS_V3_API); with 0.10b it calls the v2 attn_bwd_fused itself, so
+    # the op table proves nothing unreachable (codegen.build.reach)
+    torch_bwd_via_op_table: bool = True
     clones_aiter: bool = False            # CMake clones ROCm/aiter at configure time (0.12b+)
     # the archs aiter's prebuilt kernels serve (0.12b's SUPPORTED_ARCH, 0.13b's @ati.affine.arch; a
     # real-tree test reads them): a build for any other arch reads nothing from the clone
@@ -170,7 +174,7 @@ def _traits(family: str, version: Version) -> dict:
                     required_files=V3PYTHON_FILES + (tdb,) + ((odb,) if odb else ()),
                     foreign_paths=("python/generate.py", "modules"),
                     inherits_site_triton=version >= (0, 11, 0), builds_own_triton=version < (0, 11, 0),
-                    exports_v3_api=version >= (0, 11, 0))
+                    exports_v3_api=version >= (0, 11, 0), torch_bwd_via_op_table=version >= (0, 11, 0))
     if family == "v3python-sharded-db":  # 0.11.1b … 0.12.1b
         tdb = "v3python/database/tuning_database.sqlite3.tar.xz"
         odb = "v3python/database/op_database.sqlite3.tar.xz"
