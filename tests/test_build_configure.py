@@ -189,3 +189,17 @@ def test_tree_inputs_change_the_fingerprint(tmp_path):
     (tree / "v3python" / "database" / "amd" / "gfx908" / "flash" / "attn_fwd.sqlite3.tar.xz").write_bytes(b"x")
     c = configure_inputs(tree, watched)
     assert "v3python/database/amd/gfx908/flash/attn_fwd.sqlite3.tar.xz" in dict(c)
+
+
+def test_leaving_kernels_out_is_a_knob_of_the_configure(tmp_path):
+    """--kernels dispatched: the generator hook's knob (mi100-codegen's interpreter), persisted for
+    ninja's re-configures; toggling it configures again (the fingerprint changes)."""
+    from codegen.build.compile_client import REACH_ENV
+
+    plain = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"))
+    reach = plan_configure(_req(tmp_path, reach_python="/opt/py/bin/python3"), _tc(), by_release("0.11b"))
+    assert REACH_ENV not in dict(plain.knobs)
+    assert dict(reach.knobs)[REACH_ENV] == "/opt/py/bin/python3"
+    assert f'set(ENV{{{REACH_ENV}}} "/opt/py/bin/python3")' in dict(
+        (p, d) for p, d, _ in reach.files)["mi100-codegen/env.cmake"].decode()
+    assert reach.fingerprint != plain.fingerprint

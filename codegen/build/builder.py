@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 
-from ..errors import UserError
+from ..errors import UpstreamError, UserError
 from ..kcache import CompileCache, default_cache_dir
 from ..overlay_inputs import render_overlay
 from ..toolchain import generator_requirements
@@ -22,7 +23,9 @@ from ..apply import applied_spec
 from ..apply.lock import read_lock
 from .overlay import check_overlay
 from .prereq import check_prerequisites
+from .reach import check_mode, forget, is_current, read_reach, remove_from_prefix
 from .run import run_cmake, run_ninja
+from .compile_client import REACH_ENV
 from .compile_pool import CompileService
 from .dask_pool import DaskExecutor
 from .gpu_check import GpuCheckError, run_gpu_check
@@ -58,6 +61,9 @@ class BuildReport:
     verification: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     aiter: str | None = None         # what --aiter-stand-in did (codegen.build.aiter), None without it
+    kernels: str = "dispatched"      # --kernels: 'dispatched' (unreachable ones left out) or 'all'
+    kernels_left_out: int = 0        # kernels no dispatch table selects, not built (codegen.build.reach)
+    reach: dict = field(default_factory=dict)  # Reach.summary() of this configure, {} with --kernels all
 
     @property
     def kernels_per_minute(self) -> float | None:
@@ -117,6 +123,7 @@ class BuildOptions:
     dask: str | None = None         # a Dask scheduler address, or "local" (codegen.build.dask_pool)
     hip_prefix: Path | None = None  # HIP from this prefix alone (bundle build's sysroot; prereq._check_hip)
     aiter_stand_in: bool = False    # place an empty, tagged aiter repository (codegen.build.aiter; offline)
+    kernels: str = "dispatched"     # 'dispatched': leave out what no dispatch table selects (codegen.build.reach); 'all'
 
 
 COMPILE_ROUTES = ("workers", "upstream")
@@ -141,6 +148,7 @@ def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
     spec = loaded.spec
     if opts.compile_via not in COMPILE_ROUTES:
         raise UserError(f"--compile-via {opts.compile_via!r}: one of {', '.join(COMPILE_ROUTES)}")
+    check_mode(opts.kernels)
     if opts.aiter_stand_in and not opts.noimage:
         refuse_stand_in(adapter, spec.arch)
     if opts.dask and opts.compile_via == "upstream":
@@ -182,7 +190,8 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                              python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang,
                              hip_prefix=opts.hip_prefix)
     req = BuildRequest(tree=tree, prefix=prefix, build_dir=build_dir, jobs=opts.jobs, noimage=opts.noimage,
-                       for_tuning=opts.for_tuning, python_binding=opts.python_binding, arch=spec.arch,
+                       for_tuning=opts.for_tuning, python_binding=opts.python_binding,
+                       reach_python=_reach_python(opts), arch=spec.arch,
                        gpus=tuple(spec.gpus), head_dims=tuple(spec.head_dims), fp32="fp32" in spec.dtypes)
     watched = [".mi100-codegen.lock.json", adapter.tuning_db] + ([adapter.op_db] if adapter.op_db else []) \
         + ([adapter.shard_root] if adapter.shard_root else [])
@@ -204,13 +213,31 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
     _configure_and_build(opts, build_dir, plan, tc, report, console, spec)
+    reach = read_reach(build_dir) if req.reach_python else None
+    report.kernels = "dispatched" if req.reach_python else "all"
+    if reach is not None:
+        report.reach = reach.summary()
+        report.kernels_left_out = reach.kernels_left_out
+        if not opts.noimage:
+            remove_from_prefix(prefix, reach)
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
                          v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
-                         images=not opts.noimage)
+                         images=not opts.noimage, reach=reach)
     report.verification = ver.summary()
     _gpu_check(report, ver, spec, tc, build_dir, console)
     report.wall_seconds = time.monotonic() - t_start
     return report
+
+
+def _reach_python(opts: BuildOptions) -> str | None:
+    """The interpreter the generator hook runs codegen.build.reach with (None: every kernel is
+    built: --kernels all, or a tuning build, which compiles every config on purpose)."""
+    if opts.kernels != "dispatched" or opts.for_tuning:
+        return None
+    if any(c in sys.executable for c in "\"'$`\\\n"):
+        raise UserError(f"mi100-codegen runs from {sys.executable!r}, a path CMake's environment cannot carry",
+                        hint="run it from a path without quotes, $, ` or backslashes, or pass --kernels all")
+    return sys.executable
 
 
 def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Console) -> None:
@@ -254,11 +281,22 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     prepare_venv(build_dir, tc)
     write_support_files(plan, build_dir)
     env = configure_env(plan)
-    if opts.reconfigure or configured_fingerprint(build_dir) != plan.fingerprint:
+    stale = REACH_ENV in dict(plan.knobs) and not is_current(build_dir)
+    if opts.reconfigure or stale or configured_fingerprint(build_dir) != plan.fingerprint:
+        forget(build_dir)  # the generator hook writes it again when this configure leaves kernels out
         report.configure_seconds = run_cmake(plan.cmake_args(opts.tree.resolve(), build_dir), env=env,
                                              log_path=log_path, console=console, cmake=tc.cmake)
+        if REACH_ENV in dict(plan.knobs) and read_reach(build_dir) is None:
+            raise UpstreamError(f"CMake configured {build_dir} but the generator's run left no "
+                                f"{build_dir}/mi100-codegen/reach.json (the build venv's hook did not run)",
+                                hint=f"see {log_path}; --kernels all builds every kernel without it")
         record_fingerprint(plan, build_dir)
         report.configured = True
+    reach = read_reach(build_dir) if REACH_ENV in dict(plan.knobs) and not opts.noimage else None
+    if reach is not None:
+        console.print(f"left out {reach.kernels_left_out} of {reach.fused_kernels} fused backward kernels: "
+                      f"the backward op table never selects them (--kernels all builds them)"
+                      if reach.kernels_left_out else f"every kernel is built: {reach.reason}", markup=False)
     if not opts.noimage:
         report.kernels_total, report.kernels_before = count_kernels(build_dir)
     if report.kernels_total and report.kernels_before:

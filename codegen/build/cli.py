@@ -17,6 +17,9 @@ from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 
 AITER_HELP = ("Offline 0.12b+ builds: an empty repository, tagged as third_party/aiter.txt says, in "
               "place of the ROCm/aiter clone (refused for the archs whose kernels come from aiter).")
+KERNELS_HELP = ("'dispatched' (default): leave out the fused backward kernels the backward op table "
+                "never selects (PyTorch's calls); 'all': build them too, for callers that force a "
+                "backend (see docs/build.md).")
 
 
 def _print_summary(console: Console, rep) -> None:
@@ -39,7 +42,9 @@ def _print_summary(console: Console, rep) -> None:
     if rep.mode != "noimage":
         t.add_row("images", f"{v.get('images_dir')}: {v.get('packages')} packages")
         t.add_row("kernels", f"{v.get('kernels_packed')} of {v.get('kernels_referenced')} referenced kernels packed"
-                             f" (missing {v.get('missing_count')}, empty {v.get('empty_count')})")
+                             f" (missing {v.get('missing_count')}, empty {v.get('empty_count')}"
+                             + (f", left out {v['kernels_left_out']}: no dispatch table selects them"
+                                if v.get("kernels_left_out") else "") + ")")
         fam = v.get("kernels_by_family", {})
         if fam:
             t.add_row("by family", ", ".join(f"{k} {n}" for k, n in fam.items()))
@@ -103,6 +108,7 @@ def register(app: typer.Typer, guarded) -> None:
         dask: Optional[str] = typer.Option(None, "--dask", help="Compile on a Dask cluster: its scheduler "
                                            "address, or 'local' (needs the [dask] extra)."),
         aiter_stand_in: bool = typer.Option(False, "--aiter-stand-in", help=AITER_HELP),
+        kernels: str = typer.Option("dispatched", "--kernels", help=KERNELS_HELP),
     ) -> None:
         """Configure, build and install AOTriton for the spec's GPU; verify the install.
 
@@ -118,7 +124,7 @@ def register(app: typer.Typer, guarded) -> None:
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,
                                       reconfigure, triton_version, compile_via, no_cache, cache_dir, dask,
-                                      aiter_stand_in=aiter_stand_in),
+                                      aiter_stand_in=aiter_stand_in, kernels=kernels),
                          console)
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")

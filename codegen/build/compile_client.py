@@ -12,12 +12,20 @@ and the process exits before Triton is ever imported. A service that declines a 
 option it does not handle) lets compile.py run as usual. Without the variable (ninja run by hand,
 `build --compile-via upstream`) nothing happens at all. A service that is gone is an error, with
 what to do: the build that owned it has stopped.
+
+The same client leaves unreachable kernels out (codegen.build.reach): when the environment names
+mi100-codegen's interpreter (MI100_CODEGEN_REACH, set by `build --kernels dispatched` for CMake's
+configure) and this Python runs the tree's generator (`-m v3python.generate`/`aotriton.generate`),
+`python -m codegen.build.reach BUILD_DIR` runs in that interpreter once the generator has exited
+without an exception, before CMake reads its lists; its failure fails the generator's run. The
+generator itself runs unchanged.
 """
 
 import os
 import sys
 
 POOL_ENV = "MI100_CODEGEN_COMPILE_POOL"
+REACH_ENV = "MI100_CODEGEN_REACH"  # codegen.build.reach.REACH_ENV (this file is standard library only)
 _FORWARDED_ENV = ("TRITON_F32_DEFAULT",)
 
 
@@ -89,8 +97,64 @@ def main(address):
     os._exit(0)
 
 
+def _generator_build_dir():
+    """BUILD_DIR when this interpreter runs a tree's generator (`-m ….generate … --build_dir D`)."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    if "-m" not in argv:
+        return None
+    i = argv.index("-m")
+    if i + 1 >= len(argv) or argv[i + 1].rsplit(".", 1)[-1] != "generate":
+        return None
+    rest = argv[i + 2:]
+    if "--build_dir" not in rest or rest.index("--build_dir") + 1 >= len(rest):
+        return None
+    return os.path.abspath(rest[rest.index("--build_dir") + 1])
+
+
+def _after_generator(python, build_dir, failed):
+    if failed:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    import subprocess  # start-up: the .pth imports this module in every run of the build venv's Python
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", REACH_ENV)}
+    try:
+        rc = subprocess.call([python, "-m", "codegen.build.reach", build_dir, os.getcwd()], env=env)
+    except OSError as exc:
+        sys.stderr.write(f"mi100-codegen: cannot run {python} to leave out unreachable kernels ({exc}); "
+                         f"re-run `mi100-codegen build` (or pass --kernels all)\n")
+        rc = 1
+    if rc:
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+def _reach_hook(python):
+    build_dir = _generator_build_dir()
+    if build_dir is None:
+        return
+    import atexit  # start-up: only a generator's run needs it
+
+    failed = []
+    previous = sys.excepthook
+
+    def excepthook(*exc):
+        failed.append(True)
+        previous(*exc)
+
+    sys.excepthook = excepthook
+    atexit.register(_after_generator, python, build_dir, failed)
+
+
 def _hook():
     address = os.environ.get(POOL_ENV)
     if address and len(sys.argv) > 1 and os.path.basename(sys.argv[0]) == "compile.py":
         main(address)
+    python = os.environ.get(REACH_ENV)
+    if python and _generator_build_dir() is not None:
+        # the generator's own worker processes (0.13b+ run `-m aotriton.generate` again) inherit
+        # the environment: only this, the outermost run, leaves kernels out, once its lists are whole
+        del os.environ[REACH_ENV]
+        _reach_hook(python)
 

@@ -24,6 +24,7 @@ from ..errors import UpstreamError, UserError
 from ..fsutil import write_if_changed
 from ..upstream import Adapter
 from ..upstream.knobs import COMMIT_ENV, HEAD_DIMS_ENV, TREE_SHA_ENV
+from .compile_client import REACH_ENV
 from .prereq import Toolchain
 
 SUPPORT_DIR = "mi100-codegen"  # inside the build directory
@@ -43,6 +44,7 @@ class BuildRequest:
     noimage: bool = False
     for_tuning: bool = False
     python_binding: bool = False
+    reach_python: str | None = None  # set: the generator's run leaves unreachable kernels out (codegen.build.reach)
     arch: str = "gfx908"
     gpus: tuple[str, ...] = ("gfx908_mod0",)
     head_dims: tuple[int, ...] = (32, 64)
@@ -129,6 +131,8 @@ def plan_configure(req: BuildRequest, tc: Toolchain, adapter: Adapter,
         HEAD_DIMS_ENV: ", ".join(str(h) for h in req.head_dims),
         **commit_ids(req.tree, adapter, locked_commit),
     }
+    if req.reach_python:
+        knobs[REACH_ENV] = req.reach_python
     knob_items = tuple(sorted(knobs.items()))
     files: list[tuple[str, bytes, bool]] = [
         (f"{SUPPORT_DIR}/env.cmake", render_support("build/env.cmake.j2", knobs=knob_items), False),

@@ -43,6 +43,7 @@ class Verification:
     empty: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     by_kernel: dict[str, int] = field(default_factory=dict)
+    left_out: int = 0  # referenced kernels of the packages the build left out (codegen.build.reach)
 
     @property
     def ok(self) -> bool:
@@ -53,7 +54,7 @@ class Verification:
             "ok": self.ok, "library": self.library, "symbols": dict(sorted(self.symbols.items())),
             "images_dir": self.images_dir, "packages": self.packages,
             "kernels_referenced": self.kernels_referenced, "kernels_packed": self.kernels_packed,
-            "kernels_by_family": dict(sorted(self.by_kernel.items())),
+            "kernels_by_family": dict(sorted(self.by_kernel.items())), "kernels_left_out": self.left_out,
             "missing": self.missing[:LIST_LIMIT], "missing_count": len(self.missing),
             "empty": self.empty[:LIST_LIMIT], "empty_count": len(self.empty), "problems": self.problems,
         }
@@ -66,7 +67,9 @@ def defined_symbols(lib: Path) -> set[str]:
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
                    images: bool, v3_api: bool = True, v2_attn: bool = True,
-                   image_format: str = "aks2") -> Verification:
+                   image_format: str = "aks2", reach=None) -> Verification:
+    """`reach`: what the build left out (codegen.build.reach.Reach, None: nothing); the kernels of
+    those packages are counted apart, not as missing."""
     libdir = prefix / "lib"
     lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
     v = Verification(library=str(lib))
@@ -92,12 +95,15 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     if not img.is_dir():
         v.problems.append(f"{img} is missing")
     if image_format == "zip":
-        _verify_zips(v, libdir, build_dir)
+        _verify_zips(v, libdir, build_dir, reach.left_out_members() if reach else set())
         return v
     refs = referenced_kernels(build_dir)
     v.kernels_referenced = len(refs)
     if not refs:
         v.problems.append(f"no dispatch tables with kernels under {build_dir}/v3src (was the build configured?)")
+    gone = reach.left_out_packages() if reach else set()
+    v.left_out = sum(1 for r in refs if r.package in gone)
+    refs = [r for r in refs if r.package not in gone]
     dirs: dict[str, dict | None] = {}
     for ref in refs:
         v.by_kernel[ref.kernel] = v.by_kernel.get(ref.kernel, 0) + 1
@@ -132,7 +138,7 @@ def _report_unpacked(v: Verification, where: str) -> None:
         v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
 
 
-def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
+def _verify_zips(v: Verification, libdir: Path, build_dir: Path, gone: set[tuple[str, str]]) -> None:
     """0.13b's `<arch>/<family>/<kernel>.zip` images, as the runtime reads them: every zip a
     dispatch table names is installed and valid, holds the table's functional (FUNC_NAME) as a
     member, and that member's .aks2 directory holds every kernel the table lists, non-empty."""
@@ -140,6 +146,8 @@ def _verify_zips(v: Verification, libdir: Path, build_dir: Path) -> None:
     v.kernels_referenced = len(refs)
     if not refs:
         v.problems.append(f"no dispatch tables naming image zips under {build_dir}/v3src (was the build configured?)")
+    v.left_out = sum(1 for r in refs if (r.zip, r.member) in gone)
+    refs = [r for r in refs if (r.zip, r.member) not in gone]
     by_zip: dict[str, list] = {}
     for ref in refs:
         by_zip.setdefault(ref.zip, []).append(ref)

@@ -1,0 +1,108 @@
+"""codegen.build.reach and the generator hook, without a tree: which runs the hook acts on, the
+--kernels choice, removing left-out images from a prefix (inside it only), the record's format.
+On real trees: tests/test_build_reach.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from codegen.build import builder, compile_client
+from codegen.build.builder import BuildOptions
+from codegen.build.reach import (REACH_FILE, REACH_FORMAT, LeftOut, Reach, check_mode, is_current, read_reach,
+                                 remove_from_prefix)
+from codegen.contain import Escape
+from codegen.errors import UserError
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["py", "-X", "utf8", "-m", "v3python.generate", "--target_gpus", "gfx908_mod0", "--build_dir", "/b/v3src"],
+     "/b/v3src"),
+    (["py", "-X", "utf8", "-m", "aotriton.generate", "--build_dir", "/b/v3src", "--root_dir", "/t"], "/b/v3src"),
+    (["py", "-m", "v3python.write_image_signature", "/b/v3src"], None),      # not the generator
+    (["py", "-m", "aotriton.database_compose", "--build_dir", "/b"], None),
+    (["py", "/t/v3python/compile.py", "x.py", "-o", "o.hsaco"], None),        # a kernel compile
+    (["py", "-m", "v3python.generate"], None),                               # no build dir
+    (["py", "-m", "v3python.generate", "--build_dir"], None),
+])
+def test_the_hook_acts_on_the_generator_only(monkeypatch, argv, want):
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    assert compile_client._generator_build_dir() == (None if want is None else os.path.abspath(want))
+
+
+def test_the_hook_runs_once_per_generator_not_in_its_workers(monkeypatch):
+    """The outermost generator run takes the knob out of the environment its workers inherit."""
+    monkeypatch.setattr(sys, "orig_argv", ["py", "-m", "aotriton.generate", "--build_dir", "/b/v3src"])
+    monkeypatch.setenv(compile_client.REACH_ENV, sys.executable)
+    monkeypatch.delenv(compile_client.POOL_ENV, raising=False)
+    seen = []
+    monkeypatch.setattr(compile_client, "_reach_hook", seen.append)
+    compile_client._hook()
+    assert seen == [sys.executable] and compile_client.REACH_ENV not in os.environ
+    compile_client._hook()                       # a worker: the knob is gone
+    assert seen == [sys.executable]
+
+
+def test_kernels_modes():
+    check_mode("dispatched")
+    check_mode("all")
+    with pytest.raises(UserError, match="--kernels 'some': one of dispatched, all"):
+        check_mode("some")
+
+
+def test_tuning_builds_and_all_build_every_kernel(tmp_path):
+    opts = BuildOptions(tmp_path, tmp_path / "p")
+    assert builder._reach_python(opts) == sys.executable
+    assert builder._reach_python(BuildOptions(tmp_path, tmp_path / "p", kernels="all")) is None
+    assert builder._reach_python(BuildOptions(tmp_path, tmp_path / "p", for_tuning=True)) is None
+
+
+def test_an_interpreter_path_cmake_cannot_carry_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", '/opt/my "py"/bin/python')
+    with pytest.raises(UserError, match="a path CMake's environment cannot carry") as exc:
+        builder._reach_python(BuildOptions(tmp_path, tmp_path / "p"))
+    assert "--kernels all" in exc.value.hint
+
+
+def _record(build, **kw):
+    path = build / REACH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(Reach(**kw).to_json()))
+
+
+def test_removing_left_out_images_from_a_prefix(tmp_path):
+    images = tmp_path / "prefix" / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "bwd_kernel_fuse"
+    images.mkdir(parents=True)
+    (images / "A.aks2").write_bytes(b"x")
+    (images / "B.aks2").write_bytes(b"y")
+    reach = Reach(packages_left_out=[LeftOut("amd-gfx908/flash/bwd_kernel_fuse/A.aks2", None, 3),
+                                     LeftOut("amd-gfx908/flash/bwd_kernel_fuse.zip", "Q=…", 2)])
+    assert remove_from_prefix(tmp_path / "prefix", reach) == 1
+    assert not (images / "A.aks2").exists() and (images / "B.aks2").is_file()
+    assert remove_from_prefix(tmp_path / "prefix", reach) == 0 and remove_from_prefix(tmp_path / "prefix", None) == 0
+
+
+def test_a_link_on_the_way_out_of_the_prefix_is_refused(tmp_path):
+    outside = tmp_path / "outside" / "flash"
+    outside.mkdir(parents=True)
+    (outside / "A.aks2").write_bytes(b"keep")
+    root = tmp_path / "prefix" / "lib" / "aotriton.images"
+    root.mkdir(parents=True)
+    (root / "amd-gfx908").symlink_to(tmp_path / "outside")
+    reach = Reach(packages_left_out=[LeftOut("amd-gfx908/flash/A.aks2", None, 1)])
+    with pytest.raises(Escape):
+        remove_from_prefix(tmp_path / "prefix", reach)
+    assert (outside / "A.aks2").read_bytes() == b"keep"
+
+
+def test_a_record_of_another_format_configures_again(tmp_path):
+    assert not is_current(tmp_path)                      # none
+    _record(tmp_path, format=REACH_FORMAT - 1)
+    assert not is_current(tmp_path)
+    _record(tmp_path)
+    assert is_current(tmp_path) and read_reach(tmp_path).format == REACH_FORMAT
+    (tmp_path / REACH_FILE).write_text("{not json")
+    assert not is_current(tmp_path)
