@@ -6,7 +6,8 @@
 One row per bundle: the file's name and size, the build's seconds (sysroot, build, check), the
 kernels packed and how this run got them (compiled now / from the kernel cache / images taken with
 --images), the Triton that compiled them, the emulated dispatch's figures, the tuning-row verdict,
-the negative controls and the library's GLIBC/GLIBCXX needs. It reads only the JSON each build
+the negative controls, the kernels left out as no dispatch table selects them (`--kernels
+dispatched`) with the forced-fused-backend check, and the library's GLIBC/GLIBCXX needs. It reads only the JSON each build
 printed (its manifest is the bundle's own); nothing is recomputed."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 HEAD = ("| bundle | MB | build s | check s | kernels packed | this run | Triton | dispatch (cases, code objects, "
-        "launches) | tuning rows | controls | needs |")
+        "launches) | tuning rows | controls | left out (forcing the fused backend) | needs |")
 
 
 def row(out: dict) -> str:
@@ -36,8 +37,17 @@ def row(out: dict) -> str:
             f"{k.get('kernels_packed', '–')} of {k.get('kernels_referenced', '–')} | {got} | "
             f"{(bw.get('toolchain') or {}).get('triton', '–')} | {d.get('cases_ok')}/{d.get('cases')}, "
             f"{d.get('code_objects_loaded')}, {d.get('launches')} | {'ok' if rows.get('ok') else 'FAIL'}: {detail} | "
-            f"{sum(1 for c in controls if c.get('ok'))} of {len(controls)} fail as they must | "
+            f"{sum(1 for c in controls if c.get('ok'))} of {len(controls)} fail as they must | {_left_out(m)} | "
             f"{m['library']['needs'].get('glibc')}, {m['library']['needs'].get('glibcxx')} |")
+
+
+def _left_out(m: dict) -> str:
+    reach = (m.get("built_with") or {}).get("reach")
+    if not reach:
+        return f"none (`--kernels {(m.get('built_with') or {}).get('kernels', 'all')}`)"
+    forced = (m.get("verified") or {}).get("forced_fused")
+    verdict = "–" if not forced else ("ok" if forced.get("ok") else "FAIL")
+    return f"{reach.get('kernels_left_out', 0)} of {reach.get('fused_kernels', 0)} fused ({verdict})"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,6 +92,11 @@ def test_bundle_check_passes_with_named_controls(bundle):
                         "negative control: a code object of another arch": True,
                         "negative control: a library linked against another HIP major": True}
     assert "never run on a card" in r.stderr
+    # built with --kernels dispatched (the default): the forced-backend probe ran and held
+    reach = json.loads(zipfile.ZipFile(bundle).read("manifest.json"))["built_with"].get("reach") or {}
+    if reach.get("left_out"):
+        forced = rep["forced_fused"]
+        assert forced["ok"] and "must be an error" in forced["detail"], forced
 
 
 def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):

@@ -127,6 +127,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "dispatch": check.dispatch.summary() if check.dispatch else None,
         "negative_controls": [c.as_json() for c in check.controls],
         "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
+        "forced_fused": check.forced.as_json() if check.forced else None,
     }
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
     if not check.ok or source.differ:   # differ: the tree's database changed during the build
@@ -143,6 +144,7 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
     """The kernel summary of the build (with `images`: of the prefix those images are copied into,
     verified again); a build with problems is a BundleBuildError."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from ..build.reach import read_reach
     from ..build.verify import verify_install
 
     problems = list(rep.verification.get("problems", []))
@@ -150,7 +152,7 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
         _copy_images(images.resolve(), prefix, rep.arch)
         ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
                              v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
-                             image_format=adapter.image_format)
+                             image_format=adapter.image_format, reach=read_reach(bdir) if rep.reach else None)
         problems += ver.problems
         kernels = ver.summary()
     else:
@@ -238,9 +240,12 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
             # this run's kernel compiles (codegen.kcache): 0 compiled when the images came from --images
             "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,
             "aiter": rep.aiter,   # 'placed'/'kept: …' with --aiter-stand-in (codegen.build.aiter)
+            # --kernels: what no dispatch table selects and was left out (codegen.build.reach)
+            "kernels": rep.kernels, "reach": rep.reach or None,
         },
-        "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "missing_count", "empty_count",
-                                                 "packages", "kernels_by_family") if k in kernels},
+        "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "kernels_left_out",
+                                                 "missing_count", "empty_count", "packages", "kernels_by_family")
+                    if k in kernels},
         "files": _files_record(files),
     }
 

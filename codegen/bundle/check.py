@@ -15,7 +15,13 @@
    from when it is given (and compared with the rows the bundle carries), else from the rows the
    bundle carries (`tuning-rows.json`); a bundle made before bundles carried rows names none
    without the tree (no verdict, not a failure).
-4. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
+4. Forcing the fused backend (only a bundle built with `--kernels dispatched` that left fused
+   packages out, codegen.build.reach): the backward of one functional whose fused package the
+   bundle holds and of one it left out (the manifest's `built_with.reach` names both, as the
+   build read them from the kernels' signatures), each with `attn_options.force_backend_index` set to the
+   fused backend, which no PyTorch call does. The first must launch the fused kernel; the second
+   must come back with an error, no fused launch, and the driver still running (no crash).
+5. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
    image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
 """
@@ -32,7 +38,10 @@ from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
 from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
-from .dispatch import LABEL, DispatchReport, dispatch_cases, remove_image, run_dispatch
+from ..upstream.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
+from ..validate.cases import SHAPES
+from .dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, dispatch_cases, remove_image,
+                       run_dispatch)
 from .rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
 from .stub import build_stub
 from .sysroot import HIP_SOURCES, ensure_sysroot
@@ -93,12 +102,13 @@ class CheckReport:
     rows: list[RowMatch] = field(default_factory=list)   # empty when no rows were read
     rows_claim: Claim | None = None                      # None: no rows to read (rows_note says why)
     rows_note: str = ""
+    forced: Claim | None = None                          # None: the bundle left nothing out
 
     @property
     def ok(self) -> bool:
         return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
                 and bool(self.controls) and all(c.ok for c in self.controls)
-                and (self.rows_claim is None or self.rows_claim.ok))
+                and (self.rows_claim is None or self.rows_claim.ok) and (self.forced is None or self.forced.ok))
 
     def as_json(self) -> dict:
         d = self.dispatch
@@ -115,12 +125,13 @@ class CheckReport:
                 "stderr": d.stderr_tail},
             "negative_controls": [c.as_json() for c in self.controls],
             "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
+            "forced_fused": None if self.forced is None else self.forced.as_json(),
             "tuning_rows_note": self.rows_note or None,
         }
 
 
 def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = None, stub_major: int | None = None,
-              cache: Path, progress: Callable[[str], None]) -> DispatchReport:
+              cache: Path, progress: Callable[[str], None], cases: list[DispatchCase] | None = None) -> DispatchReport:
     arch = manifest["arch"]
     spec = load_spec(root / SPEC).spec
     sysroot = ensure_sysroot(stub_major or hip, progress=progress)
@@ -128,8 +139,60 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
     stub = build_stub(sysroot.include, sysroot.runtime, cache / "stub")
     lib = root / manifest["library"]["file"]
     return run_dispatch(lib=lib, prefix=root, images=root / "lib" / "aotriton.images", hip_include=headers.include,
-                        stub=stub, arch=mach_arch or arch, cases=dispatch_cases(spec), cache=cache / "driver",
+                        stub=stub, arch=mach_arch or arch, cases=cases or dispatch_cases(spec), cache=cache / "driver",
                         target=spec.target_string, wave=spec.warp_size)
+
+
+def _forced_case(name: str, f) -> DispatchCase | None:
+    """A backward that forces the fused backend for a fused functional as the build recorded it
+    (codegen.build.reach.fused_functional; None: not one): a head dim below BLOCK_DMODEL where the
+    functional pads its head."""
+    if not isinstance(f, dict) or f.get("Q") not in ("fp16", "bf16", "fp32") or \
+            not str(f.get("BLOCK_DMODEL", "")).isdigit():
+        return None
+    block, yes = int(f["BLOCK_DMODEL"]), ("True", "1", "true")
+    return DispatchCase(name, f["Q"], block - 8 if f.get("PADDED_HEAD") in yes else block,
+                        str(f.get("CAUSAL_TYPE", "0")) != "0", SHAPES[1], bias=str(f.get("BIAS_TYPE", "0")) != "0",
+                        dropout=0.25 if f.get("ENABLE_DROPOUT") in yes else 0.0, force_backend=FUSED_BACKEND_INDEX)
+
+
+def _label(f: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in f.items())
+
+
+def check_forced(rep: CheckReport, root: Path, manifest: dict, hip: int, cache: Path,
+                 progress: Callable[[str], None]) -> None:
+    """Forcing the fused backend on a held and on a left-out functional (module doc, item 4)."""
+    reach = (manifest.get("built_with") or {}).get("reach") or {}
+    left = reach.get("left_out") if isinstance(reach, dict) else None
+    if not left or not isinstance(left, list):
+        return
+    where = "CPU: emulated dispatch, attn_options.force_backend_index set (not a PyTorch call)"
+    gone = left[0].get("functional") if isinstance(left[0], dict) else None
+    held = reach.get("held")
+    lost_case = _forced_case("forced.fused.left-out", gone)
+    kept_case = _forced_case("forced.fused.held", held) if held is not None else None
+    if lost_case is None or (held is not None and kept_case is None):
+        rep.forced = Claim("forcing the fused backend", False, f"the manifest names no functional to force "
+                           f"(held: {held!r}, left out: {gone!r})", where)
+        return
+    r = _dispatch(root, manifest, hip, cache=cache, progress=progress,
+                  cases=[c for c in (kept_case, lost_case) if c is not None])
+    lost = r.cases[-1]
+
+    def fused(c) -> int:
+        return sum(FUSED_FAMILY in k for k in c.kernels["bwd"])
+
+    ok = r.returncode == 0 and lost.bwd not in (None, HIP_SUCCESS) and fused(lost) == 0
+    detail = ""
+    if kept_case is not None:   # every fused package left out (e.g. gfx1030 on 0.11b): no held half
+        kept = r.cases[0]
+        ok = ok and kept.bwd == HIP_SUCCESS and fused(kept) > 0 and not kept.violations
+        detail = f"held ({_label(held)}): backward {kept.bwd}, {fused(kept)} fused kernel launched; "
+    why = f", {lost.violations[0].lstrip(': ')}" if lost.violations else ""
+    rep.forced = Claim("forcing the fused backend", ok,
+                       f"{detail}left out ({_label(gone)}): backward {lost.bwd} (must be an error), {fused(lost)} "
+                       f"launched{why}; driver exit {r.returncode}", where)
 
 
 def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
@@ -178,6 +241,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
     check_rows(rep, root, rows)
+    check_forced(rep, root, manifest, hip, cache, progress)
     if not controls:
         return rep
     # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image

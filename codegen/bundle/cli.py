@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from ..build.cli import AITER_HELP, check_outputs
+from ..build.cli import AITER_HELP, KERNELS_HELP, check_outputs
 from ..precompile.cli import PYTHON_HELP, TRITON_HELP
 from ..preflight import path_option
 
@@ -28,7 +28,7 @@ def _say(msg: str) -> None:
 
 
 def _print_check(rep) -> None:
-    for c in rep.claims + rep.controls + ([rep.rows_claim] if rep.rows_claim else []):
+    for c in rep.claims + rep.controls + [x for x in (rep.rows_claim, rep.forced) if x]:
         stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
     if rep.rows_note:
         stderr.print(f"--   tuning rows: {rep.rows_note}", markup=False)
@@ -67,20 +67,23 @@ def build(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", parser=path_option, metavar="PATH",
                                              help="Kernel cache (default: kernels/ under the cache folder)."),
     aiter_stand_in: bool = typer.Option(False, "--aiter-stand-in", help=AITER_HELP),
+    kernels: str = typer.Option("dispatched", "--kernels", help=KERNELS_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
 ) -> None:
     """Build the runtime against HIP N's headers, check it, write one bundle file."""
     # CLI start-up: the stage loads when the command runs
     from ..build.run import cpu_count
+    from ..build.reach import check_mode
     from .build import BundleBuildError, build_bundle
 
     check_outputs(aotriton_dir, out, build_dir, python, images is not None, "workers", no_cache, cache_dir,
                   prefix_option="--out", default_build=f"build-hip{hip}")
+    check_mode(kernels)
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
                        jobs=jobs or cpu_count(), console=stderr, progress=_say,
                        compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
                                      "cache_dir": cache_dir, "show_progress": not as_json,
-                                     "aiter_stand_in": aiter_stand_in})
+                                     "aiter_stand_in": aiter_stand_in, "kernels": kernels})
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,

@@ -54,11 +54,12 @@ class DispatchCase:
     shape: Shape
     bias: bool = False
     dropout: float = 0.0
+    force_backend: int = -1   # >= 0: the backward's attn_options.force_backend_index (not PyTorch's call)
 
     def line(self) -> str:
         s = self.shape
         return (f"{self.name} {self.dtype} {self.head_dim} {int(self.causal)} {s.batch} {s.heads_q} {s.heads_k} "
-                f"{s.seqlen_q} {s.seqlen_k} {int(self.bias)} {self.dropout}")
+                f"{s.seqlen_q} {s.seqlen_k} {int(self.bias)} {self.dropout} {self.force_backend}")
 
 
 def dispatch_cases(spec: TargetSpec) -> list[DispatchCase]:

@@ -5,7 +5,9 @@
 //
 // Compiled at run time by codegen/bundle/dispatch.py against the library's installed headers and
 // the HIP headers of its major. One case per stdin line:
-//   name dtype head_dim causal batch heads_q heads_k seqlen_q seqlen_k bias dropout
+//   name dtype head_dim causal batch heads_q heads_k seqlen_q seqlen_k bias dropout [force]
+// where `force`, when >= 0, is passed to the backward as attn_options.force_backend_index (the
+// library's debugging option that replaces its op table's choice of backend).
 // One JSON line per case on stdout; a {"event":"case"} marker goes to the stub's log first, so
 // the log's load/launch lines that follow belong to that case.
 #include <aotriton/flash.h>
@@ -108,6 +110,8 @@ int main() {
       std::fprintf(stderr, "bad case line: %s\n", line.c_str());
       return 2;
     }
+    int force = -1;
+    if (!(in >> force)) force = -1;
     DType t = dtype == "fp32" ? DType::kFloat32 : dtype == "bf16" ? DType::kBFloat16 : DType::kFloat16;
     float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
@@ -161,7 +165,10 @@ int main() {
     bwd.window_left = fwd.window_left;
     bwd.window_right = fwd.window_right;
     marker(name, "bwd");
-    hipError_t eb = ao::v3::flash::attn_bwd(bwd, ao::v3::flash::attn_bwd_params::kVersion, ao::Stream(stream));
+    ao::v3::flash::attn_options options;
+    options.force_backend_index = force;
+    hipError_t eb = ao::v3::flash::attn_bwd(bwd, ao::v3::flash::attn_bwd_params::kVersion, ao::Stream(stream),
+                                            force >= 0 ? &options : nullptr);
     std::printf("{\"case\":\"%s\",\"fwd\":%d,\"bwd\":%d}\n", name.c_str(), static_cast<int>(ef), static_cast<int>(eb));
     std::fflush(stdout);
     for (void* p : allocations) std::free(p);
