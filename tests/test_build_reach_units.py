@@ -106,3 +106,24 @@ def test_a_record_of_another_format_configures_again(tmp_path):
     assert is_current(tmp_path) and read_reach(tmp_path).format == REACH_FORMAT
     (tmp_path / REACH_FILE).write_text("{not json")
     assert not is_current(tmp_path)
+
+
+def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp_path):
+    """build records the left-out packages in the install prefix; `bundle build --images` proves
+    each again against its own op table (here the hand-written one of test_upstream_op_table)."""
+    from codegen.build.reach import confirm_left_out, read_prefix_reach, record_in_prefix
+    from test_upstream_op_table import _flash
+
+    flash = _flash(tmp_path / "b")         # fused picked for (fp16, unpadded) and (bf16, padded) only
+    never = LeftOut("amd-gfx908/flash/bwd_kernel_fuse/A.aks2", None, 2, {"Q": "fp16", "PADDED_HEAD": "True"})
+    picked = LeftOut("amd-gfx908/flash/bwd_kernel_fuse/B.aks2", None, 3, {"Q": "fp16", "PADDED_HEAD": "False"})
+    odd = LeftOut("amd-gfx908/flash/bwd_kernel_fuse.zip", "Q=…", 1, {"Q": "fp8", "PADDED_HEAD": "False"})
+    prefix = tmp_path / "prefix"
+    record_in_prefix(prefix, Reach(kernels_left_out=6, packages_left_out=[never, picked, odd]))
+    reach = read_prefix_reach(prefix)
+    assert [p.image for p in reach.packages_left_out] == [never.image, picked.image, odd.image]
+    problems = confirm_left_out(reach, flash)
+    assert len(problems) == 2 and "B.aks2" in problems[0] and "Q=…" in problems[1]
+    assert confirm_left_out(Reach(packages_left_out=[never]), flash) == []
+    record_in_prefix(prefix, Reach())      # a build that left nothing out: no record
+    assert read_prefix_reach(prefix) is None

@@ -23,7 +23,7 @@ from ..apply import applied_spec
 from ..apply.lock import read_lock
 from .overlay import check_overlay
 from .prereq import check_prerequisites
-from .reach import check_mode, forget, is_current, read_reach, remove_from_prefix
+from .reach import check_mode, forget, is_current, read_reach, record_in_prefix, remove_from_prefix
 from .run import run_cmake, run_ninja
 from .compile_client import REACH_ENV
 from .compile_pool import CompileService
@@ -220,6 +220,8 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
         report.kernels_left_out = reach.kernels_left_out
         if not opts.noimage:
             remove_from_prefix(prefix, reach)
+    if not opts.noimage:
+        record_in_prefix(prefix, reach)
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
                          v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
                          images=not opts.noimage, reach=reach)

@@ -118,9 +118,9 @@ def check_mode(kernels: str) -> None:
         raise UserError(f"--kernels {kernels!r}: one of {', '.join(KERNEL_MODES)}")
 
 
-def read_reach(build_dir: Path) -> Reach | None:
+def read_reach(build_dir: Path, rel: str = REACH_FILE) -> Reach | None:
     """What the last configure left out (None: no record, everything was built)."""
-    path = Path(build_dir) / REACH_FILE
+    path = Path(build_dir) / rel
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -148,19 +148,20 @@ def _signature(entry: KernelEntry, tree: Path, names_cache: dict) -> dict[str, s
     return dict(zip(names, (v.strip() for v in entry.signature.split(","))))
 
 
-def op_values(entry: KernelEntry, sig: dict[str, str], table: BwdOpTable) -> dict[str, str] | None:
-    """The op table's field values for one kernel, from its Triton signature (None: not placeable)."""
+def op_values(dtype: str, sig: dict[str, str], table: BwdOpTable) -> dict[str, str] | None:
+    """The op table's field values of a fused kernel (its dtype's short name, its Triton signature
+    by argument name, or a recorded functional), None when it cannot be placed."""
+    info = DTYPE_INFO.get(dtype)
+    if info is None:
+        return None
     values = {}
     for name, digits, _ in table.fields:
         if name == "Q":
-            info = DTYPE_INFO.get(entry.config.dtype)
-            if info is None:
-                return None
             values[name] = info.aotriton_enum
         elif name not in sig:
             return None
         else:
-            values[name] = _BOOL.get(sig[name], sig[name]) if "false" in digits else sig[name]
+            values[name] = _BOOL.get(str(sig[name]), str(sig[name])) if "false" in digits else str(sig[name])
     return values
 
 
@@ -188,7 +189,7 @@ def _fused_kernels(v3src: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str
             continue
         sig = _signature(e, tree, names)
         functional[e.hsaco] = fused_functional(e, sig or {})
-        values = None if sig is None else op_values(e, sig, table)
+        values = None if sig is None else op_values(e.config.dtype, sig, table)
         if values is not None and not table.can_pick_fused(values):
             never.add(e.hsaco)
     return functional, never
@@ -306,6 +307,42 @@ def forget(build_dir: Path) -> None:
         (Path(build_dir) / REACH_FILE).unlink()
     except FileNotFoundError:
         pass
+
+
+PREFIX_RECORD = "mi100-codegen/reach.json"  # below an install prefix: what its images lack
+
+
+def record_in_prefix(prefix: Path, reach: Reach | None) -> None:
+    """The install prefix says what its images lack (`bundle build --images PREFIX` checks it
+    again against its own op table); a build that left nothing out removes the record."""
+    path = Path(prefix) / PREFIX_RECORD
+    if reach is None or not reach.packages_left_out:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_prefix_reach(prefix: Path) -> Reach | None:
+    """What an install prefix's images lack (None: nothing), read as hostile (read_reach)."""
+    return read_reach(Path(prefix), PREFIX_RECORD)
+
+
+def confirm_left_out(reach: Reach, flash: Path) -> list[str]:
+    """Each left-out package's functional checked again against the op table in `flash` (a build
+    folder's generator output): the ones the table can select (a problem each)."""
+    table = read_bwd_op_table(flash)
+    if table is None:
+        return [f"{flash}: no backward op table to check the {len(reach.packages_left_out)} left-out packages with"]
+    problems = []
+    for p in reach.packages_left_out:
+        values = op_values(p.functional.get("Q", ""), p.functional, table)
+        if values is None or table.number(values) is None or table.can_pick_fused(values):
+            problems.append(f"{p.image}{' ' + p.member if p.member else ''}: the op table can select it")
+    return problems
 
 
 def remove_from_prefix(prefix: Path, reach: Reach | None) -> int:

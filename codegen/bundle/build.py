@@ -144,15 +144,22 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
     """The kernel summary of the build (with `images`: of the prefix those images are copied into,
     verified again); a build with problems is a BundleBuildError."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from ..build.reach import read_reach
+    from ..build.reach import confirm_left_out, read_prefix_reach
     from ..build.verify import verify_install
 
     problems = list(rep.verification.get("problems", []))
     if images is not None:
         _copy_images(images.resolve(), prefix, rep.arch)
+        # what the images' build left out, proven again by this build's own op table
+        reach = read_prefix_reach(images.resolve())
+        if reach is not None:
+            problems += [f"--images {images}: {p}" for p in confirm_left_out(reach, bdir / "v3src" / "flash")]
+            rep.reach, rep.kernels, rep.kernels_left_out = reach.summary(), "dispatched", reach.kernels_left_out
+        else:
+            rep.reach, rep.kernels, rep.kernels_left_out = {}, "all", 0
         ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
                              v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
-                             image_format=adapter.image_format, reach=read_reach(bdir) if rep.reach else None)
+                             image_format=adapter.image_format, reach=reach)
         problems += ver.problems
         kernels = ver.summary()
     else:
