@@ -25,7 +25,7 @@ import os
 import sys
 
 POOL_ENV = "MI100_CODEGEN_COMPILE_POOL"
-REACH_ENV = "MI100_CODEGEN_REACH"  # codegen.build.reach.REACH_ENV (this file is standard library only)
+REACH_ENV = "MI100_CODEGEN_REACH"  # its one owner (this file is standard library only); codegen.build.reach imports it
 _FORWARDED_ENV = ("TRITON_F32_DEFAULT",)
 
 
