@@ -127,6 +127,29 @@ def test_011b_through_the_build_venv_hook(fresh_tree, tmp_path):
                           == (plain / r).read_bytes().replace(str(plain).encode(), b"B") for r in others)
 
 
+def test_a_hostile_package_name_touches_nothing(fresh_tree, tmp_path):
+    """A generator (a tree) that names an image package outside the build folder: refused before
+    any list is rewritten or any file removed, inside or outside."""
+    from codegen.contain import Escape
+
+    tree, spec = _applied(fresh_tree, "0.11b")
+    v3src = tmp_path / "b" / "v3src"
+    _generate(tree, spec, v3src)
+    victim = tmp_path / "victim.aks2"
+    victim.write_bytes(b"keep")
+    reach, _, _ = plan_reach(v3src, tree)
+    gone = reach.packages_left_out[0].image.split("/")          # arch/family/kernel/NAME.aks2
+    lines = (v3src / "Bare.cluster").read_text().split("\n")
+    i = next(n for n, ln in enumerate(lines) if ln.startswith(";".join(gone[:3]) + ";" + gone[3][:-5] + ";"))
+    lines[i] = ";".join(["../../..", "..", "..", "victim"] + lines[i].split(";")[4:])
+    (v3src / "Bare.cluster").write_text("\n".join(lines))
+    before = {p: p.read_bytes() for p in v3src.glob("Bare.*") if p.is_file()}
+    with pytest.raises(Escape):
+        prune(v3src, tree)
+    assert {p: p.read_bytes() for p in v3src.glob("Bare.*") if p.is_file()} == before
+    assert victim.read_bytes() == b"keep" and read_reach(tmp_path / "b") is None
+
+
 def test_013b_zip_members_and_rerun(fresh_tree, tmp_path):
     tree, spec = _applied(fresh_tree, "0.13b")
     v3src = tmp_path / "b" / "v3src"

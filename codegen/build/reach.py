@@ -280,10 +280,12 @@ def prune(v3src: Path, tree: Path) -> Reach:
     """Plan, then write the lists (each whole), remove stale images, record `reach.json`."""
     v3src = Path(v3src).resolve()
     reach, files, stale = plan_reach(v3src, tree)
-    for rel, data in sorted(files.items(), key=lambda kv: kv[0] == COMPILE_LIST):  # the compile list last
-        atomic_write(inside(v3src, rel), data)
-    for rel in stale:
-        path = inside(v3src, rel, final_link=True)
+    # every path checked (codegen.contain: names from the generator's lists) before anything is written
+    writes = [(inside(v3src, rel), data) for rel, data in sorted(files.items(), key=lambda kv: kv[0] == COMPILE_LIST)]
+    removals = [inside(v3src, rel, final_link=True) for rel in stale]
+    for path, data in writes:   # the compile list last
+        atomic_write(path, data)
+    for path in removals:
         if path.is_file() or path.is_symlink():
             path.unlink()
     record = v3src.parent / REACH_FILE
