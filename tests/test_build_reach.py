@@ -218,3 +218,17 @@ def test_a_hostile_record_is_refused(tmp_path):
     record.write_text("[1, 2]")
     with pytest.raises(UserError, match="not a reach record"):
         read_reach(tmp_path)
+
+
+def test_plan_and_precompile_can_take_the_builds_kernels(fresh_tree):
+    """`precompile --kernels dispatched` plans what `build --kernels dispatched` compiles: the
+    generator's list less the fused kernels of the left-out packages, nothing else."""
+    from codegen.plan.run import PlanOptions, run_plan
+
+    tree, spec = _applied(fresh_tree, "0.11b")
+    every = run_plan(PlanOptions(tree, python=sys.executable)).entries
+    kept = run_plan(PlanOptions(tree, python=sys.executable, kernels="dispatched")).entries
+    gone = {e.id for e in every} - {e.id for e in kept}
+    assert len(gone) == 171 and {e.id for e in kept} <= {e.id for e in every}
+    assert all(i.startswith(FUSED_FAMILY + "-") for i in gone)
+    assert sum(e.config.family == FUSED_FAMILY for e in kept) == 171

@@ -127,3 +127,13 @@ def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp
     assert confirm_left_out(Reach(packages_left_out=[never]), flash) == []
     record_in_prefix(prefix, Reach())      # a build that left nothing out: no record
     assert read_prefix_reach(prefix) is None
+
+
+def test_precompile_refuses_dispatched_for_tuning_lists_and_reports(tmp_path):
+    from codegen.precompile.run import PrecompileOptions
+
+    for kw in ({"tuning": True}, {"tuning_report": tmp_path / "r.json"}):
+        with pytest.raises(UserError, match="--kernels dispatched compiles a build's kernels"):
+            PrecompileOptions(tmp_path, kernels="dispatched", no_cache=True, python=sys.executable, **kw).check()
+    with pytest.raises(UserError, match="--kernels 'x'"):
+        PrecompileOptions(tmp_path, kernels="x").check()

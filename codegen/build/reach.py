@@ -276,6 +276,16 @@ def _plan_zips(v3src: Path, left, reach: Reach, out: dict[str, bytes], stale: li
                             f"name {len(named)} of them (unknown generator output)")
 
 
+def dispatched_entries(entries: list, v3src: Path, tree: Path) -> tuple[list, Reach]:
+    """The kernels of a generator's output (`entries` of its `v3src`) that `build --kernels
+    dispatched` compiles, and the record of what it leaves out; nothing is written."""
+    reach, files, _ = plan_reach(v3src, tree)
+    if COMPILE_LIST not in files:
+        return list(entries), reach
+    kept = files[COMPILE_LIST].decode()
+    return [e for e in entries if f"/{e.id}.hsaco" in kept], reach
+
+
 def prune(v3src: Path, tree: Path) -> Reach:
     """Plan, then write the lists (each whole), remove stale images, record `reach.json`."""
     v3src = Path(v3src).resolve()

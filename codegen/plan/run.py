@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ class PlanOptions:
     tuning: bool = False
     as_json: bool = False
     configs: int = 40       # rows of the per-config table; -1: all
+    kernels: str = "all"    # 'dispatched': only what build --kernels dispatched compiles (codegen.build.reach)
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,30 @@ def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | N
     python = generator_python(opts.tree, spec, opts.python, console)
     # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
     fp32 = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
-    entries = generate_kernel_list(opts.tree, list(spec.gpus), python, arch=spec.arch, tuning=opts.tuning, env=fp32,
-                                   timing=timing)
+    if opts.kernels == "dispatched" and not opts.tuning:
+        entries = _dispatched(opts.tree, spec, python, fp32, timing, console)
+    else:
+        entries = generate_kernel_list(opts.tree, list(spec.gpus), python, arch=spec.arch, tuning=opts.tuning,
+                                       env=fp32, timing=timing)
     return PlanRun(loaded, entries, summarize(entries, list(spec.gpus), info.release,
                                               "tuning" if opts.tuning else "normal"), info.adapter, python)
+
+
+def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None) -> list:
+    """The generator's kernels less those no dispatch table selects, proven from the tables it
+    wrote, as `build --kernels dispatched` leaves them out."""
+    # CLI start-up: the build stage's module loads only for --kernels dispatched
+    from ..build.reach import dispatched_entries
+
+    with tempfile.TemporaryDirectory(prefix="mi100-codegen-plan-") as tmp:
+        v3src = Path(tmp) / "build" / "v3src"
+        entries = generate_kernel_list(tree, list(spec.gpus), python, arch=spec.arch, env=env, timing=timing,
+                                       keep_build_dir=v3src)
+        kept, reach = dispatched_entries(entries, v3src, tree)
+    if console is not None:
+        console.print(f"--kernels dispatched: {len(entries) - len(kept)} of {len(entries)} kernels left out "
+                      f"({reach.reason or 'the backward op table never selects them'})", markup=False)
+    return kept
 
 
 def show_plan(opts: PlanOptions) -> None:

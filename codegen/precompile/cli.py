@@ -40,6 +40,8 @@ def register(app: typer.Typer, guarded) -> None:
         python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
         triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         rows: int = typer.Option(30, "--rows", min=-1, help="Rows of the per-config table (-1: all)."),
+        kernels: str = typer.Option("all", "--kernels", help="'all' (default): every kernel upstream's build "
+                                    "compiles; 'dispatched': only those `build --kernels dispatched` compiles."),
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
         resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."""
@@ -47,7 +49,7 @@ def register(app: typer.Typer, guarded) -> None:
 
         run_precompile(PrecompileOptions(
             aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,
-            timeout, no_cache, cache_dir, python, rows, triton_version))
+            timeout, no_cache, cache_dir, python, rows, triton_version, kernels))
 
     @app.command()
     @guarded

@@ -13,7 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .. import preflight
-from ..errors import EXIT_UPSTREAM, CodegenError
+from ..errors import EXIT_UPSTREAM, CodegenError, UserError
 from ..fsutil import atomic_write
 from ..models.rows import splits_backward
 from ..overlay_inputs import read_compile_report
@@ -51,9 +51,16 @@ class PrecompileOptions:
     python: str | None = None       # None: the build venv of the spec's Triton (codegen.toolchain)
     rows: int = 30                  # -1: all
     triton_version: str | None = None  # the build venv's Triton (None: the compile report's, else the newest allowed)
+    kernels: str = "all"            # 'dispatched': only what build --kernels dispatched compiles
 
     def check(self) -> None:
         """Every path option, before the generator or a compile runs."""
+        from ..build.reach import check_mode  # the --kernels modes' owner (the build stage), loaded when run
+
+        check_mode(self.kernels)
+        if self.kernels == "dispatched" and (self.tuning or self.tuning_report is not None):
+            raise UserError("--kernels dispatched compiles a build's kernels less those it leaves out: not a "
+                            "tuning build's list, and a compile report needs every config (--tuning/--tuning-report)")
         if self.python is not None:
             preflight.interpreter(self.python)
         for path, option in ((self.json_out, "--json"), (self.md_out, "--md"), (self.prune_to, "--prune-to"),
@@ -199,7 +206,8 @@ def run_precompile(opts: PrecompileOptions) -> None:
     opts.check()
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
-    loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning))
+    loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
+                                                                kernels=opts.kernels), console=err)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
