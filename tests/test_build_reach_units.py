@@ -137,3 +137,15 @@ def test_precompile_refuses_dispatched_for_tuning_lists_and_reports(tmp_path):
             PrecompileOptions(tmp_path, kernels="dispatched", no_cache=True, python=sys.executable, **kw).check()
     with pytest.raises(UserError, match="--kernels 'x'"):
         PrecompileOptions(tmp_path, kernels="x").check()
+
+
+def test_a_fifo_or_a_folder_as_the_record_is_one_message_not_a_hang(tmp_path):
+    path = tmp_path / REACH_FILE
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    with pytest.raises(UserError, match="FIFO"):
+        read_reach(tmp_path)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(UserError, match="directory"):
+        read_reach(tmp_path)

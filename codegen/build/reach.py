@@ -36,9 +36,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..contain import inside, is_rel_path
+from pydantic import TypeAdapter, ValidationError
+
+from ..contain import RelPath, inside
 from ..errors import UpstreamError, UserError
-from ..fsutil import atomic_write
+from ..fsutil import atomic_write, read_input
 from ..models.dtypes import DTYPE_INFO
 from ..plan.kernel_list import COMPILE_LIST, KernelEntry, kernel_arg_names, parse_compile_list
 from ..upstream import detect
@@ -48,6 +50,7 @@ from .compile_client import REACH_ENV  # noqa: F401  (the knob; its owner is the
 REACH_FILE = "mi100-codegen/reach.json"  # below the build dir
 KERNEL_MODES = ("dispatched", "all")  # build --kernels
 REACH_FORMAT = 2                      # of reach.json; another: the build configures again
+RECORD_LIMIT = 16 << 20               # bytes: a reach record is a few kB
 CLUSTER_LIST = "Bare.cluster"
 FLATZIP_LIST = "Bare.flatzip"
 IMAGES_DIR = "aotriton.images"
@@ -61,7 +64,7 @@ class LeftOut:
     the image zip it would be a member of), `member` (0.13b: the zip member, the functional), and
     how many kernels it would have held."""
 
-    image: str
+    image: RelPath                          # checked when read (codegen.contain): hostile-input rule
     member: str | None
     kernels: int
     functional: dict[str, str] = field(default_factory=dict)  # fused_functional() of its kernels
@@ -69,7 +72,10 @@ class LeftOut:
 
 @dataclass
 class Reach:
-    format: int = REACH_FORMAT
+    """`reach.json`, one typed model: validated by pydantic when read (`read_reach`, as possibly
+    hostile), plain when this module makes one."""
+
+    format: int = REACH_FORMAT              # records of the first format had no such field (read_reach)
     mode: str = "dispatched"
     proven_by: str | None = None            # the op table read, relative to the build dir
     reason: str | None = None               # why nothing was left out, when nothing was
@@ -80,20 +86,6 @@ class Reach:
 
     def to_json(self) -> dict:
         return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Reach":
-        try:
-            left = [LeftOut(str(p["image"]), None if p.get("member") is None else str(p["member"]),
-                            int(p["kernels"]), {str(k): str(v) for k, v in (p.get("functional") or {}).items()})
-                    for p in d.get("packages_left_out", [])]
-            held = d.get("held")
-            return cls(int(d.get("format", 1)), str(d.get("mode", "dispatched")), d.get("proven_by"), d.get("reason"),
-                       int(d.get("fused_kernels", 0)), int(d.get("kernels_left_out", 0)), left,
-                       None if held is None else {str(k): str(v) for k, v in held.items()})
-        except (TypeError, KeyError, ValueError, AttributeError) as exc:
-            raise UserError(f"{REACH_FILE}: not a reach record ({exc})",
-                            hint="re-run `mi100-codegen build` with --reconfigure") from None
 
     def summary(self) -> dict:
         """What build --json and a bundle's manifest carry (`left_out`: the packages, for bundle
@@ -112,6 +104,9 @@ class Reach:
         return {(p.image, p.member) for p in self.packages_left_out if p.member is not None}
 
 
+_RECORD = TypeAdapter(Reach)
+
+
 def check_mode(kernels: str) -> None:
     """--kernels: one of KERNEL_MODES, else the one message (before any work)."""
     if kernels not in KERNEL_MODES:
@@ -119,22 +114,28 @@ def check_mode(kernels: str) -> None:
 
 
 def read_reach(build_dir: Path, rel: str = REACH_FILE) -> Reach | None:
-    """What the last configure left out (None: no record, everything was built)."""
+    """What the last configure left out (None: no record, everything was built). The record is
+    read as possibly hostile: a bounded regular file (codegen.fsutil.read_input), one typed model,
+    every image a clean relative path (codegen.contain.RelPath)."""
     path = Path(build_dir) / rel
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.exists() and not path.is_symlink():
         return None
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: unreadable ({exc})", hint="re-run `mi100-codegen build` with --reconfigure") from None
+    hint = "re-run `mi100-codegen build` with --reconfigure"
+    try:
+        data = json.loads(read_input(path, what="reach record", limit=RECORD_LIMIT))
+    except ValueError as exc:
+        raise UserError(f"{path}: unreadable ({exc})", hint=hint) from None
     if not isinstance(data, dict):
-        raise UserError(f"{path}: not a reach record", hint="re-run `mi100-codegen build` with --reconfigure")
-    reach = Reach.from_json(data)
-    for p in reach.packages_left_out:  # hostile-input rule: names below aotriton.images/ only
-        if not is_rel_path(p.image):
-            raise UserError(f"{path}: image {p.image!r} is not a path inside aotriton.images/",
-                            hint="re-run `mi100-codegen build` with --reconfigure")
-    return reach
+        raise UserError(f"{path}: not a reach record", hint=hint)
+    try:
+        return _RECORD.validate_python({"format": 1, **data})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["loc"][-1:] == ("image",):
+            raise UserError(f"{path}: image {err.get('input')!r} is not a path inside aotriton.images/",
+                            hint=hint) from None
+        raise UserError(f"{path}: not a reach record ({'.'.join(map(str, err['loc']))}: {err['msg']})",
+                        hint=hint) from None
 
 
 def _signature(entry: KernelEntry, tree: Path, names_cache: dict) -> dict[str, str] | None:
