@@ -212,8 +212,7 @@ def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
-    _configure_and_build(opts, build_dir, plan, tc, report, console, spec)
-    reach = read_reach(build_dir) if req.reach_python else None
+    reach = _configure_and_build(opts, build_dir, plan, tc, report, console, spec)
     report.kernels = "dispatched" if req.reach_python else "all"
     if reach is not None:
         report.reach = reach.summary()
@@ -276,26 +275,30 @@ def compile_service(opts: BuildOptions, tc, spec):
 
 
 def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: BuildReport,
-                         console: Console, spec=None) -> None:
+                         console: Console, spec=None):
+    """Configure when needed, then ninja; returns what the configure left out (codegen.build.reach;
+    None with --kernels all)."""
     build_dir.mkdir(parents=True, exist_ok=True)
     check_generator(build_dir)
     log_path = build_dir / LOG_NAME
     prepare_venv(build_dir, tc)
     write_support_files(plan, build_dir)
     env = configure_env(plan)
-    stale = REACH_ENV in dict(plan.knobs) and not is_current(build_dir)
-    if opts.reconfigure or stale or configured_fingerprint(build_dir) != plan.fingerprint:
+    leaves_out = REACH_ENV in dict(plan.knobs)
+    if opts.reconfigure or (leaves_out and not is_current(build_dir)) \
+            or configured_fingerprint(build_dir) != plan.fingerprint:
         forget(build_dir)  # the generator hook writes it again when this configure leaves kernels out
         report.configure_seconds = run_cmake(plan.cmake_args(opts.tree.resolve(), build_dir), env=env,
                                              log_path=log_path, console=console, cmake=tc.cmake)
-        if REACH_ENV in dict(plan.knobs) and read_reach(build_dir) is None:
-            raise UpstreamError(f"CMake configured {build_dir} but the generator's run left no "
-                                f"{build_dir}/mi100-codegen/reach.json (the build venv's hook did not run)",
-                                hint=f"see {log_path}; --kernels all builds every kernel without it")
-        record_fingerprint(plan, build_dir)
         report.configured = True
-    reach = read_reach(build_dir) if REACH_ENV in dict(plan.knobs) and not opts.noimage else None
-    if reach is not None:
+    reach = read_reach(build_dir) if leaves_out else None
+    if leaves_out and reach is None:   # only after a configure: a current record skips it
+        raise UpstreamError(f"CMake configured {build_dir} but the generator's run left no "
+                            f"{build_dir}/mi100-codegen/reach.json (the build venv's hook did not run)",
+                            hint=f"see {log_path}; --kernels all builds every kernel without it")
+    if report.configured:
+        record_fingerprint(plan, build_dir)
+    if reach is not None and not opts.noimage:
         console.print(f"left out {reach.kernels_left_out} of {reach.fused_kernels} fused backward kernels: "
                       f"the backward op table never selects them (--kernels all builds them)"
                       if reach.kernels_left_out else f"every kernel is built: {reach.reason}", markup=False)
@@ -329,6 +332,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     else:
         report.kernels_compiled = res.kernels_compiled
     report.edges_total = res.edges_total
+    return read_reach(build_dir) if leaves_out else None   # again: ninja may have configured again
 
 
 __all__ = ["BuildOptions", "BuildReport", "build_tree", "count_kernels", "resolve_spec"]

@@ -38,6 +38,7 @@ from ..elfinfo import AMDGPU_MACH, DynamicInfo, read_dynamic
 from ..resources import user_cache_dir
 from ..spec import load_spec
 from .archive import SPEC, Bundle, extract, open_bundle
+from ..models.dtypes import DTYPE_INFO
 from ..upstream.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from ..validate.cases import SHAPES
 from .dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, dispatch_cases, remove_image,
@@ -147,7 +148,7 @@ def _forced_case(name: str, f) -> DispatchCase | None:
     """A backward that forces the fused backend for a fused functional as the build recorded it
     (codegen.build.reach.fused_functional; None: not one): a head dim below BLOCK_DMODEL where the
     functional pads its head."""
-    if not isinstance(f, dict) or f.get("Q") not in ("fp16", "bf16", "fp32") or \
+    if not isinstance(f, dict) or f.get("Q") not in DTYPE_INFO or \
             not str(f.get("BLOCK_DMODEL", "")).isdigit():
         return None
     block, yes = int(f["BLOCK_DMODEL"]), ("True", "1", "true")
