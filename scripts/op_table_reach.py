@@ -6,7 +6,7 @@ and with their code bytes and compile time: what `build --kernels dispatched` le
     python scripts/op_table_reach.py TREE=REPORT.json [TREE=REPORT.json ...] [--json OUT]
 
 For each applied tree: the tree's own generator is run into a throwaway build dir (as `plan`
-does), and `codegen.build.reach.plan_reach` (the build's own proof, from the backward op table
+does), and `codegen.plan.run.generate_dispatched` (the build's own proof, from the backward op table
 the generator wrote: codegen.upstream.op_table) says which kernels it leaves out; they are joined
 with the precompile --json REPORT of the same tree for their code bytes and compile time. Markdown
 on stdout; the trees are not written to. Only what the op table selects is proven: callers that
@@ -20,14 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codegen.apply.applied_spec import resolve_spec  # noqa: E402
-from codegen.build.reach import plan_reach  # noqa: E402
-from codegen.plan.kernel_list import COMPILE_LIST, generate_kernel_list  # noqa: E402
+from codegen.plan.run import generate_dispatched  # noqa: E402
 from codegen.plan.tree import release_of  # noqa: E402
 from codegen.upstream.knobs import ENABLE_FP32_ENV  # noqa: E402
 from codegen.upstream.op_table import FUSED_FAMILY  # noqa: E402
@@ -36,12 +34,8 @@ from codegen.upstream.op_table import FUSED_FAMILY  # noqa: E402
 def reach(tree: Path, report: dict) -> dict:
     spec = resolve_spec(tree, None).spec
     env = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
-    with tempfile.TemporaryDirectory(prefix="mi100-op-reach-") as tmp:
-        build = Path(tmp) / "build" / "v3src"
-        entries = generate_kernel_list(tree, list(spec.gpus), sys.executable, arch=spec.arch, env=env,
-                                       keep_build_dir=build)
-        record, files, _ = plan_reach(build, tree)
-        kept = files.get(COMPILE_LIST, (build / COMPILE_LIST).read_bytes()).decode()
+    entries, kept, record = generate_dispatched(tree, spec, sys.executable, env)
+    kept_ids = {e.id for e in kept}
     kernels = {k["id"]: k for k in report["kernels"]}
     out = {"release": release_of(tree).release, "spec": spec.name, "arch": spec.arch, "fused": 0, "picked": 0,
            "never": 0, "flagged": 0, "never_bytes": 0, "never_s": 0.0,
@@ -51,7 +45,7 @@ def reach(tree: Path, report: dict) -> dict:
         if e.config.family != FUSED_FAMILY:
             continue
         out["fused"] += 1
-        if f"/{e.id}.hsaco" in kept:
+        if e.id in kept_ids:
             out["picked"] += 1
             continue
         k = kernels[e.id]

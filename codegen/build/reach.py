@@ -283,8 +283,9 @@ def dispatched_entries(entries: list, v3src: Path, tree: Path) -> tuple[list, Re
     reach, files, _ = plan_reach(v3src, tree)
     if COMPILE_LIST not in files:
         return list(entries), reach
-    kept = files[COMPILE_LIST].decode()
-    return [e for e in entries if f"/{e.id}.hsaco" in kept], reach
+    kept = {os.path.basename(f)[:-len(".hsaco")] for line in files[COMPILE_LIST].decode().split("\n")
+            for f in line.split(";") if f.endswith(".hsaco")}
+    return [e for e in entries if e.id in kept], reach
 
 
 def prune(v3src: Path, tree: Path) -> Reach:

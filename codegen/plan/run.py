@@ -99,9 +99,9 @@ def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | N
                                               "tuning" if opts.tuning else "normal"), info.adapter, python)
 
 
-def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None) -> list:
-    """The generator's kernels less those no dispatch table selects, proven from the tables it
-    wrote, as `build --kernels dispatched` leaves them out."""
+def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None = None):
+    """(every kernel the generator lists, those `build --kernels dispatched` compiles, the
+    codegen.build.reach record): the tables it wrote prove what no dispatch table selects."""
     # CLI start-up: the build stage's module loads only for --kernels dispatched
     from ..build.reach import dispatched_entries
 
@@ -110,6 +110,11 @@ def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, c
         entries = generate_kernel_list(tree, list(spec.gpus), python, arch=spec.arch, env=env, timing=timing,
                                        keep_build_dir=v3src)
         kept, reach = dispatched_entries(entries, v3src, tree)
+    return entries, kept, reach
+
+
+def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None) -> list:
+    entries, kept, reach = generate_dispatched(tree, spec, python, env, timing)
     if console is not None:
         console.print(f"--kernels dispatched: {len(entries) - len(kept)} of {len(entries)} kernels left out "
                       f"({reach.reason or 'the backward op table never selects them'})", markup=False)
