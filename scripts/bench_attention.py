@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-from codegen.tune.kernels import TreeKernels, make_problem, seed_of  # noqa: E402
+from codegen.gpu.tune.kernels import TreeKernels, make_problem, seed_of  # noqa: E402
 
 SEQLEN_BINS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_FWD = dict(block_m=128, block_n=64, num_warps=4, num_stages=1, waves_per_eu=2, pre_load_v=False)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The kernel-compile phase of an image build, side by side in one run on the same applied tree:
 upstream's compile.py per kernel vs build's compile service (warm workers), both through real
-ninja edges written as upstream's CMake writes them (codegen.build.edges), the same interpreter
+ninja edges written as upstream's CMake writes them (codegen.imagebuild.edges), the same interpreter
 and Triton; then the service with a cold and a warm kernel cache; and, from the planned kernel
 lists alone, what share of one release's kernels another release's cache entries serve.
 
@@ -34,16 +34,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from codegen.build.compile_pool import CompileService  # noqa: E402
-from codegen.build.configure import prepare_venv  # noqa: E402
-from codegen.build.edges import write_kernel_ninja  # noqa: E402
-from codegen.build.prereq import Toolchain  # noqa: E402
+from codegen.compile.service import CompileService  # noqa: E402
+from codegen.imagebuild.configure import prepare_venv  # noqa: E402
+from codegen.imagebuild.edges import write_kernel_ninja  # noqa: E402
+from codegen.imagebuild.prereq import Toolchain  # noqa: E402
 from codegen.apply.applied_spec import resolve_spec  # noqa: E402
-from codegen.kcache import CompileCache  # noqa: E402
+from codegen.compile.cache import CompileCache  # noqa: E402
 from codegen.plan.run import PlanOptions, run_plan  # noqa: E402
 from codegen.plan.tree import release_of  # noqa: E402
-from codegen.precompile.engine import entry_cache_key, triton_version  # noqa: E402
-from codegen.precompile.sample import stratified_sample  # noqa: E402
+from codegen.compile.engine import entry_cache_key, triton_version  # noqa: E402
+from codegen.compile.sample import stratified_sample  # noqa: E402
 
 
 def _cpu() -> float:
@@ -114,7 +114,7 @@ def _row(s, base=None) -> str:
 
 def reuse_keys(trees: list[Path], spec: Path | None, version: str) -> dict[str, set[str]]:
     """Each tree's planned kernels (its own generator, the spec applied to it or `spec`) as the
-    kernel cache keys precompile and build look them up (codegen.precompile.engine.entry_cache_key),
+    kernel cache keys precompile and build look them up (codegen.compile.engine.entry_cache_key),
     by release name. No compile."""
     keys: dict[str, set[str]] = {}
     for t in trees:

@@ -17,9 +17,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STAGES = ("apply", "build", "plan", "precompile", "tune", "torch_integration", "validate")
-PURE = ("models", "render", "spec.py")
-RENAME_OWNERS = ("fsutil.py", "apply/journal.py")
+STAGES = ("apply", "imagebuild", "plan", "compile", "gpu", "ship")
+PURE = ("core", "models", "upstream", "formats", "render")
+RENAME_OWNERS = ("core/fsutil.py", "apply/journal.py")
 
 
 @dataclass

@@ -4,8 +4,8 @@ code, and a link out of docs/ must name a file of the repository.
 - `<!-- generated: cli -->`: every command and subcommand of the Typer app (`codegen.cli.app`):
   usage, help, options with their help and defaults.
 - `<!-- generated: spec -->`: every field of the target spec, from the Pydantic JSON Schema
-  (`codegen.spec.spec_json_schema`): path, type, default, description.
-- `<!-- generated: exit-codes -->`: the exit codes of `codegen.errors` and the error classes that
+  (`codegen.formats.spec.spec_json_schema`): path, type, default, description.
+- `<!-- generated: exit-codes -->`: the exit codes of `codegen.core.errors` and the error classes that
   carry them.
 - A relative link that leaves docs/ (`../rules/mi50.yaml`) must name a file or folder of the
   repository, else the build warns (and `mkdocs build --strict` fails); it becomes a link to the
@@ -123,7 +123,7 @@ def _fields(model: dict, required: set[str]) -> list[str]:
 
 
 def spec_reference() -> str:
-    from codegen.spec import spec_json_schema
+    from codegen.formats.spec import spec_json_schema
 
     schema = json.loads(spec_json_schema())
     head = ["| field | type | default | description |", "|---|---|---|---|"]
@@ -143,7 +143,7 @@ def spec_reference() -> str:
 # ------------------------------------------------------------------------------ exit codes --
 
 def exit_codes_reference() -> str:
-    import codegen.errors as errors
+    import codegen.core.errors as errors
 
     meaning = {"EXIT_OK": "success", "EXIT_DRIFT": "drift: `render --check` found the overlay stale",
                "EXIT_USER": "user error: a bad spec, tree, option or path (checked before any work starts)",

@@ -7,7 +7,7 @@ and with their code bytes and compile time: what `build --kernels dispatched` le
 
 For each applied tree: the tree's own generator is run into a throwaway build dir (as `plan`
 does), and `codegen.plan.run.generate_dispatched` (the build's own proof, from the backward op table
-the generator wrote: codegen.upstream.op_table) says which kernels it leaves out; they are joined
+the generator wrote: codegen.formats.op_table) says which kernels it leaves out; they are joined
 with the precompile --json REPORT of the same tree for their code bytes and compile time. Markdown
 on stdout; the trees are not written to. Only what the op table selects is proven: callers that
 force a backend (`attn_options.force_backend_index`) or call the v2 `attn_bwd_fused` reach every
@@ -28,7 +28,7 @@ from codegen.apply.applied_spec import resolve_spec  # noqa: E402
 from codegen.plan.run import generate_dispatched  # noqa: E402
 from codegen.plan.tree import release_of  # noqa: E402
 from codegen.upstream.knobs import ENABLE_FP32_ENV  # noqa: E402
-from codegen.upstream.op_table import FUSED_FAMILY  # noqa: E402
+from codegen.formats.op_table import FUSED_FAMILY  # noqa: E402
 
 
 def reach(tree: Path, report: dict) -> dict:

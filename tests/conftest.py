@@ -27,7 +27,7 @@ from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, Unsupported
 
 REPO = Path(__file__).resolve().parents[1]
 
-# The user's workspace (codegen.workspace): the results a developer measured for the shipped
+# The user's workspace (codegen.render.workspace): the results a developer measured for the shipped
 # specs must not change what the tests render. One empty folder for the whole session.
 if not os.environ.get("MI100_CODEGEN_HOME"):
     import tempfile

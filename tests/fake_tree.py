@@ -144,14 +144,14 @@ __all__ = ["make_fake_tree", "snapshot"]
 
 def releases_line() -> str:
     """The embedded spec's `upstream.releases` line as written (`  releases: [0.10b, …]`)."""
-    from codegen.resources import default_spec_path
+    from codegen.core.resources import default_spec_path
 
     return next(ln for ln in default_spec_path().read_text().splitlines() if ln.strip().startswith("releases:"))
 
 
 def spec_variant(tmp_path: Path, **replacements: str) -> Path:
     """A copy of the embedded spec with each `old` text replaced by `new` (each must occur)."""
-    from codegen.resources import default_spec_path
+    from codegen.core.resources import default_spec_path
 
     text = default_spec_path().read_text()
     for old, new in replacements.items():

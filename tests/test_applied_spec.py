@@ -18,8 +18,8 @@ from codegen.apply.engine import apply_overlay
 from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.apply.revert import revert_tree
 from codegen.cli import app
-from codegen.errors import UserError
-from codegen.spec import load_spec
+from codegen.core.errors import UserError
+from codegen.formats.spec import load_spec
 from fake_tree import make_fake_tree, snapshot, spec_variant
 
 MINE = {"experimental: false": "experimental: true"}  # a spec of its own meaning
@@ -126,8 +126,8 @@ def test_a_lock_without_a_copy_is_checked_against_its_sha(applied):
 def test_the_results_it_rendered_with_are_recorded(applied):
     """The shipped compile report (the user's spec has no results of its own) is recorded beside
     the recorded spec, and rendering the recorded spec gives the manifest apply wrote."""
-    from codegen.overlay_inputs import render_overlay
-    from codegen.resources import data_dir
+    from codegen.render.inputs import render_overlay
+    from codegen.core.resources import data_dir
 
     tree, user, loaded, _ = applied
     rec = tree / ".mi100-codegen" / "tuning" / "gfx908" / "compile_report.json"

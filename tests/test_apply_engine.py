@@ -19,9 +19,9 @@ from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import make_fake_tree, snapshot, spec_variant
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu
-from codegen.overlay_inputs import render_overlay
+from codegen.render.inputs import render_overlay
 from codegen.cli import app
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 
 VERSIONS = [(0, 10, 0), (0, 11, 0), (0, 11, 2), (0, 12, 0)]
 

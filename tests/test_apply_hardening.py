@@ -16,11 +16,12 @@ from typer.testing import CliRunner
 from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.apply.engine import ApplyConflict, apply_overlay, plan_apply
 from codegen.apply.revert import revert_tree
-from codegen.apply import dbrows, journal
+from codegen.apply import dbrows
+from codegen.apply import journal
 from codegen.cli import app
-from codegen.errors import UserError
-from codegen.resources import default_spec_path
-from codegen.spec import load_spec
+from codegen.core.errors import UserError
+from codegen.core.resources import default_spec_path
+from codegen.formats.spec import load_spec
 from codegen.upstream import detect
 from fake_tree import make_fake_tree, releases_line, snapshot, spec_variant
 
@@ -266,7 +267,7 @@ def test_stored_xz_frames_every_size(tmp_path, size):
     last chunk all decode with liblzma (Python) and the xz tool, and the file is barely larger."""
     import lzma
 
-    from codegen.apply.xzstore import xz_stored
+    from codegen.formats.xzstore import xz_stored
 
     data = os.urandom(size)
     x = xz_stored(data)
@@ -294,15 +295,15 @@ def test_database_tar_is_byte_for_byte_what_tarfile_writes():
 
 
 def test_render_does_not_import_the_apply_engine():
-    code = ("import sys; import codegen.render, codegen.overlay_inputs; "
-            "bad = [m for m in ('libcst', 'codegen.apply', 'codegen.precompile', 'codegen.tuning_results') "
-            "if m in sys.modules and m != 'codegen.tuning_results']; "
+    code = ("import sys; import codegen.render.overlay, codegen.render.inputs; "
+            "bad = [m for m in ('libcst', 'codegen.apply', 'codegen.compile', 'codegen.formats.tuning_csv') "
+            "if m in sys.modules and m != 'codegen.formats.tuning_csv']; "
             "assert not bad, bad; "
-            "assert not any(m.startswith('codegen.precompile') for m in sys.modules)")
+            "assert not any(m.startswith('codegen.compile') for m in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr
-    code = "import sys, codegen.render; assert 'codegen.tuning_results' not in sys.modules"
+    code = "import sys, codegen.render.overlay; assert 'codegen.formats.tuning_csv' not in sys.modules"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 0, proc.stderr
@@ -358,7 +359,7 @@ def test_second_apply_reuses_and_revert_loads_no_engine(tmp_path, spec):
     apply_overlay(tree, spec)
     applied = snapshot(tree)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    again = ("import sys; from codegen.apply.engine import apply_overlay; from codegen.spec import load_spec; "
+    again = ("import sys; from codegen.apply.engine import apply_overlay; from codegen.formats.spec import load_spec; "
              "r = apply_overlay(sys.argv[1], load_spec(None)); "
              "assert not r.changed and {f.verdict for f in r.files} == {'identical'}, r.files; "
              "assert 'libcst' not in sys.modules, 'a second apply re-parsed a file'")
@@ -366,7 +367,7 @@ def test_second_apply_reuses_and_revert_loads_no_engine(tmp_path, spec):
     assert proc.returncode == 0, proc.stderr
     assert snapshot(tree) == applied
     back = ("import sys; from codegen.apply.revert import revert_tree; revert_tree(sys.argv[1]); "
-            "bad = [m for m in ('libcst', 'sqlite3', 'jinja2', 'codegen.render', 'codegen.apply.engine') "
+            "bad = [m for m in ('libcst', 'sqlite3', 'jinja2', 'codegen.render.overlay', 'codegen.apply.engine') "
             "if m in sys.modules]; assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", back, str(tree)], cwd=REPO, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

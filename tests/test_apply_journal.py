@@ -17,7 +17,7 @@ from codegen.apply.engine import apply_overlay
 from codegen.apply.revert import recover_tree, revert_tree
 from codegen.apply import journal
 from fake_tree import make_fake_tree, snapshot
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 

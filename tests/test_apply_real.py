@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.plan.kernel_list import parse_compile_list
-from codegen.upstream.database import compose_database
+from codegen.formats.tuning_db_archive import compose_database
 from codegen.upstream.generator import importable
 from fake_tree import snapshot
 from codegen.cli import app

@@ -31,7 +31,7 @@ from codegen.apply import journal
 from codegen.apply.engine import apply_overlay
 from codegen.apply.lock import LOCK_NAME
 from codegen.cli import app
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 from fake_tree import make_fake_tree, snapshot
 from fuzz_profiles import fast, slow
 

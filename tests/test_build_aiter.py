@@ -1,4 +1,4 @@
-"""The offline aiter stand-in (`build --aiter-stand-in`, codegen.build.aiter) on real release trees:
+"""The offline aiter stand-in (`build --aiter-stand-in`, codegen.imagebuild.aiter) on real release trees:
 the record's `aiter_archs` are what each tree declares, the stand-in carries the tag the tree's CMake
 checks, and hostile inputs (a tag file that is not a tag, a link in the build folder) are refused."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build.aiter import MARKER, aiter_tag, place_stand_in
-from codegen.contain import Escape
-from codegen.errors import UserError
+from codegen.imagebuild.aiter import MARKER, aiter_tag, place_stand_in
+from codegen.core.contain import Escape
+from codegen.core.errors import UserError
 from codegen.upstream import detect
 
 pytestmark = pytest.mark.aotriton

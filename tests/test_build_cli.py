@@ -35,7 +35,7 @@ def test_pristine_tree_refused(pristine_tree, tmp_path):
 def test_missing_prerequisites_listed(fresh_tree, tmp_path, monkeypatch):
     """The interpreter's missing packages are listed (the system's tools and HIP stood in as
     present: the Python check runs only once they are, and this machine need not have HIP)."""
-    from codegen.build import prereq
+    from codegen.imagebuild import prereq
 
     monkeypatch.setattr(prereq, "_check_tools", lambda *_a, **_k: {
         "cmake": "cmake", "cmake_version": "3.25", "ninja": "ninja", "ninja_version": "1.11",

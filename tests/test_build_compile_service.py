@@ -1,6 +1,6 @@
 """build's compile service (warm workers behind the thin client the build venv runs in place of
 the tree's compile.py) against the tree's own compile.py, through real ninja edges written the way
-upstream's CMake writes them (codegen.build.edges), with real Triton compiles of a real AOTriton
+upstream's CMake writes them (codegen.imagebuild.edges), with real Triton compiles of a real AOTriton
 kernel (0.11b's bwd_preprocess and a small attn_fwd, 1-4 s each). Marked aotriton + triton; the
 default-run ones ~1 min on 2 busy cores; the builder wiring, the two-folder comparison and Dask
 (which CI does not install) are also `slow`."""
@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build.compile_pool import CompileService, parse_request
-from codegen.build.configure import prepare_venv
-from codegen.build.edges import write_kernel_ninja
-from codegen.build.prereq import Toolchain
-from codegen.kcache import CompileCache
+from codegen.compile.service import CompileService, parse_request
+from codegen.imagebuild.configure import prepare_venv
+from codegen.imagebuild.edges import write_kernel_ninja
+from codegen.imagebuild.prereq import Toolchain
+from codegen.compile.cache import CompileCache
 from codegen.models import KernelConfig
 from codegen.plan.kernel_list import KernelEntry
-from codegen.precompile.engine import triton_version
+from codegen.compile.engine import triton_version
 
 CMAKE, NINJA = shutil.which("cmake"), shutil.which("ninja")
 pytestmark = [
@@ -142,9 +142,9 @@ def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path
 def test_only_debug_sections_name_the_tree(small_tree, tmp_path):
     """The same kernel compiled from two folders (two trees sharing a cache entry): the loaded
     sections are identical, the DWARF sections name the folder."""
-    from codegen.kcache import loaded_digest
-    from codegen.precompile.engine import compile_entries
-    from codegen.spec import load_spec
+    from codegen.compile.cache import loaded_digest
+    from codegen.compile.engine import compile_entries
+    from codegen.formats.spec import load_spec
 
     spec = load_spec(None).spec.model_copy(update={"arch": ARCH})
     other = tmp_path / "other"
@@ -161,8 +161,8 @@ def test_only_debug_sections_name_the_tree(small_tree, tmp_path):
 
 def test_precompile_entries_serve_build(small_tree, tmp_path):
     """A kernel precompile compiled (same cache) is not compiled again by build's service."""
-    from codegen.precompile.engine import compile_entries
-    from codegen.spec import load_spec
+    from codegen.compile.engine import compile_entries
+    from codegen.formats.spec import load_spec
 
     spec = load_spec(None).spec.model_copy(update={"arch": ARCH})
     entries = _entries(1)
@@ -188,7 +188,7 @@ def test_requests_the_service_declines():
     base = ["/x/flash.py", "--kernel_name", "k", "-o", "o.hsaco", "-g", "1,1,1", "--target", ARCH,
             "--signature", "i32", "--timeout", "0"]
     req = {"argv": base, "cwd": "/", "env": {"TRITON_F32_DEFAULT": "ieee"}}
-    from codegen.build.compile_pool import _Declined
+    from codegen.compile.service import _Declined
 
     for bad in ({"argv": base + ["--new-flag"]}, {"argv": [*base[:-1], "2"]}, {"env": {}},
                 {"argv": [a if a != ARCH else "gfx942" for a in base]}, {"argv": base}):
@@ -199,9 +199,9 @@ def test_requests_the_service_declines():
 SERVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from codegen.build.compile_pool import CompileService
-    from codegen.kcache import CompileCache
-    from codegen.precompile.engine import triton_version
+    from codegen.compile.service import CompileService
+    from codegen.compile.cache import CompileCache
+    from codegen.compile.engine import triton_version
 
     if __name__ == "__main__":
         svc = CompileService(jobs=1, python=sys.executable, triton=triton_version(), arch="gfx90a",
@@ -286,7 +286,7 @@ needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None,
 @pytest.mark.slow
 @needs_dask
 def test_dask_local_cluster_compiles_through_the_same_cache(small_tree, tmp_path):
-    from codegen.build.dask_pool import DaskExecutor
+    from codegen.compile.dask import DaskExecutor
 
     entries = _entries(2)
     up = _build_dir(tmp_path, "up", small_tree, entries)
@@ -306,7 +306,7 @@ def test_dask_local_cluster_compiles_through_the_same_cache(small_tree, tmp_path
 @pytest.mark.slow
 @needs_dask
 def test_dask_lost_worker_is_recompiled(small_tree, tmp_path):
-    from codegen.build.dask_pool import DaskExecutor
+    from codegen.compile.dask import DaskExecutor
 
     ex = DaskExecutor("local", jobs=2, triton=triton_version())
     ex.start()
@@ -336,8 +336,8 @@ def test_build_reports_compiled_and_cached(small_tree, tmp_path, monkeypatch):
     and the compiles are real)."""
     from types import SimpleNamespace
 
-    from codegen.build import builder
-    from codegen.build.configure import ConfigurePlan
+    from codegen.imagebuild import builder
+    from codegen.imagebuild.configure import ConfigurePlan
     from rich.console import Console
 
     entries = _entries(2)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from codegen.errors import UserError
+from codegen.core.errors import UserError
 from codegen.upstream import by_release
-from codegen.build.configure import (BuildRequest, commit_ids, plan_configure,
+from codegen.imagebuild.configure import (BuildRequest, commit_ids, plan_configure,
                                      write_support_files)
-from codegen.build.prereq import Toolchain
+from codegen.imagebuild.prereq import Toolchain
 
 
 def _tc(hip=(5, 2, 21153)) -> Toolchain:
@@ -173,7 +173,7 @@ def test_env_cmake_sets_environment_for_configure(tmp_path):
 
 def test_tree_inputs_change_the_fingerprint(tmp_path):
     """A re-apply that rewrites the tuning DB must re-run CMake (ninja does not watch the DB)."""
-    from codegen.build.configure import configure_inputs
+    from codegen.imagebuild.configure import configure_inputs
 
     tree = tmp_path / "tree"
     (tree / "v3python" / "rules").mkdir(parents=True)
@@ -194,7 +194,7 @@ def test_tree_inputs_change_the_fingerprint(tmp_path):
 def test_leaving_kernels_out_is_a_knob_of_the_configure(tmp_path):
     """--kernels dispatched: the generator hook's knob (mi100-codegen's interpreter), persisted for
     ninja's re-configures; toggling it configures again (the fingerprint changes)."""
-    from codegen.build.compile_client import REACH_ENV
+    from codegen.compile.client import REACH_ENV
 
     plain = plan_configure(_req(tmp_path), _tc(), by_release("0.11b"))
     reach = plan_configure(_req(tmp_path, reach_python="/opt/py/bin/python3"), _tc(), by_release("0.11b"))

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from codegen.build.images import (ImageError, blake2b_64, parse_dispatch_table, read_aks2_directory,
+from codegen.formats.aks2 import (ImageError, blake2b_64, parse_dispatch_table, read_aks2_directory,
                                   referenced_kernels)
 
 PKG = "amd-gfx908/flash/attn_fwd/FONLY__＊fp16@16_F_F_0_0___gfx908"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from codegen.build.overlay import MODULE_PATH, OverlayError, check_overlay
+from codegen.imagebuild.overlay import MODULE_PATH, OverlayError, check_overlay
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

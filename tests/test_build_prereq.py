@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from codegen.build import prereq
-from codegen.build.prereq import PrerequisiteError, check_prerequisites, requirement_names
+from codegen.imagebuild import prereq
+from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites, requirement_names
 
 
 def test_requirement_names(tmp_path):
@@ -48,7 +48,7 @@ def test_triton_version_window(tmp_path, monkeypatch):
 def test_triton_version_from_the_spec(tmp_path, monkeypatch):
     """gfx906's toolchain is Triton 3.8 only: 3.5.1 refused, 3.8.0 accepted (also AMD's fork's
     local version 3.8.0+rocm)."""
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     gfx906 = load_spec("rules/mi50.yaml").spec
     for version, ok in (("3.5.1", False), ("3.8.0", True), ("3.8.0+rocm7.1", True), ("3.9.0", False)):
@@ -117,9 +117,9 @@ def test_build_interpreter_is_the_build_venv_unless_python_given(tmp_path, monke
     requirements (pybind11 too for --python-binding); --python as given; both together refused."""
     from rich.console import Console
 
-    from codegen.build import builder
-    from codegen.errors import UserError
-    from codegen.spec import load_spec
+    from codegen.imagebuild import builder
+    from codegen.core.errors import UserError
+    from codegen.formats.spec import load_spec
     from codegen.toolchain.interpreter import CompilerPython
 
     (tmp_path / "requirements.txt").write_text("numpy\npandas\npybind11\nwheel\n")
@@ -144,7 +144,7 @@ def test_build_interpreter_is_the_build_venv_unless_python_given(tmp_path, monke
 
 
 def _sysroot(root):
-    """A private HIP sysroot's `usr` as codegen.bundle.sysroot unpacks it: the three CMake packages
+    """A private HIP sysroot's `usr` as codegen.ship.sysroot unpacks it: the three CMake packages
     HIP 6/7's config loads, hip_version.h, no hipcc and no device libraries."""
     cm = root / "lib" / "x86_64-linux-gnu" / "cmake"
     for name in ("hip", "amd_comgr", "hsa-runtime64"):

@@ -1,7 +1,7 @@
-"""Leaving out what no dispatch table selects (codegen.build.reach, issue 24 item 6), on real trees.
+"""Leaving out what no dispatch table selects (codegen.imagebuild.reach, issue 24 item 6), on real trees.
 
 The default spec is applied to real 0.11b and 0.13b trees and their own generator writes the
-lists and dispatch tables, as CMake runs it. The proof read by codegen.upstream.op_table (the
+lists and dispatch tables, as CMake runs it. The proof read by codegen.formats.op_table (the
 functional numbering of `godel_number()` and the table of entries) is checked against a second,
 independent reading of the same generator output: the tuned op-table files are named (0.11b) or
 listed (0.13b, `optune.op_attn_bwd/manifest.nsv`) by their functional, in the same spelling as the
@@ -26,13 +26,14 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build.compile_client import REACH_ENV
-from codegen.build.compile_pool import install_client
-from codegen.build.reach import REACH_FILE, plan_reach, prune, read_reach
-from codegen.errors import UserError
+from codegen.compile.client import REACH_ENV
+from codegen.compile.service import install_client
+from codegen.imagebuild.reach import REACH_FILE, prune, read_reach
+from codegen.plan.reach import plan_reach
+from codegen.core.errors import UserError
 from codegen.plan.kernel_list import generate_kernel_list
-from codegen.spec import load_spec
-from codegen.upstream.op_table import FUSED_FAMILY, read_bwd_op_table
+from codegen.formats.spec import load_spec
+from codegen.formats.op_table import FUSED_FAMILY, read_bwd_op_table
 
 pytestmark = pytest.mark.aotriton
 
@@ -74,7 +75,7 @@ def _trivial_entries(flash: Path) -> set[str]:
 
 def _hooked_venv(tmp_path: Path) -> str:
     """A venv like build's: it sees this interpreter's packages through a .pth file and carries the
-    client, installed by its own .pth line (codegen.build.configure.prepare_venv)."""
+    client, installed by its own .pth line (codegen.imagebuild.configure.prepare_venv)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
@@ -130,7 +131,7 @@ def test_011b_through_the_build_venv_hook(fresh_tree, tmp_path):
 def test_a_hostile_package_name_touches_nothing(fresh_tree, tmp_path):
     """A generator (a tree) that names an image package outside the build folder: refused before
     any list is rewritten or any file removed, inside or outside."""
-    from codegen.contain import Escape
+    from codegen.core.contain import Escape
 
     tree, spec = _applied(fresh_tree, "0.11b")
     v3src = tmp_path / "b" / "v3src"

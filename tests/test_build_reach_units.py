@@ -1,4 +1,4 @@
-"""codegen.build.reach and the generator hook, without a tree: which runs the hook acts on, the
+"""codegen.imagebuild.reach and the generator hook, without a tree: which runs the hook acts on, the
 --kernels choice, removing left-out images from a prefix (inside it only), the record's format.
 On real trees: tests/test_build_reach.py."""
 
@@ -10,12 +10,13 @@ import sys
 
 import pytest
 
-from codegen.build import builder, compile_client
-from codegen.build.builder import BuildOptions
-from codegen.build.reach import (REACH_FILE, REACH_FORMAT, LeftOut, Reach, check_mode, is_current, read_reach,
-                                 remove_from_prefix)
-from codegen.contain import Escape
-from codegen.errors import UserError
+from codegen.imagebuild import builder
+from codegen.compile import client as compile_client
+from codegen.imagebuild.builder import BuildOptions
+from codegen.imagebuild.reach import REACH_FILE, is_current, read_reach, remove_from_prefix
+from codegen.plan.reach import REACH_FORMAT, LeftOut, Reach, check_mode
+from codegen.core.contain import Escape
+from codegen.core.errors import UserError
 
 
 @pytest.mark.parametrize("argv, want", [
@@ -111,7 +112,7 @@ def test_a_record_of_another_format_configures_again(tmp_path):
 def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp_path):
     """build records the left-out packages in the install prefix; `bundle build --images` proves
     each again against its own op table (here the hand-written one of test_upstream_op_table)."""
-    from codegen.build.reach import confirm_left_out, read_prefix_reach, record_in_prefix
+    from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach, record_in_prefix
     from test_upstream_op_table import _flash
 
     flash = _flash(tmp_path / "b")         # fused picked for (fp16, unpadded) and (bf16, padded) only
@@ -130,7 +131,7 @@ def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp
 
 
 def test_precompile_refuses_dispatched_for_tuning_lists_and_reports(tmp_path):
-    from codegen.precompile.run import PrecompileOptions
+    from codegen.compile.precompile import PrecompileOptions
 
     for kw in ({"tuning": True}, {"tuning_report": tmp_path / "r.json"}):
         with pytest.raises(UserError, match="--kernels dispatched compiles a build's kernels"):

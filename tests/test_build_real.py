@@ -48,7 +48,7 @@ def _tree_id(tree: Path) -> str:
 
 
 def _need(tree: Path, triton: bool) -> None:
-    from codegen.build.prereq import PrerequisiteError, check_prerequisites
+    from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites
 
     try:
         check_prerequisites(tree, sys.executable, need_triton=triton)

@@ -8,7 +8,7 @@ import stat
 import pytest
 from rich.console import Console
 
-from codegen.build.run import BuildFailed, run_ninja
+from codegen.imagebuild.run import BuildFailed, run_ninja
 
 
 def _fake_ninja(tmp_path, body: str):

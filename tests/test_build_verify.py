@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.build import verify as verify_mod
-from codegen.build.images import ImageError, blake2b_64
-from codegen.build.verify import REQUIRED_SYMBOLS, V2_ATTN_SYMBOLS, V3_SYMBOLS, verify_install
+from codegen.imagebuild import verify as verify_mod
+from codegen.formats.aks2 import ImageError, blake2b_64
+from codegen.imagebuild.verify import REQUIRED_SYMBOLS, V2_ATTN_SYMBOLS, V3_SYMBOLS, verify_install
 
 from test_build_images import PKG, _aks2, _table
 
@@ -138,7 +138,7 @@ def test_zip_images_of_0_13(tmp_path, monkeypatch):
 
 
 def test_zip_table_comment_must_match_its_id(tmp_path):
-    from codegen.build.images import parse_zip_table
+    from codegen.formats.aks2 import parse_zip_table
 
     t = tmp_path / "x.cc"
     t.write_text(_zip_table().replace("BLOCK_M=32;", "BLOCK_M=33;", 1), encoding="utf-8")
@@ -163,8 +163,8 @@ def test_tables_of_an_earlier_configuration_are_not_counted(install):
 
 
 def test_a_left_out_package_is_counted_apart_not_missing(install):
-    """A package the build left out (codegen.build.reach) is not a missing one; any other still is."""
-    from codegen.build.reach import LeftOut, Reach
+    """A package the build left out (codegen.imagebuild.reach) is not a missing one; any other still is."""
+    from codegen.plan.reach import LeftOut, Reach
 
     build, prefix, pkg, _ = install
     reach = Reach(proven_by="v3src/flash/iface.op_attn_bwd.cc", fused_kernels=2, kernels_left_out=2,

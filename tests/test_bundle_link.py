@@ -1,4 +1,4 @@
-"""Link identity (codegen.bundle.check.link_identity) on libraries built here with gcc against
+"""Link identity (codegen.ship.check.link_identity) on libraries built here with gcc against
 the stub HIP runtime of each major (versioned like the real one): what a HIP 6 torch wheel
 accepts, and each way a library can miss it."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from codegen.bundle.check import link_identity
-from codegen.bundle.stub import build_stub
-from codegen.bundle.sysroot import find_sysroot
-from codegen.elfinfo import read_dynamic
+from codegen.ship.check import link_identity
+from codegen.ship.stub import build_stub
+from codegen.ship.sysroot import find_sysroot
+from codegen.formats.elf import read_dynamic
 
 SYS6 = find_sysroot(6)
 pytestmark = pytest.mark.skipif(SYS6 is None or shutil.which("gcc") is None,

@@ -103,11 +103,11 @@ def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):
     """Every tuned kernel a case launched has the configuration of the gfx908_mod0 row (ours, from
     apply) for its inputs; against the donor's (gfx90a_mod0) rows the same launches mismatch, so
     the check tells our rows from the donor's."""
-    from codegen.bundle.archive import extract, open_bundle
-    from codegen.bundle.check import check_extracted
-    from codegen.bundle.dispatch import dispatch_cases
-    from codegen.bundle.rows import match_report, summary, tree_database
-    from codegen.spec import load_spec
+    from codegen.formats.bundle_zip import extract, open_bundle
+    from codegen.ship.check import check_extracted
+    from codegen.ship.dispatch import dispatch_cases
+    from codegen.ship.rows import match_report, summary, tree_database
+    from codegen.formats.spec import load_spec
 
     r = _cli("bundle", "check", str(bundle), "--tree", str(bundle_tree), "--json", timeout=3600)
     assert r.returncode == 0, r.stderr[-4000:]
@@ -135,9 +135,9 @@ def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):
 def test_carried_rows_name_the_rows_without_the_tree(bundle, bundle_tree, tmp_path):
     """`bundle check` without --tree names the row of every tuned launch from the rows the bundle
     carries, with the verdict and rows the tree gives; the tree's rows equal the carried ones."""
-    from codegen.bundle.archive import extract, open_bundle
-    from codegen.bundle.build import add_rows
-    from codegen.bundle.check import check_extracted
+    from codegen.formats.bundle_zip import extract, open_bundle
+    from codegen.ship.bundle import add_rows
+    from codegen.ship.check import check_extracted
 
     if "tuning-rows.json" not in open_bundle(bundle).members:      # made before bundles carried rows
         bundle = add_rows(bundle, bundle_tree, tmp_path / bundle.name)
@@ -180,10 +180,10 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     runtime —, libtorch_hip.so needing the unversioned name and the library's real v2/v3 entry
     points, DT_RPATH $ORIGIN); then a fresh process loads libtorch_hip.so (RTLD_NOW: every symbol
     and version resolved) and asks the installed library's check_gpu for the stub's gfx908."""
-    from codegen.bundle.archive import open_bundle
-    from codegen.bundle.stub import build_stub
-    from codegen.bundle.sysroot import ensure_sysroot
-    from codegen.elfinfo import parse_dynamic
+    from codegen.formats.bundle_zip import open_bundle
+    from codegen.ship.stub import build_stub
+    from codegen.ship.sysroot import ensure_sysroot
+    from codegen.formats.elf import parse_dynamic
     from test_torch_install import _cc, build_torch, cli
 
     b = open_bundle(bundle)

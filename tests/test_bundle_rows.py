@@ -1,4 +1,4 @@
-"""codegen/bundle/rows.py on a small tuning database: the row a case's inputs select (seqlen
+"""codegen/ship/rows.py on a small tuning database: the row a case's inputs select (seqlen
 bins, flags, NULL extras), the launched stem's configuration against it, other GPUs' rows that
 give the same configuration, and a tree without a database refused; the rows a bundle carries
 (tuning-rows.json): the same lookups as the tree's, hostile content refused, a tree's rows
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from codegen.bundle import rows as rows_mod
-from codegen.bundle.archive import BundleError
-from codegen.bundle.rows import (ROWS as MEMBER, Inputs, carried_database, carry_rows, match_row, parse_stem,
+from codegen.ship import rows as rows_mod
+from codegen.formats.bundle_zip import BundleError
+from codegen.ship.rows import (ROWS as MEMBER, Inputs, carried_database, carry_rows, match_row, parse_stem,
                                  read_rows, summary, tree_database)
-from codegen.errors import UserError
+from codegen.core.errors import UserError
 
 SMOKE = Path(__file__).resolve().parents[1] / "rules" / "examples" / "smoke.yaml"
 
@@ -272,8 +272,8 @@ def test_read_rows_from_a_tree_the_carried_rows_or_none(tmp_path):
 def _report(tmp_path: Path):
     """A CheckReport of the smoke spec whose dispatch launched, for q97k211, the config of the
     gfx908 row its bins select (row 2: BLOCK_M 64, BLOCK_N 64)."""
-    from codegen.bundle.check import CheckReport
-    from codegen.bundle.dispatch import CaseResult, DispatchReport
+    from codegen.ship.check import CheckReport
+    from codegen.ship.dispatch import CaseResult, DispatchReport
 
     root = tmp_path / "bundle"
     root.mkdir(parents=True)
@@ -283,7 +283,7 @@ def _report(tmp_path: Path):
 
 
 def test_check_rows_from_each_source(tmp_path):
-    from codegen.bundle.check import NO_ROWS, check_rows
+    from codegen.ship.check import NO_ROWS, check_rows
 
     data = _carried(tmp_path)
     root, rep = _report(tmp_path)

@@ -1,4 +1,4 @@
-"""The stub HIP runtime (codegen/bundle/stub/hip_stub.c), compiled here with gcc against HIP
+"""The stub HIP runtime (codegen/ship/stub/hip_stub.c), compiled here with gcc against HIP
 headers (a cached private sysroot when present, else the system's), called through ctypes on
 code objects built in Python: the device it reports, the checks on code objects and launches,
 each failing case named. The real library's dispatch: tests/test_bundle_dispatch.py."""
@@ -14,9 +14,9 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from codegen.bundle.stub import build_stub, version_script
-from codegen.bundle.sysroot import find_sysroot
-from codegen.elfinfo import AMDGPU_MACH, read_code_object, read_dynamic
+from codegen.ship.stub import build_stub, version_script
+from codegen.ship.sysroot import find_sysroot
+from codegen.formats.elf import AMDGPU_MACH, read_code_object, read_dynamic
 
 SYSTEM_HIP = (Path("/usr/include"), Path("/usr/lib/x86_64-linux-gnu/libamdhip64.so.5"))
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.bundle.sysroot import HIP_SOURCES, debian_mirrors, ensure_sysroot, find_sysroot
-from codegen.errors import EnvironmentMissing
+from codegen.ship.sysroot import HIP_SOURCES, debian_mirrors, ensure_sysroot, find_sysroot
+from codegen.core.errors import EnvironmentMissing
 
 
 def _etc(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -62,8 +62,8 @@ def test_unreachable_mirror_is_one_message(tmp_path):
 def test_real_sysroot(major, tmp_path_factory):
     """Downloads Debian's HIP packages of the major (sid / experimental), unpacks them, compiles
     against the header with gcc; a second call is the cache."""
-    from codegen.bundle.sysroot import default_root
-    from codegen.elfinfo import read_dynamic
+    from codegen.ship.sysroot import default_root
+    from codegen.formats.elf import read_dynamic
 
     lines: list[str] = []
     s = ensure_sysroot(major, progress=lines.append)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from codegen.bundle.archive import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
-from codegen.bundle.dispatch import (ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64, remove_image,
+from codegen.formats.bundle_zip import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
+from codegen.ship.dispatch import (ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64, remove_image,
                                      zip_images)
-from codegen.errors import UserError
-from codegen.spec import load_spec
+from codegen.core.errors import UserError
+from codegen.formats.spec import load_spec
 from test_bundle_stub import code_object
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,7 +173,7 @@ def test_bad_carried_rows_are_one_message_before_any_work(tmp_path, monkeypatch)
 
 
 def test_add_rows_refuses_a_tree_the_bundle_was_not_built_from(tmp_path):
-    from codegen.bundle.build import add_rows
+    from codegen.ship.bundle import add_rows
 
     b = _raw_bundle(tmp_path / "b.mi100-bundle.zip", {"lib/libaotriton_v2.so.0.11.0": b"x"})
     (tmp_path / "tree").mkdir()
@@ -202,8 +202,8 @@ def test_the_manifest_summarises_the_compile_report_of_the_tree(fresh_tree):
 
     from typer.testing import CliRunner
 
-    from codegen.build.builder import resolve_spec
-    from codegen.bundle.build import _compile_report
+    from codegen.imagebuild.builder import resolve_spec
+    from codegen.ship.bundle import _compile_report
     from codegen.cli import app
     from codegen.upstream import detect
     from conftest import REPO

@@ -93,14 +93,14 @@ def _modules_after(argvs: list[list[str]], select: str) -> subprocess.CompletedP
 
 def test_root_help_imports_no_stage():
     out = _modules_after([["--help"]], "m.split('.')[0] in ('libcst', 'jinja2', 'pydantic', 'triton', 'torch', "
-                         "'ruamel') or (m.startswith('codegen.') and m not in ('codegen.cli', 'codegen.console', "
-                         "'codegen.errors'))")
+                         "'ruamel') or (m.startswith('codegen.') and m not in ('codegen.cli', 'codegen.core', 'codegen.core.ui', "
+                         "'codegen.core.errors'))")
     assert "MODULES []" in out.stdout, out.stdout + out.stderr
     assert "apply" in out.stdout and "validate" in out.stdout  # listed all the same
 
 
 def test_render_and_spec_check_never_import_rich(tmp_path):
-    """Their messages are one-line verdicts (codegen.console): rich, ~40 ms of start-up, loads only
+    """Their messages are one-line verdicts (codegen.core.ui): rich, ~40 ms of start-up, loads only
     with a stage that draws a table or a progress bar (docs/bench.md)."""
     out = _modules_after([["render", "--out", str(tmp_path / "ov")], ["spec", "check"]],
                          "m.split('.')[0] == 'rich'")

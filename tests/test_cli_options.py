@@ -110,7 +110,7 @@ def test_ctrl_c_at_start_up_is_one_line_and_130(delay):
 
 def test_existing_outputs_are_fine(tmp_path):
     """A re-run writes over its earlier outputs: existing files and folders pass the checks."""
-    from codegen import preflight
+    from codegen.core import preflight
 
     (tmp_path / "r.json").write_text("{}")
     (tmp_path / "keep").mkdir()

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from codegen.apply.engine import apply_overlay
 from codegen.cli import app
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 from fake_tree import make_fake_tree
 
 REPO = Path(__file__).resolve().parents[1]

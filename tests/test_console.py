@@ -1,4 +1,4 @@
-"""codegen.console: one-line messages of the root commands, without rich."""
+"""codegen.core.ui: one-line messages of the root commands, without rich."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ GREEN = "\x1b[32m"
 
 def _say_through_a_pipe(env: dict) -> str:
     """`say` in a child whose stderr is a pipe (not a terminal), with `env` set."""
-    code = "from codegen.console import say\nsay(('ok:', 'green'), ' out[red]x :smile: [/]')\n"
+    code = "from codegen.core.ui import say\nsay(('ok:', 'green'), ' out[red]x :smile: [/]')\n"
     base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={**base, "PYTHONPATH": str(REPO), **env})

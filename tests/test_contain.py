@@ -1,4 +1,4 @@
-"""The containment rule (codegen.contain) and the input reader (codegen.fsutil.read_input)."""
+"""The containment rule (codegen.core.contain) and the input reader (codegen.core.fsutil.read_input)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from codegen.contain import Escape, inside, is_rel_path, perm_bits, rel_path
-from codegen.errors import UserError
-from codegen.fsutil import read_input
+from codegen.core.contain import Escape, inside, is_rel_path, perm_bits, rel_path
+from codegen.core.errors import UserError
+from codegen.core.fsutil import read_input
 
 
 @pytest.mark.parametrize("bad", ["", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\\b", "a\nb",

@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from codegen.models import TargetSpec
-from codegen.spec import load_spec, spec_sha256
+from codegen.formats.spec import load_spec, spec_sha256
 from conftest import REPO
 
 

@@ -1,4 +1,4 @@
-"""The one ELF reader (`codegen.elfinfo`, pyelftools) on real ELF files built here with gcc: a
+"""The one ELF reader (`codegen.formats.elf`, pyelftools) on real ELF files built here with gcc: a
 library exporting versioned symbols the way ROCm's HIP runtime does (`hip_4.2`, `hip_6.0`
 nodes), a consumer importing them, and AMDGPU code-object headers and metadata notes."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from codegen.elfinfo import AMDGPU_MACH, ElfError, parse_dynamic, read_code_object, read_dynamic, version_key
+from codegen.formats.elf import AMDGPU_MACH, ElfError, parse_dynamic, read_code_object, read_dynamic, version_key
 
 CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="needs a C compiler (gcc)")

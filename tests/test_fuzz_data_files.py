@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.errors import EXIT_USER, DataFileError
-from codegen.overlay_inputs import read_compile_report
-from codegen.tuning_results import MEASUREMENTS_FILE, WINNERS_FILE, read_csv
+from codegen.core.errors import EXIT_USER, DataFileError
+from codegen.render.inputs import read_compile_report
+from codegen.formats.tuning_csv import MEASUREMENTS_FILE, WINNERS_FILE, read_csv
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = json.loads((REPO / "tuning" / "gfx906" / "compile_report.json").read_text())

@@ -168,8 +168,8 @@ def test_fuzz_spec_slow(kind):
 
 def _fast_agrees(text: str) -> None:
     """The libyaml fast path reads a text exactly as ruamel's round-trip loader does, or declines."""
-    from codegen.errors import SpecError
-    from codegen.spec import _fast_doc, _parse_yaml, _plain
+    from codegen.core.errors import SpecError
+    from codegen.formats.spec import _fast_doc, _parse_yaml, _plain
 
     fast = _fast_doc(text)
     if fast is None:
@@ -218,7 +218,7 @@ DISAGREEING = {
 
 @pytest.mark.parametrize("case", sorted(DISAGREEING))
 def test_fast_path_declines_what_the_readers_disagree_on(case):
-    from codegen.spec import _fast_doc
+    from codegen.formats.spec import _fast_doc
 
     text = DISAGREEING[case]
     assert _fast_doc(text) is None
@@ -227,7 +227,7 @@ def test_fast_path_declines_what_the_readers_disagree_on(case):
 
 
 def test_fast_path_still_reads_a_leading_bom_and_non_ascii_comments():
-    from codegen.spec import _fast_doc
+    from codegen.formats.spec import _fast_doc
 
     assert _fast_doc("\ufeff" + BASE_TEXT) is not None  # a byte-order mark first: both skip it
     assert _fast_doc("# MI100 – é\n" + BASE_TEXT) is not None

@@ -20,8 +20,8 @@ from fuzz_profiles import fast, slow
 from hypothesis import given
 from hypothesis import strategies as st
 
-from codegen.errors import EXIT_USER, DataFileError
-from codegen.tuning_results import read_csv
+from codegen.core.errors import EXIT_USER, DataFileError
+from codegen.formats.tuning_csv import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = {name: (REPO / "tuning" / "gfx908" / name).read_text().splitlines(keepends=True)[:6]

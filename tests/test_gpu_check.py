@@ -1,4 +1,4 @@
-"""`build`'s GPU check (codegen.build.gpu_check): check_gpu of the installed library on a stand-in device.
+"""`build`'s GPU check (codegen.imagebuild.gpu_check): check_gpu of the installed library on a stand-in device.
 
 The verdict rules and the error paths run everywhere. The stand-in device itself needs HIP's
 headers and a C++ compiler (the build's prerequisites); without them that test skips. Real
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.build import gpu_check
-from codegen.build.gpu_check import GpuCheckError, run_gpu_check
+from codegen.imagebuild import gpu_check
+from codegen.imagebuild.gpu_check import GpuCheckError, run_gpu_check
 
 CHECK_GPU = "_ZN8aotriton2v25flash9check_gpuENS_14StreamTemplateIP12ihipStream_tEE"
 
@@ -113,7 +113,7 @@ def _cxx() -> str | None:
 
 
 def test_stand_in_device_answers_a_library_built_against_hip(tmp_path):
-    from codegen.build.prereq import find_cmake_package
+    from codegen.imagebuild.prereq import find_cmake_package
 
     include = gpu_check.hip_include_dir(find_cmake_package("hip"))
     cxx = _cxx()

@@ -1,4 +1,4 @@
-"""The shared kernel cache (codegen.kcache): records checked on read, hostile entries refused,
+"""The shared kernel cache (codegen.compile.cache): records checked on read, hostile entries refused,
 bounded size, safe under concurrent writers. Fast: no compiler (real compiles through it are in
 test_build_compile_service.py and test_precompile_triton.py)."""
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from codegen.kcache import CompileCache, cache_key
+from codegen.compile.cache import CompileCache, cache_key
 
 
 def _key(i: int) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen import overlay_dir
+from codegen.render import overlay_dir
 from codegen.cli import app
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.errors import UpstreamError, UserError
+from codegen.core.errors import UpstreamError, UserError
 from codegen.plan.kernel_list import (
     KernelEntry,
     config_of,

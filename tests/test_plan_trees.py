@@ -36,7 +36,7 @@ def _apply(tree: Path, spec: Path | None = None) -> None:
         from codegen.apply.engine import apply_overlay
     except ImportError as exc:  # the apply stage is developed separately
         pytest.skip(f"codegen.apply is not importable yet ({exc}); verify plan with a patched tree by hand")
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     apply_overlay(tree, load_spec(spec))
 

@@ -23,7 +23,7 @@ def _applied(fresh_tree, tag: str):
         from codegen.apply.engine import apply_overlay
     except ImportError as exc:
         pytest.skip(f"codegen.apply is not importable yet ({exc})")
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     tree = fresh_tree(tag)
     apply_overlay(tree, load_spec(None))
@@ -64,7 +64,7 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
     assert "## By config" in (out / "r.md").read_text()
     cr = json.loads((out / "compile_report.json").read_text())
     assert cr["arch"] == "gfx908" and len(cr["configs"]) == len(rep["by_config"])
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     load_spec(out / "pruned.yaml")  # still a valid spec
     again = CliRunner().invoke(app, args)  # all from the persistent cache

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.kcache import source_hash
+from codegen.compile.cache import source_hash
 from codegen.upstream import SUPPORTED_RELEASES, kernel_source_dir
 
 pytestmark = [pytest.mark.aotriton, pytest.mark.triton]
@@ -25,7 +25,7 @@ def test_sample_compile_per_release(fresh_tree, tmp_path, tag):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"needs {mod} in this Python")
     from codegen.apply.engine import apply_overlay
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     tree = fresh_tree(tag)
     apply_overlay(tree, load_spec(None))

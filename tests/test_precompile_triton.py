@@ -13,9 +13,9 @@ import pytest
 
 from codegen.models import KernelConfig
 from codegen.plan.kernel_list import KernelEntry
-from codegen.kcache import CompileCache
-from codegen.precompile.engine import compile_entries
-from codegen.spec import load_spec
+from codegen.compile.cache import CompileCache
+from codegen.compile.engine import compile_entries
+from codegen.formats.spec import load_spec
 
 pytestmark = [
     pytest.mark.triton,

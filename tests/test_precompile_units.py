@@ -12,23 +12,23 @@ import pytest
 from codegen.models import KernelConfig, expand_space
 from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
-from codegen.kcache import source_hash, CompileCache, cache_key
-from codegen.precompile.prune import (
+from codegen.compile.cache import source_hash, CompileCache, cache_key
+from codegen.compile.prune import (
     compile_report,
     prune_rules,
     prune_spec,
 )
-from codegen.precompile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
-from codegen.precompile.resources import (
+from codegen.compile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
+from codegen.compile.resources import (
     Resources,
     occupancy,
     parse_resources,
     text_section_size,
     waves_per_eu_bound,
 )
-from codegen.precompile.sample import stratified_sample
-from codegen.precompile.worker import first_error_line
-from codegen.spec import load_spec
+from codegen.compile.sample import stratified_sample
+from codegen.compile.worker import first_error_line
+from codegen.formats.spec import load_spec
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_occupancy_gfx908_limits(loaded):
 
 
 def test_occupancy_reads_the_arch_traits():
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     gfx906 = load_spec("rules/mi50.yaml").spec.hardware
     gfx1030 = load_spec("rules/rdna2.yaml").spec.hardware
@@ -154,8 +154,8 @@ def test_occupancy_reads_the_arch_traits():
 
 
 def test_vgpr_budget_is_capped_by_what_one_wave_addresses():
-    from codegen.precompile.descend import vgpr_budget
-    from codegen.spec import load_spec
+    from codegen.compile.descend import vgpr_budget
+    from codegen.formats.spec import load_spec
 
     gfx1030 = load_spec("rules/rdna2.yaml").spec.hardware
     gfx906 = load_spec("rules/mi50.yaml").spec.hardware
@@ -182,8 +182,8 @@ def test_verdicts():
 
 
 def test_dot_instruction_mix_and_matrix_core_expectation():
-    from codegen.precompile.report import expected_matrix, summaries
-    from codegen.spec import load_spec
+    from codegen.compile.report import expected_matrix, summaries
+    from codegen.formats.spec import load_spec
 
     asm = "\tv_dot2_f32_f16 v1, v2, v3, v1\n\tv_dot2c_f32_f16 v1, v2, v3\n\tv_fmac_f32_e32 v4, v5, v6\n" \
           "\tv_fma_f32 v4, v5, v6, v7\n\tv_pk_fma_f32 v[0:1], v[2:3], v[4:5], v[0:1]\n\tv_wmma_f32_16x16x16_f16 v[0:7], v[8:15], v[16:23], v[0:7]\n"
@@ -331,9 +331,9 @@ def test_first_error_line():
 
 def test_toolchain_refuses_a_triton_outside_the_spec(monkeypatch):
     """precompile/build/tune: one message naming the spec's Triton and the build-venv fix (exit 3)."""
-    from codegen.errors import EnvironmentMissing
-    from codegen.precompile import engine
-    from codegen.spec import load_spec
+    from codegen.core.errors import EnvironmentMissing
+    from codegen.compile import engine
+    from codegen.formats.spec import load_spec
     from codegen.toolchain import require_triton, triton_mismatch
 
     gfx906, gfx908 = load_spec("rules/mi50.yaml").spec, load_spec("rules/mi100.yaml").spec
@@ -364,7 +364,7 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
     every backend) and keep their figures, but their verdict is 'not dispatched', not 'spills', and
     neither the spilling count nor the limits table treats them as spilling. Without an op database
     (0.10b) nothing is routed, so they stay what they are."""
-    from codegen.precompile import run as prun
+    from codegen.compile import precompile as prun
     from codegen.upstream import by_release
 
     fuse = "bwd_kernel_fuse.gfx1030.bf16.d64.M16N16.wpe1.w8.s1"

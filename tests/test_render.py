@@ -15,9 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.overlay_dir import diff_overlay
-from codegen.overlay_inputs import render_overlay
-from codegen.spec import load_spec
+from codegen.render.overlay_dir import diff_overlay
+from codegen.render.inputs import render_overlay
+from codegen.formats.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -190,7 +190,7 @@ def test_wheel_install_renders_the_committed_overlay(tmp_path):
 def test_template_cache_recompiles_an_edited_template_and_survives_damage(tmp_path):
     import jinja2
 
-    from codegen.render import _TemplateCache
+    from codegen.render.overlay import _TemplateCache
 
     tpl, cache = tmp_path / "tpl", tmp_path / "cache" / "jinja"
     tpl.mkdir()

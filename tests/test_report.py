@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.report.collect import environment, render_report
-from codegen.report.privacy import private_values, scrub
+from codegen.gpu.report.collect import environment, render_report
+from codegen.gpu.report.privacy import private_values, scrub
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,8 +77,8 @@ def test_the_whole_report_with_a_stand_in_card(tmp_path, monkeypatch):
     """CPU: `report` as on an MI100, the GPU and validate's run replaced by stand-ins whose
     results carry private paths: one file, every section, the speed table, nothing private."""
     pytest.importorskip("torch")
-    import codegen.validate.gpu as gpu
-    import codegen.validate.run as vrun
+    import codegen.gpu.validate.gpu as gpu
+    import codegen.gpu.validate.run as vrun
 
     home = str(Path.home())
     plat = gpu.Platform("rocm", "AMD Instinct MI100", "gfx908", "gfx908:sramecc+:xnack-", "2.9.0+rocm6.4",

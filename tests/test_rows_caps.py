@@ -15,9 +15,9 @@ from fake_tree import make_fake_tree
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
 from codegen.models.rows import OverlayInputs, RowsPlan
-from codegen.overlay_inputs import load_limits, render_overlay
-from codegen.render import plan_overlay
-from codegen.spec import load_spec
+from codegen.render.inputs import load_limits, render_overlay
+from codegen.render.overlay import plan_overlay
+from codegen.formats.spec import load_spec
 from codegen.upstream import detect
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,8 +240,8 @@ def test_render_rows_default_has_no_limits():
 # ------------------------------------------------- merging reports and pruning the spec --
 
 def _result(config: str, wpe: int = 2, occ: int = 2, vgpr_spills: int = 0, code_bytes: int = 0):
-    from codegen.precompile.report import KernelResult
-    from codegen.precompile.resources import Resources
+    from codegen.compile.report import KernelResult
+    from codegen.compile.resources import Resources
 
     family, _, dtype, d = config.split(".")[:4]
     fields = {name: 0 for name in Resources.model_fields}
@@ -252,7 +252,7 @@ def _result(config: str, wpe: int = 2, occ: int = 2, vgpr_spills: int = 0, code_
 
 
 def test_merge_never_turns_a_spilling_config_clean():
-    from codegen.precompile.prune import compile_report
+    from codegen.compile.prune import compile_report
 
     name = "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0"
     first = compile_report([_result(name, vgpr_spills=9)], arch="gfx908", gpu="gfx908_mod0", release="0.11b",
@@ -271,7 +271,7 @@ def rules_from_report(loaded, report: dict) -> dict[str, list[dict]]:
     """family -> the exclude rules `precompile --prune-to` would write for every config of the
     spec's tuning space that a committed compile report marks failed or spilling."""
     from codegen.models import expand_space
-    from codegen.precompile.prune import PRUNED, _reason_text, _rule, _where
+    from codegen.compile.prune import PRUNED, _reason_text, _rule, _where
 
     configs = report.get("configs", {})
     where = _where(report.get("arch"), report.get("release"))
@@ -289,7 +289,7 @@ def rules_from_report(loaded, report: dict) -> dict[str, list[dict]]:
 
 def test_prune_rules_from_report_cite_the_cross_compile(tmp_path):
     from codegen.models import expand_space
-    from codegen.precompile.prune import prune_spec
+    from codegen.compile.prune import prune_spec
 
     loaded = load_spec(None)
     space = {c.name: c for cfgs in expand_space(loaded.spec).values() for c in cfgs}
@@ -328,8 +328,8 @@ def _kentry(config: str, fid: str = "F0"):
 
 
 def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
-    from codegen.precompile.report import KernelResult
-    from codegen.precompile.resources import Resources
+    from codegen.compile.report import KernelResult
+    from codegen.compile.resources import Resources
 
     fields = {name: 0 for name in Resources.model_fields}
     fields.update(vgprs=vgprs, sgprs=64, mfma=8, vgpr_spills=vgpr_spills)
@@ -340,7 +340,7 @@ def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
 
 
 def test_descend_budget_and_renaming():
-    from codegen.precompile.descend import vgpr_budget, with_waves
+    from codegen.compile.descend import vgpr_budget, with_waves
 
     hw = load_spec(None).spec.hardware
     assert [vgpr_budget(hw, w) for w in (1, 2, 3, 4)] == [256, 128, 84, 64]
@@ -350,8 +350,8 @@ def test_descend_budget_and_renaming():
 
 
 def test_descend_moves_every_kernel_of_a_spilling_config():
-    from codegen.precompile.descend import plan_round
-    from codegen.precompile.prune import compile_report
+    from codegen.compile.descend import plan_round
+    from codegen.compile.prune import compile_report
 
     hw = load_spec(None).spec.hardware
     spill = [_kentry(FWD.format(4), f"F{i}") for i in range(3)]       # one of three kernels spills
@@ -383,9 +383,9 @@ def test_descend_moves_every_kernel_of_a_spilling_config():
 def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):
     from rich.console import Console
 
-    import codegen.precompile.engine as engine
-    from codegen.precompile.run import DescendInterrupted, _descend
-    from codegen.precompile.report import RunInfo
+    import codegen.compile.engine as engine
+    from codegen.compile.precompile import DescendInterrupted, _descend
+    from codegen.compile.report import RunInfo
 
     spec = load_spec(None).spec
     a = [_kentry(FWD.format(4), f"F{i}") for i in range(2)]                       # -> wpe2 (2 kernels)

@@ -14,9 +14,9 @@ import pytest
 
 from codegen.models import FAMILIES
 from codegen.models.limits import CLEAN_VERDICTS
-from codegen.overlay_inputs import render_overlay
-from codegen.resources import data_dir
-from codegen.spec import load_spec
+from codegen.render.inputs import render_overlay
+from codegen.core.resources import data_dir
+from codegen.formats.spec import load_spec
 
 pytestmark = pytest.mark.aotriton
 

@@ -1,5 +1,5 @@
 """Hostile specs are refused fast, before YAML is composed: size, nesting depth, alias expansion
-(limits in codegen.spec, documented in docs/spec.md). Exit 2, one located message, no traceback,
+(limits in codegen.formats.spec, documented in docs/spec.md). Exit 2, one located message, no traceback,
 nothing written."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.spec import MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES
+from codegen.formats.spec import MAX_DEPTH, MAX_NODES, MAX_SPEC_BYTES
 
 
 def _refused(spec, tmp_path, expect: str) -> str:
@@ -67,7 +67,7 @@ def test_aliases_that_deepen_past_the_limit(tmp_path):
 
 
 def test_quotes_comments_and_block_scalars_do_not_count_as_nesting(tmp_path):
-    from codegen.spec import _nesting_error
+    from codegen.formats.spec import _nesting_error
 
     assert _nesting_error("a: '" + "[" * 100 + "'\nb: \"{{{" * 30 + "\"\n") is None
     assert _nesting_error("a: 1  # " + "[" * 100 + "\n") is None

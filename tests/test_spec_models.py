@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.models import KernelConfig, expand_family, expand_space
-from codegen.resources import default_spec_path
-from codegen.spec import load_spec, spec_json_schema
+from codegen.core.resources import default_spec_path
+from codegen.formats.spec import load_spec, spec_json_schema
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,7 +188,7 @@ def test_one_dtype_table_has_every_spelling():
 
 def test_sgpr_occupancy_steps_stay_within_the_addressable_sgprs(tmp_path):
     """hardware.sgprs_per_wave bounds the SGPR counts of the occupancy table (a located error)."""
-    from codegen.errors import SpecError
+    from codegen.core.errors import SpecError
 
     text = default_spec_path().read_text()
     assert "sgprs_per_wave: 102" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from codegen.models.checks import check_target
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 RULES = REPO / "rules"

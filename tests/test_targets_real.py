@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.models import KernelConfig
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import snapshot
 
@@ -98,7 +98,7 @@ def _op_rows(tree: Path, rel: str, gpu: str) -> list[tuple[str, int, int]]:
     import sqlite3
 
     from codegen.apply.dbrows import read_tarxz
-    from codegen.upstream import tuning_db as db
+    from codegen.formats import tuning_db as db
 
     _, payload = read_tarxz((tree / rel).read_bytes(), rel)
     conn = sqlite3.connect(":memory:")
@@ -116,7 +116,7 @@ def _check_split_backward(tree: Path, tag: str, spec, applied: dict) -> None:
     from codegen.models.dtypes import by_torch
     from codegen.models.rows import splits_backward
     from codegen.upstream import by_release
-    from codegen.upstream import tuning_db as db
+    from codegen.formats import tuning_db as db
 
     rules = spec.rows.split_backward
     adapter = by_release(tag)
@@ -138,8 +138,8 @@ def _check_split_backward(tree: Path, tag: str, spec, applied: dict) -> None:
 @pytest.mark.parametrize("tag", [t for t in SUPPORTED_RELEASES if t != "0.10b"])
 def test_op_backend_numbers_are_the_releases_own(pristine_tree, tag):
     """op$backend 0 is the split backend and 1 the fused kernel in every release with an op database
-    (codegen.upstream.tuning_db): read from the release's own operator definition."""
-    from codegen.upstream import tuning_db as db
+    (codegen.formats.tuning_db): read from the release's own operator definition."""
+    from codegen.formats import tuning_db as db
 
     tree = pristine_tree(tag)
     old = tree / "v3python" / "rules" / "flash" / "__init__.py"

@@ -20,8 +20,9 @@ import pytest
 from filelock import FileLock
 from rich.console import Console
 
-from codegen.errors import EnvironmentMissing, UpstreamError, UserError
-from codegen.toolchain import generator_requirements, venv
+from codegen.core.errors import EnvironmentMissing, UpstreamError, UserError
+from codegen.toolchain import generator_requirements
+from codegen.toolchain import venv
 from codegen.toolchain.interpreter import compiler_python
 from codegen.toolchain.venv import (BuildVenv, VenvError, cached_venvs, default_root, ensure_venv, find_venv,
                                     key_for)
@@ -193,7 +194,7 @@ def test_lock_serialises_creations(tmp_path, monkeypatch):
 
 
 def test_interpreter_choice_refusals(tmp_path, monkeypatch):
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
     from codegen.toolchain import interpreter
 
     gfx908 = load_spec("rules/mi100.yaml").spec
@@ -219,7 +220,7 @@ def test_build_venv_defaults_to_the_compile_reports_triton(tmp_path, monkeypatch
     Triton other than the report's is compiled with a warning."""
     import io
 
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
     from codegen.toolchain import interpreter
 
     asked = []
@@ -246,7 +247,7 @@ def test_build_venv_defaults_to_the_compile_reports_triton(tmp_path, monkeypatch
 def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
     """The compile workers start in the venv's Python, import its `triton` (not this process's),
     and are refused when that is not the version they were chosen for."""
-    from codegen.precompile.pool import WorkerPool
+    from codegen.compile.pool import WorkerPool
 
     made = ensure_venv(SPEC, [], triton="3.6.0", root=tmp_path / "toolchain", console=_quiet())
     assert made.triton == "3.6.0"                                    # --triton-version: exactly that one
@@ -261,7 +262,7 @@ def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
         WorkerPool(1, {}, 60, python=made.python, triton="3.8.0").run([task], got.append)
     from multiprocessing import spawn
 
-    from codegen.precompile import pool
+    from codegen.compile import pool
 
     assert spawn.get_executable() == pool._DEFAULT_EXECUTABLE            # restored for everyone else
 
@@ -269,7 +270,7 @@ def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
 def test_tune_names_a_torch_environment_never_an_install():
     """tune cannot use the build venv (it launches on torch tensors in-process): its refusal names
     a torch environment of an allowed Triton, and installs nothing."""
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
     from codegen.toolchain import require_triton, tune_fix
 
     gfx908 = load_spec("rules/mi100.yaml").spec

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.elfinfo import read_dynamic
-from codegen.torch_integration.hip import HipRuntime, hip_mismatch, library_hip, torch_hip
+from codegen.formats.elf import read_dynamic
+from codegen.ship.hip import HipRuntime, hip_mismatch, library_hip, torch_hip
 from test_torch_install import (
     SYM_BWD,
     SYM_CHECK,

@@ -128,8 +128,8 @@ def snapshot(root: Path) -> dict[str, tuple]:
 from typer.testing import CliRunner  # noqa: E402
 
 from codegen.cli import app  # noqa: E402
-from codegen.elfinfo import ElfError, read_dynamic  # noqa: E402
-from codegen.torch_integration.layout import aotriton_namespaces  # noqa: E402
+from codegen.formats.elf import ElfError, read_dynamic  # noqa: E402
+from codegen.ship.layout import aotriton_namespaces  # noqa: E402
 
 runner = CliRunner()
 
@@ -346,7 +346,7 @@ def test_restore_refuses_when_files_changed_since(site, tmp_path):
 
 
 def test_failed_install_rolls_back(site, tmp_path, monkeypatch):
-    from codegen.torch_integration import install as inst
+    from codegen.ship import install as inst
 
     prefix = build_prefix(tmp_path / "prefix")
     before = snapshot(site)

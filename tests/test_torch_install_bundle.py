@@ -1,5 +1,5 @@
 """`torch install --bundle FILE` on the ELF fixtures of test_torch_install.py: a bundle made
-from a fixture prefix with the bundle writer (codegen.bundle.archive), installed into a fake
+from a fixture prefix with the bundle writer (codegen.formats.bundle_zip), installed into a fake
 ROCm torch, reported by `status`, restored byte for byte; a tampered, truncated, wrong-arch or
 too-new-glibc bundle is one message, exit 2, nothing touched."""
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from codegen.bundle.archive import FORMAT, bundle_name, sha256, write_bundle
-from codegen.elfinfo import read_dynamic
-from codegen.torch_integration.install import machine_glibc
+from codegen.formats.bundle_zip import FORMAT, bundle_name, sha256, write_bundle
+from codegen.formats.elf import read_dynamic
+from codegen.ship.install import machine_glibc
 from test_torch_install import build_prefix, cli, load_which, site, snapshot  # noqa: F401 (site: the fixture)
 
 

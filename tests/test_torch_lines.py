@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.torch_integration.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON,
+from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON,
                                               build_release_for_line, library_name, parse_tag, tag_line)
 from codegen.upstream import SUPPORTED
 

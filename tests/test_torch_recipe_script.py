@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.torch_integration.layout import build_release_for_line, parse_tag
+from codegen.ship.layout import build_release_for_line, parse_tag
 
 from test_torch_install import build_torch, need_cc, snapshot
 
@@ -27,7 +27,7 @@ case "$1" in
     prefix=""; prev=""
     for a in "$@"; do [ "$prev" = "--prefix" ] && prefix="$a"; prev="$a"; done
     # the library version follows the release of the prefix-<tag> folder, as a real build's would
-    exec {py} -c "import sys; sys.path.insert(0, sys.argv[2]); import test_torch_install as t; from pathlib import Path; from codegen.torch_integration.layout import parse_tag; p = Path(sys.argv[1]); t.build_prefix(p, version='.'.join(map(str, parse_tag(p.name.split('-', 1)[1]))))" "$prefix" "$TESTS_DIR" ;;
+    exec {py} -c "import sys; sys.path.insert(0, sys.argv[2]); import test_torch_install as t; from pathlib import Path; from codegen.ship.layout import parse_tag; p = Path(sys.argv[1]); t.build_prefix(p, version='.'.join(map(str, parse_tag(p.name.split('-', 1)[1]))))" "$prefix" "$TESTS_DIR" ;;
   validate) echo "validate stand-in: ok" >&2; exit 0 ;;
   *) exec {py} -m codegen.cli "$@" ;;
 esac

@@ -181,7 +181,7 @@ def test_apply_with_a_fifo_spec_does_not_hang(tmp_path):
 def test_python_that_never_answers_the_probe_is_killed(tmp_path, monkeypatch):
     """A `--python` that never exits (a shell script whose child holds the output pipe): the
     probe gives up after its limit and kills the whole process group."""
-    from codegen.errors import EnvironmentMissing
+    from codegen.core.errors import EnvironmentMissing
     from codegen.toolchain import interpreter
 
     pidfile = tmp_path / "child.pid"
@@ -239,7 +239,7 @@ def test_a_deleted_working_directory_is_one_message(tmp_path):
 
 
 def test_memory_error_is_one_message_exit_3(tmp_path, monkeypatch):
-    import codegen.overlay_inputs as inputs
+    import codegen.render.inputs as inputs
 
     def boom(*_a, **_k):
         raise MemoryError
@@ -253,8 +253,8 @@ def test_memory_error_is_one_message_exit_3(tmp_path, monkeypatch):
 # -------------------------------------------------- item 8: refused, not accepted --
 
 def test_prune_to_that_adds_nothing_leaves_the_spec_byte_identical(tmp_path):
-    from codegen.precompile.prune import prune_spec
-    from codegen.spec import load_spec
+    from codegen.compile.prune import prune_spec
+    from codegen.formats.spec import load_spec
 
     spec = tmp_path / "mine.yaml"
     spec.write_bytes(b"# my own note, kept\n" + SPEC.read_bytes().replace(b"\nhead_dims:", b"\n# my own note\nhead_dims:", 1))
@@ -268,8 +268,8 @@ def test_prune_to_that_adds_nothing_leaves_the_spec_byte_identical(tmp_path):
 
 
 def test_prune_to_with_only_rules_already_there_leaves_it_byte_identical(tmp_path):
-    from codegen.precompile.prune import prune_spec
-    from codegen.spec import load_spec
+    from codegen.compile.prune import prune_spec
+    from codegen.formats.spec import load_spec
 
     spec = tmp_path / "mine.yaml"
     spec.write_bytes(b"# mine\n" + SPEC.read_bytes())
@@ -286,7 +286,7 @@ def test_prune_to_with_only_rules_already_there_leaves_it_byte_identical(tmp_pat
 
 
 def _winners_with(tmp_path, **cells) -> Path:
-    from codegen.tuning_results import WINNER_CSV_COLUMNS, read_csv
+    from codegen.formats.tuning_csv import WINNER_CSV_COLUMNS, read_csv
 
     src = REPO / "tuning" / "gfx908" / "winners.csv"
     rows = read_csv(src)
@@ -307,8 +307,8 @@ def _winners_with(tmp_path, **cells) -> Path:
                                       ((512, 64), "BLOCK_M=512 is outside 16..256"),
                                       ((32, 64), "BLOCK_M=32 < BLOCK_N=64")])
 def test_winner_with_a_tile_the_kernels_do_not_take_is_refused(tmp_path, tile, why):
-    from codegen.errors import DataFileError
-    from codegen.tuning_results import read_csv
+    from codegen.core.errors import DataFileError
+    from codegen.formats.tuning_csv import read_csv
 
     path = _winners_with(tmp_path, block_m=tile[0], block_n=tile[1])
     with pytest.raises(DataFileError) as exc:
@@ -374,7 +374,7 @@ def test_what_tune_import_writes_the_next_import_reads(tmp_path):
     """Round trip: records at the edges of what is accepted (the smallest and largest tiles, a
     time past float's range, a negative time) are written as CSVs that read back, and a second
     import into the same folder (which reads them) succeeds."""
-    from codegen.tuning_results import MEASUREMENTS_FILE, WINNERS_FILE, read_csv
+    from codegen.formats.tuning_csv import MEASUREMENTS_FILE, WINNERS_FILE, read_csv
 
     recs = [_record(), _record(tuned_kernel={"BLOCK_M": 16, "BLOCK_N": 16}),
             _record(tuned_kernel={"BLOCK_M": 256, "BLOCK_N": 16}, time=[10 ** 400]),
@@ -405,8 +405,8 @@ def test_what_tune_import_writes_the_next_import_reads(tmp_path):
 ])
 def test_compile_report_of_the_wrong_shape_is_refused(tmp_path, content, why):
     """The spill caps must never silently vanish: a report the model does not accept is an error."""
-    from codegen.errors import DataFileError
-    from codegen.overlay_inputs import read_compile_report
+    from codegen.core.errors import DataFileError
+    from codegen.render.inputs import read_compile_report
 
     p = tmp_path / "compile_report.json"
     p.write_bytes(content)
@@ -419,7 +419,7 @@ def test_compile_report_of_the_wrong_shape_is_refused(tmp_path, content, why):
 
 @pytest.mark.parametrize("arch", ["gfx908", "gfx906", "gfx1030"])
 def test_committed_compile_reports_fit_the_model(arch):
-    from codegen.overlay_inputs import committed_report
+    from codegen.render.inputs import committed_report
 
     report = committed_report(arch)
     raw = json.loads((REPO / "tuning" / arch / "compile_report.json").read_text())
@@ -482,7 +482,7 @@ def test_precompile_prune_to_the_users_own_spec_keeps_it_byte_identical(fresh_tr
 def test_a_relative_python_is_made_absolute(tmp_path, monkeypatch):
     """`--python .venv/bin/python` must still name the same file when the generator or the database
     composer runs with the tree as its working directory (it crashed with FileNotFoundError)."""
-    from codegen import preflight
+    from codegen.core import preflight
 
     link = tmp_path / "venv" / "bin" / "python"
     link.parent.mkdir(parents=True)

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.tune import runner
-from codegen.tune.store import Provenance, config_columns, entry_columns
+from codegen.gpu.tune import runner
+from codegen.gpu.tune.store import Provenance, config_columns, entry_columns
 from codegen.upstream import SUPPORTED_RELEASES
-from codegen.tuning_results import read_csv
+from codegen.formats.tuning_csv import read_csv
 
 PROV = Provenance("Fake GPU", "nvidia-proxy", "3.6.0", "2.11.0", "2026-11-21")
 GRID = ["--family", "attn_fwd", "--dtype", "fp16", "--head-dim", "64", "--seqlen", "1024",
@@ -140,7 +140,7 @@ def test_run_flushes_each_entry_and_resumes_after_interrupt(tree, tmp_path, monk
     assert [m for m in meas if m["entry"] in done] == first
     winners = read_csv(out / "winners.csv")
     from codegen.models import expand_family
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     n = len(expand_family(load_spec(None).spec, "attn_fwd", "fp16", 64))  # the spec's candidates (6)
     assert len(winners) == 4 and all(w["candidates"] == n for w in winners)
@@ -175,8 +175,8 @@ def _fake_gpu_worker(device_index, aotriton_dir, target_arch, gpu, settings, tas
 
 
 def test_one_worker_process_per_gpu_plumbing(tmp_path):
-    from codegen.spec import load_spec
-    from codegen.tune.grid import GridFilter, plan_tuning
+    from codegen.formats.spec import load_spec
+    from codegen.gpu.tune.grid import GridFilter, plan_tuning
 
     plan = plan_tuning(load_spec(None).spec, GridFilter(families=("bwd_kernel_dq",), dtypes=("bf16",),
                                                         head_dims=(32,), seqlens=(64, 128)))

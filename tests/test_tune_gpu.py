@@ -41,13 +41,13 @@ def tree(request, pristine_tree) -> Path:
 
 @pytest.fixture(scope="module")
 def tk(tree):
-    from codegen.tune.kernels import TreeKernels
+    from codegen.gpu.tune.kernels import TreeKernels
 
     return TreeKernels(tree)
 
 
 def _spec():
-    from codegen.spec import load_spec
+    from codegen.formats.spec import load_spec
 
     return load_spec(None).spec
 
@@ -56,8 +56,8 @@ def _spec():
 @pytest.mark.parametrize("causal", [False, True])
 def test_measure_entry_passes_reference(tk, family, causal):
     from codegen.models import expand_family
-    from codegen.tune.grid import GridEntry
-    from codegen.tune.runner import Settings, measure_entry, provenance
+    from codegen.gpu.tune.grid import GridEntry
+    from codegen.gpu.tune.runner import Settings, measure_entry, provenance
 
     sp = _spec()
     entry = GridEntry(family, sp.arch, "fp16", 64, causal, False, False, 256, 256)
@@ -69,7 +69,7 @@ def test_measure_entry_passes_reference(tk, family, causal):
 
 
 def test_check_rejects_wrong_output(tk):
-    from codegen.tune.kernels import check, make_problem, reference
+    from codegen.gpu.tune.kernels import check, make_problem, reference
 
     p = make_problem("bf16", 1, 2, 128, 128, 32, True, 7)
     refs = reference(p, 2, want_grads=False)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from codegen.models import FAMILIES, expand_family
-from codegen.spec import load_spec
-from codegen.tune.grid import (
+from codegen.formats.spec import load_spec
+from codegen.gpu.tune.grid import (
     SEQLEN_BINS,
     GridEntry,
     GridFilter,

@@ -10,9 +10,9 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.spec import load_spec
-from codegen.tune.importer import parse_records
-from codegen.tuning_results import read_csv
+from codegen.formats.spec import load_spec
+from codegen.gpu.tune.importer import parse_records
+from codegen.formats.tuning_csv import read_csv
 
 
 def line(kernel="attn_fwd", arch="gfx908", dtype="float16", d_head=64, sq=1024, sk=1024,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.errors import UpstreamError
+from codegen.core.errors import UpstreamError
 from codegen.upstream import SUPPORTED_RELEASES, kernel_source_dir
 from codegen.upstream.kernel_args import FAMILY_MODULES, bind, block_dmodel
 
@@ -38,7 +38,7 @@ def _launches(tk, causal: bool, head_dim: int):
     """family -> (Launch, the tensors it must write or read by name, expected tiles)."""
     import torch
 
-    from codegen.tune.kernels import make_problem
+    from codegen.gpu.tune.kernels import make_problem
 
     p = make_problem("fp16", 2, 4, 192, 160, head_dim, causal, 3, device="cpu")
     p.k, p.v = p.k[:, :2].contiguous(), p.v[:, :2].contiguous()  # GQA: 4 query heads, 2 kv heads
@@ -68,7 +68,7 @@ def cpu_stack():
 def test_launchers_bind_every_kernel_parameter_by_name(cpu_stack, pristine_tree, tag):
     import torch
 
-    from codegen.tune.kernels import TreeKernels
+    from codegen.gpu.tune.kernels import TreeKernels
 
     tree = pristine_tree(tag)
     src = kernel_source_dir(tree)

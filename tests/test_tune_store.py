@@ -9,20 +9,20 @@ import tarfile
 
 import pytest
 
-from codegen.errors import UserError
+from codegen.core.errors import UserError
 from codegen.models import KernelConfig
-from codegen.overlay_inputs import render_overlay
-from codegen.resources import data_dir
-from codegen.spec import load_spec
-from codegen.tune.grid import GridEntry
-from codegen.tune.store import Provenance, ResultStore, config_columns, entry_columns, pick_winner
+from codegen.render.inputs import render_overlay
+from codegen.core.resources import data_dir
+from codegen.formats.spec import load_spec
+from codegen.gpu.tune.grid import GridEntry
+from codegen.gpu.tune.store import Provenance, ResultStore, config_columns, entry_columns, pick_winner
 from codegen.models.rows import Winner
-from codegen.tuning_results import (
+from codegen.formats.tuning_csv import (
     WINNER_COLUMNS,
     load_winner_rows,
     read_csv,
 )
-from codegen.upstream.tuning_db import winner_row
+from codegen.formats.tuning_db import winner_row
 
 
 def db_row(row: dict) -> tuple[str, dict]:

@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.errors import DataFileError
-from codegen.spec import load_spec
-from codegen.tune.store import pick_winner
-from codegen.tuning_results import (
+from codegen.core.errors import DataFileError
+from codegen.formats.spec import load_spec
+from codegen.gpu.tune.store import pick_winner
+from codegen.formats.tuning_csv import (
     MEASUREMENT_COLUMNS,
     WINNER_CSV_COLUMNS,
     MeasurementRow,

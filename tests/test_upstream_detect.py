@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fake_tree import make_fake_tree
-from codegen.errors import UserError
+from codegen.core.errors import UserError
 from codegen.upstream import SUPPORTED_RELEASES, UnsupportedTree, by_release, detect, release_name
 from codegen.upstream.releases import RELEASES
 
@@ -170,8 +170,8 @@ def test_python_layout_overlay_module_and_edits():
     """0.13b's layout: the module sits where the kdesc hook's relative import finds it, imports
     Config from aotriton.autotune, and every edit names a 0.13b path; the head-dims edit targets
     the env read inside block_dmodel_values()."""
-    from codegen.overlay_inputs import render_overlay
-    from codegen.spec import load_spec
+    from codegen.render.inputs import render_overlay
+    from codegen.formats.spec import load_spec
 
     ov = render_overlay(load_spec(None), by_release("0.13b").layout)
     module = ov.files["tree/" + ov.module_dest].content.decode()

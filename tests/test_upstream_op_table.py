@@ -1,4 +1,4 @@
-"""codegen.upstream.op_table on a hand-written table in the generator's form (the real trees'
+"""codegen.formats.op_table on a hand-written table in the generator's form (the real trees'
 tables: tests/test_build_reach.py): trivial and tuned entries, several arch blocks, the backend
 index from the header, and what it refuses."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.errors import UpstreamError
-from codegen.upstream.op_table import read_bwd_op_table
+from codegen.core.errors import UpstreamError
+from codegen.formats.op_table import read_bwd_op_table
 
 HEADER = """\
 struct OpAttnBwdContext {

@@ -11,12 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.cli import app
-from codegen.spec import load_spec
+from codegen.formats.spec import load_spec
 from codegen.upstream import SUPPORTED_RELEASES
 from codegen.upstream.kernel_args import FAMILY_MODULES, block_dmodel, param_values
-from codegen.validate.cases import KERNEL_SHAPES, SHAPES, sdpa_cases, tolerance
-from codegen.validate.kernels import plan_tasks, tree_source_dir
-from codegen.validate.report import render_markdown, summarize
+from codegen.models.cases import KERNEL_SHAPES, SHAPES, sdpa_cases, tolerance
+from codegen.gpu.validate.kernels import plan_tasks, tree_source_dir
+from codegen.gpu.validate.report import render_markdown, summarize
 
 runner = CliRunner()
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -112,7 +112,7 @@ def test_tree_errors(tmp_path):
 
 def test_mapped_aotriton_parses_proc_maps():
     pytest.importorskip("torch")
-    from codegen.validate.gpu import mapped_aotriton
+    from codegen.gpu.validate.gpu import mapped_aotriton
 
     maps = (
         "7f00-7f10 r--p 00000000 08:01 123 /venv/lib/python3.12/site-packages/torch/lib/libaotriton_v2.so.0.11.0\n"
@@ -172,9 +172,9 @@ def test_validate_kernels_bad_tree_is_clear(tmp_path):
 def test_cpu_reference_and_compare_plumbing():
     """The comparison path on CPU with PyTorch's math backend (no GPU needed)."""
     torch = pytest.importorskip("torch")
-    from codegen.validate.cases import Case, Shape
-    from codegen.validate.gpu import make_inputs, reference
-    from codegen.validate.sdpa import _math_errors, _run_case
+    from codegen.models.cases import Case, Shape
+    from codegen.gpu.validate.gpu import make_inputs, reference
+    from codegen.gpu.validate.sdpa import _math_errors, _run_case
 
     case = Case("fp32", 32, True, Shape(1, 4, 2, 37, 53))
     inputs = make_inputs(case, "cpu", 0)
@@ -191,7 +191,7 @@ def test_cpu_reference_and_compare_plumbing():
 
 
 def test_dispatch_limits_are_skips_not_failures():
-    from codegen.validate.cases import Case, Shape, dispatch_limit
+    from codegen.models.cases import Case, Shape, dispatch_limit
 
     sq = Shape(2, 4, 4, 211, 211)
     assert dispatch_limit("flash", Case("fp16", 64, True, sq)) is None
@@ -203,10 +203,10 @@ def test_dispatch_limits_are_skips_not_failures():
 
 
 def test_report_compares_the_gpus_compute_units_with_the_spec():
-    pytest.importorskip("torch")  # codegen.validate.gpu imports it
-    from codegen.spec import load_spec
-    from codegen.validate.gpu import Platform
-    from codegen.validate.run import build_report
+    pytest.importorskip("torch")  # codegen.gpu.validate.gpu imports it
+    from codegen.formats.spec import load_spec
+    from codegen.gpu.validate.gpu import Platform
+    from codegen.gpu.validate.run import build_report
 
     loaded = load_spec(None)
     cus = loaded.spec.hardware.compute_units
@@ -228,7 +228,7 @@ def test_report_compares_the_gpus_compute_units_with_the_spec():
 def test_kernel_folder_comes_from_the_adapter(pristine_tree, tag, folder):
     """tune and validate --kernels import the release's own kernel folder (0.13b: modules/flash/kernel);
     tune accepts every release's tree (its launchers pass arguments by name)."""
-    from codegen.tune.run import _check_tree
+    from codegen.gpu.tune.run import _check_tree
 
     tree = pristine_tree(tag)
     assert tree_source_dir(tree) == tree / folder

@@ -1,4 +1,4 @@
-"""One home for a user's own work (`codegen.workspace`, docs/workspace.md): the spec, and the
+"""One home for a user's own work (`codegen.render.workspace`, docs/workspace.md): the spec, and the
 measured results that belong to it, read and written the same way by tune import, render and
 apply (fast; CPU)."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from codegen import workspace
+from codegen.render import workspace
 from codegen.cli import app
-from codegen.errors import UserError
-from codegen.overlay_inputs import load_inputs, render_overlay
-from codegen.resources import data_dir, default_spec_path
-from codegen.spec import load_spec
+from codegen.core.errors import UserError
+from codegen.render.inputs import load_inputs, render_overlay
+from codegen.core.resources import data_dir, default_spec_path
+from codegen.formats.spec import load_spec
 from test_tune_import import line
 
 REPO = Path(__file__).resolve().parents[1]

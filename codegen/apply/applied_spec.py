@@ -2,10 +2,10 @@
 the stages after `apply` use".
 
 `apply` records, inside its transaction, a copy of the spec's bytes in `.mi100-codegen/spec.yaml`
-and of the results it rendered with (`codegen.workspace.overlay_results`: the spec's own
+and of the results it rendered with (`codegen.render.workspace.overlay_results`: the spec's own
 `tuning/<arch>/` files, else those shipped for the arch) in `.mi100-codegen/tuning/<arch>/`; the
 lock's `recorded` maps each to its sha256. The recorded spec's home is then `.mi100-codegen/`
-(`codegen.workspace.spec_home`), so rendering it again reads exactly what apply read. `revert`
+(`codegen.render.workspace.spec_home`), so rendering it again reads exactly what apply read. `revert`
 removes them with the lock, so a reverted tree stays byte-identical. The user may move, edit or
 delete their own files: plan, precompile, bench, build and tune read the recorded copy
 (`resolve_spec`).
@@ -16,7 +16,7 @@ refused with one message naming both. A tree applied by an older mi100-codegen (
 
 The recorded files are input we did not just write ourselves: their paths must be the ones this
 module writes (`recorded_paths`), each a regular file inside the tree (no symbolic link on the
-way, `codegen.contain.inside`), bounded in size, holding the bytes the lock names; the spec is
+way, `codegen.core.contain.inside`), bounded in size, holding the bytes the lock names; the spec is
 parsed by the normal spec loader. Every refusal names the recorded file and says to re-apply."""
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..contain import inside
-from ..errors import CodegenError, UserError
-from ..fsutil import read_input
-from .journal import STATE_DIR
-from .lock import LOCK_NAME, ApplyLock, read_lock
+from codegen.core.contain import inside
+from codegen.core.errors import CodegenError, UserError
+from codegen.core.fsutil import read_input
+from codegen.apply.journal import STATE_DIR
+from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
 
 if TYPE_CHECKING:
-    from ..spec import LoadedSpec
+    from codegen.formats.spec import LoadedSpec
 
 SPEC_COPY = f"{STATE_DIR}/spec.yaml"
 RESULTS_LIMIT = 16 << 20  # bytes per recorded result file (the largest shipped one is ~250 KB)
@@ -51,8 +51,8 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
     """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
     (bounded like any spec) and every result render reads for it."""
     # revert imports this module: the loader and the workspace load only when apply runs
-    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
-    from ..workspace import overlay_results
+    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+    from codegen.render.workspace import overlay_results
 
     out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
     for name, path in overlay_results(loaded).items():
@@ -63,7 +63,7 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
 def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
     """The lock's recorded paths, each one this module writes; anything else is refused (a lock
     naming another file must not make revert delete it)."""
-    from ..workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
+    from codegen.render.workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
 
     allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
     foreign = sorted(set(lock.recorded) - allowed)
@@ -79,7 +79,7 @@ def _hint(tree: Path) -> str:
 
 
 def _check_recorded(tree: Path, lock: ApplyLock) -> None:
-    from ..spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
 
     for rel in recorded_paths(tree, lock):
         limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
@@ -96,7 +96,7 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     """The spec recorded at apply time, None for a lock written before specs were recorded.
     Refuses (UserError naming the file) recorded files that are missing, not regular files, too
     large or not the bytes the lock names, and a recorded spec that is not valid."""
-    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
+    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
 
     if SPEC_COPY not in lock.recorded:
         return None
@@ -116,7 +116,7 @@ def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec"
     """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
     embedded default. An `explicit` spec that means another spec than the applied one is
     refused, naming both."""
-    from ..spec import load_spec  # CLI start-up: revert imports this module; these load when used
+    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
     if lock is None:  # not applied: the stage's own check says so

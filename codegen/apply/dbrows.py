@@ -49,16 +49,16 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Callable
 
-from ..errors import UserError
-from ..models import FAMILIES
-from ..models.dtypes import DTYPE_INFO, by_torch
-from ..models.limits import cap_waves_per_eu, variant_status
-from ..models.rows import RowsPlan, RowTile, Winner
-from ..models.space import KernelConfig
-from ..models.target import gpu_arch
-from ..upstream import Adapter
-from ..upstream import tuning_db as db
-from .xzstore import xz_stored
+from codegen.core.errors import UserError
+from codegen.models import FAMILIES
+from codegen.models.dtypes import DTYPE_INFO, by_torch
+from codegen.models.limits import cap_waves_per_eu, variant_status
+from codegen.models.rows import RowsPlan, RowTile, Winner
+from codegen.models.space import KernelConfig
+from codegen.models.target import gpu_arch
+from codegen.upstream import Adapter
+from codegen.formats import tuning_db as db
+from codegen.formats.xzstore import xz_stored
 
 ARCHIVE_FORMAT = "tar (GNU, one member) in xz of stored LZMA2 chunks, CRC32"  # part of the output's identity
 ROWS_CODE_VERSION = 5  # bump when the derivation changes: invalidates cached DB outputs

@@ -22,7 +22,7 @@ from typing import Callable
 
 import libcst as cst
 
-from ..upstream.edits import EditRecord
+from codegen.upstream.edits import EditRecord
 
 
 class EditConflict(Exception):

@@ -28,19 +28,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .. import __version__
-from ..errors import UserError
-from ..overlay_inputs import render_overlay
-from ..render import Overlay
-from ..spec import LoadedSpec
-from ..upstream import Adapter, detect
-from ..upstream.registration import refuse_unsuitable_tree
-from . import dbrows
-from .applied_spec import recorded_files, recorded_paths, sha256
-from .mentions import arch_mentions, strip_mentions
-from .journal import Transaction, pending
-from .lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
-from .state import (
+from codegen import __version__
+from codegen.core.errors import UserError
+from codegen.render.inputs import render_overlay
+from codegen.render.overlay import Overlay
+from codegen.formats.spec import LoadedSpec
+from codegen.upstream import Adapter, detect
+from codegen.upstream.registration import refuse_unsuitable_tree
+from codegen.apply import dbrows
+from codegen.apply.applied_spec import recorded_files, recorded_paths, sha256
+from codegen.apply.mentions import arch_mentions, strip_mentions
+from codegen.apply.journal import Transaction, pending
+from codegen.apply.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
+from codegen.apply.state import (
     BACKUP_DIR,
     ApplyConflict,
     EditVerdict,
@@ -140,7 +140,7 @@ def _module_targets(p: ApplyPlan) -> None:
 
 def _edit_one(text: str, rel: str, edits: list, result: Result) -> tuple[str, list[str], list[str]]:
     """Apply `edits` to `text`: (new text, applied ids, problems); verdicts go to `result`."""
-    from . import edits as ops  # heavy (libcst, ~0.5 s): only when some file's edits must be computed
+    from codegen.apply import edits as ops  # heavy (libcst, ~0.5 s): only when some file's edits must be computed
 
     applied, problems = [], []
     for e in sorted(edits, key=lambda e: e.id):

@@ -8,7 +8,7 @@ Layout inside the tree (hidden state dir `.mi100-codegen/`):
     .mi100-codegen/txn/rollback.json  renamed from journal.json when the operations must be undone
 
 Protocol:
-1. check every operation's path (`codegen.contain.inside`: no link on the way, nothing but a
+1. check every operation's path (`codegen.core.contain.inside`: no link on the way, nothing but a
    regular file where a file is written), stage every new content and link every old one under
    txn/, recording each path's state before (`pre`) and the sha256 of what is written (`new`);
    nothing in the tree changes, so a failure here leaves the tree as it was;
@@ -55,9 +55,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from ..contain import Escape, RelPath, inside, perm_bits
-from ..errors import UserError, os_reason
-from ..fsutil import read_input
+from codegen.core.contain import Escape, RelPath, inside, perm_bits
+from codegen.core.errors import UserError, os_reason
+from codegen.core.fsutil import read_input
 
 STATE_DIR = ".mi100-codegen"
 TXN_DIR = f"{STATE_DIR}/txn"

@@ -2,7 +2,7 @@
 
 Written by `codegen.apply.engine` (inside the apply transaction), read by apply, revert and
 build. The lock is read as possibly hostile (a tree someone handed over): every path in it obeys
-the containment rule (`codegen.contain.RelPath`: relative, no `..`, never inside `.git/`) and
+the containment rule (`codegen.core.contain.RelPath`: relative, no `..`, never inside `.git/`) and
 names neither the lock itself nor the state folder, every hash is a sha256, every mode is
 permission bits. A lock that is not valid JSON, or not of this shape, is one message,
 "this tree's state file is damaged" (exit 2), and nothing is done."""
@@ -16,10 +16,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from ..contain import RelPath, inside
-from ..errors import UserError
-from ..fsutil import read_input
-from .journal import STATE_DIR, StateDamaged
+from codegen.core.contain import RelPath, inside
+from codegen.core.errors import UserError
+from codegen.core.fsutil import read_input
+from codegen.apply.journal import STATE_DIR, StateDamaged
 
 LOCK_NAME = ".mi100-codegen.lock.json"
 LOCK_VERSION = 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from ..upstream.edits import EditRecord
+from codegen.upstream.edits import EditRecord
 
 
 def _arch_re(arch: str) -> re.Pattern:

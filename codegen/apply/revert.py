@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
-from ..upstream import UnsupportedTree, detect
-from .applied_spec import recorded_paths
-from .journal import Transaction
-from .lock import LOCK_NAME, ApplyLock, read_lock
-from .state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
+from codegen.core.errors import UserError
+from codegen.upstream import UnsupportedTree, detect
+from codegen.apply.applied_spec import recorded_paths
+from codegen.apply.journal import Transaction
+from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
+from codegen.apply.state import (  # noqa: F401  (ApplyConflict: what revert raises, for callers)
     BACKUP_DIR,
     ApplyConflict,
     FileVerdict,

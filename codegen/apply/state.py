@@ -9,10 +9,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..contain import Escape, inside, perm_bits
-from ..errors import SystemFailure, UserError, os_failure, os_reason
-from .journal import STATE_DIR, RollbackIncomplete, Transaction, TreeBusy, TxnFailed, recover, tree_lock
-from .lock import LOCK_NAME, ApplyLock
+from codegen.core.contain import Escape, inside, perm_bits
+from codegen.core.errors import SystemFailure, UserError, os_failure, os_reason
+from codegen.apply.journal import STATE_DIR, RollbackIncomplete, Transaction, TreeBusy, TxnFailed, recover, tree_lock
+from codegen.apply.lock import LOCK_NAME, ApplyLock
 
 BACKUP_DIR = f"{STATE_DIR}/backup"
 VERDICTS = ("create", "edit", "identical", "conflict", "skip")
@@ -77,7 +77,7 @@ def sha(data: bytes | None) -> str | None:
 
 def read_rel(tree: Path, rel: str) -> bytes | None:
     """The bytes of the regular file `rel` inside `tree`; None when there is none, or when a link
-    or a non-directory stands on the way (`codegen.contain.inside`): nothing outside is read."""
+    or a non-directory stands on the way (`codegen.core.contain.inside`): nothing outside is read."""
     try:
         p = inside(tree, rel)
     except Escape:

@@ -1,8 +1,8 @@
 """Pure data models of mi100-codegen (no I/O)."""
 
-from .checks import Diagnostic, check_target
-from .space import KernelConfig, expand_family, expand_space
-from .target import DTYPES, FAMILIES, FamilySpace, TargetSpec
+from codegen.models.checks import Diagnostic, check_target
+from codegen.models.space import KernelConfig, expand_family, expand_space
+from codegen.models.target import DTYPES, FAMILIES, FamilySpace, TargetSpec
 
 __all__ = [
     "DTYPES",

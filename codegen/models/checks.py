@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .archs import LLVM_AMDGPU_TARGETS
-from .space import expand_family
-from .target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec, tile_problems
+from codegen.models.archs import LLVM_AMDGPU_TARGETS
+from codegen.models.space import expand_family
+from codegen.models.target import DTYPE_BYTES, FAMILIES, GPU_RE, TargetSpec, tile_problems
 
 Path = tuple[str | int, ...]
 

@@ -22,7 +22,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .space import KernelConfig
+from codegen.models.space import KernelConfig
 
 # increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
 # routes away (compiled because upstream compiles every backend, never run)
@@ -57,7 +57,7 @@ class CompileReportEntry(BaseModel):
 class CompileReport(BaseModel):
     """`tuning/<arch>/compile_report.json` (`precompile --tuning-report`): config name ->
     entry. Every key is a kernel config name (`KernelConfig.parse`); the reader is
-    `codegen.overlay_inputs.read_compile_report`."""
+    `codegen.render.inputs.read_compile_report`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from .match import rule_matches
-from .target import SplitBackward, TargetSpec, TileReplacement, WavesCap
+from codegen.models.match import rule_matches
+from codegen.models.target import SplitBackward, TargetSpec, TileReplacement, WavesCap
 
 TRUE_SPELLINGS = ("1", "true", "yes")
 

@@ -6,8 +6,8 @@ import itertools
 import re
 from dataclasses import dataclass, replace
 
-from .match import rule_matches
-from .target import FAMILIES, FamilySpace, TargetSpec
+from codegen.models.match import rule_matches
+from codegen.models.target import FAMILIES, FamilySpace, TargetSpec
 
 
 # ASCII numbers without leading zeros: a name that matches is spelled the one way `name` prints it.

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer
 
-from .dtypes import DTYPE_INFO
+from codegen.models.dtypes import DTYPE_INFO
 
 DType = Literal["fp16", "bf16", "fp32"]
 Family = Literal["attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"]

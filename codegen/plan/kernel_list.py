@@ -24,16 +24,16 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
 
-from .. import processes
-from ..errors import UpstreamError, UserError
-from ..models import KernelConfig
-from ..models.dtypes import by_signature
-from ..upstream import parse_constexpr as _constexpr
-from ..upstream.database import compose_database
-from ..upstream.database import last_line as _last_line
-from ..upstream.database import python_hint as _python_hint
-from ..upstream.generator import importable
-from .tree import (
+from codegen.core import processes
+from codegen.core.errors import UpstreamError, UserError
+from codegen.models import KernelConfig
+from codegen.models.dtypes import by_signature
+from codegen.upstream import parse_constexpr as _constexpr
+from codegen.formats.tuning_db_archive import compose_database
+from codegen.formats.tuning_db_archive import last_line as _last_line
+from codegen.formats.tuning_db_archive import python_hint as _python_hint
+from codegen.upstream.generator import importable
+from codegen.plan.tree import (
     check_registered,
     generator_env,
     release_of,

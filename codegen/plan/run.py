@@ -1,4 +1,4 @@
-"""What `mi100-codegen plan` does, given its options (`codegen.plan.cli` only parses them); `run_plan`
+"""What `mi100-codegen plan` does, given its options (`codegen.cli.plan` only parses them); `run_plan`
 is shared with precompile and bench."""
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
-from .. import preflight
-from ..apply.applied_spec import resolve_spec
-from ..upstream.knobs import ENABLE_FP32_ENV
-from .kernel_list import generate_kernel_list
-from .summary import NO_HEAD_DIM, PlanSummary, summarize
-from .tree import check_registered, release_of
+from codegen.core import preflight
+from codegen.apply.applied_spec import resolve_spec
+from codegen.upstream.knobs import ENABLE_FP32_ENV
+from codegen.plan.reach import dispatched_entries
+from codegen.plan.kernel_list import generate_kernel_list
+from codegen.plan.summary import NO_HEAD_DIM, PlanSummary, summarize
+from codegen.plan.tree import check_registered, release_of
 
 HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
 
@@ -34,7 +35,7 @@ class PlanOptions:
     tuning: bool = False
     as_json: bool = False
     configs: int = 40       # rows of the per-config table; -1: all
-    kernels: str = "all"    # 'dispatched': only what build --kernels dispatched compiles (codegen.build.reach)
+    kernels: str = "all"    # 'dispatched': only what build --kernels dispatched compiles (codegen.imagebuild.reach)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,8 @@ def generator_python(tree: Path, spec, python: str | None, console: Console | No
     if python is not None:
         return preflight.interpreter(python)
     # CLI start-up: the toolchain loads only when plan needs the build venv
-    from ..toolchain import generator_requirements
-    from ..toolchain.interpreter import compiler_python
+    from codegen.toolchain import generator_requirements
+    from codegen.toolchain.interpreter import compiler_python
 
     return compiler_python(spec, "plan", requirements=generator_requirements(tree), console=console).python
 
@@ -101,10 +102,7 @@ def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | N
 
 def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None = None):
     """(every kernel the generator lists, those `build --kernels dispatched` compiles, the
-    codegen.build.reach record): the tables it wrote prove what no dispatch table selects."""
-    # CLI start-up: the build stage's module loads only for --kernels dispatched
-    from ..build.reach import dispatched_entries
-
+    codegen.plan.reach record): the tables it wrote prove what no dispatch table selects."""
     with tempfile.TemporaryDirectory(prefix="mi100-codegen-plan-") as tmp:
         v3src = Path(tmp) / "build" / "v3src"
         entries = generate_kernel_list(tree, list(spec.gpus), python, arch=spec.arch, env=env, timing=timing,

@@ -6,7 +6,7 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
-from .kernel_list import KernelEntry
+from codegen.plan.kernel_list import KernelEntry
 
 NO_HEAD_DIM = "none"
 

@@ -1,6 +1,6 @@
 """What plan needs to know about an AOTriton tree: its release, whether the target GPUs are
 registered (the overlay applied: `codegen.upstream.registration`), and the generator's
-environment. Composing the tuning database is `codegen.upstream.database`. Everything here
+environment. Composing the tuning database is `codegen.formats.tuning_db_archive`. Everything here
 reads the tree; nothing writes to it.
 
 Which release a tree is, and where its databases live, comes from `codegen.upstream.detect`.
@@ -12,12 +12,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UpstreamError, UserError
-from ..upstream import Adapter, detect
-from ..upstream.generator import package_name
-from ..upstream.layouts import layout_of
-from ..upstream.registration import registration_gaps
-from ..upstream.knobs import ENABLE_FP32_ENV
+from codegen.core.errors import UpstreamError, UserError
+from codegen.upstream import Adapter, detect
+from codegen.upstream.generator import package_name
+from codegen.upstream.layouts import layout_of
+from codegen.upstream.registration import registration_gaps
+from codegen.upstream.knobs import ENABLE_FP32_ENV
 
 
 @dataclass(frozen=True)

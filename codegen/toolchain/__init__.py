@@ -18,8 +18,8 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from ..errors import EnvironmentMissing
-from ..models import TargetSpec
+from codegen.core.errors import EnvironmentMissing
+from codegen.models import TargetSpec
 
 # The versions that compile AOTriton's kernels when the spec names none (gfx908, measured).
 DEFAULT_TRITON = ">=3.5.1,<3.9"

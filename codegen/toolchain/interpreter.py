@@ -12,12 +12,13 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .. import preflight, processes
-from ..errors import EnvironmentMissing, UserError
-from ..models import TargetSpec
-from ..overlay_inputs import committed_report
-from . import TRITON_DISTRIBUTIONS, require_triton, triton_mismatch, triton_specifier
-from .venv import ensure_venv
+from codegen.core import preflight
+from codegen.core import processes
+from codegen.core.errors import EnvironmentMissing, UserError
+from codegen.models import TargetSpec
+from codegen.render.inputs import committed_report
+from codegen.toolchain import TRITON_DISTRIBUTIONS, require_triton, triton_mismatch, triton_specifier
+from codegen.toolchain.venv import ensure_venv
 
 _PROBE = r"""
 import importlib.metadata as md, json, sys

@@ -31,11 +31,11 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
-from .. import processes
-from ..errors import EnvironmentMissing, UserError
-from ..resources import user_cache_dir
-from ..fsutil import move_into_place
-from . import DOCS
+from codegen.core import processes
+from codegen.core.errors import EnvironmentMissing, UserError
+from codegen.core.resources import user_cache_dir
+from codegen.core.fsutil import move_into_place
+from codegen.toolchain import DOCS
 
 FORMAT = 1
 RECORD = "toolchain.json"

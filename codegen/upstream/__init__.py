@@ -54,8 +54,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import UserError
-from .releases import SUPPORTED, SUPPORTED_RELEASES, Release, by_release, release_name, version_text
+from codegen.core.errors import UserError
+from codegen.upstream.releases import SUPPORTED, SUPPORTED_RELEASES, Release, by_release, release_name, version_text
 
 # The record is the adapter: stages take `Adapter` (what `detect` returns) and read its traits.
 Adapter = Release

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
-from ..models import TargetSpec
-from ..models.target import gpu_mod
-from .knobs import HEAD_DIMS_ENV
+from codegen.models import TargetSpec
+from codegen.models.target import gpu_mod
+from codegen.upstream.knobs import HEAD_DIMS_ENV
 
 # The provenance label of edits.json and of each edit in it: the module that builds the records.
 CATALOGUE = "codegen/upstream/edits.py"

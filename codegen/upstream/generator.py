@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from . import Adapter
+from codegen.upstream import Adapter
 
 
 def package_name(adapter: Adapter) -> str:

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UpstreamError
+from codegen.core.errors import UpstreamError
 
 # family -> (module of the kernel folder, kernel function)
 FAMILY_MODULES: dict[str, tuple[str, str]] = {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .edits import EditPaths
+from codegen.upstream.edits import EditPaths
 
 MODULE_NAME = "mi100_codegen_space"
 

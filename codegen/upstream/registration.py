@@ -10,10 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from ..errors import UserError
-from ..models import TargetSpec
-from . import Adapter
-from .layouts import layout_of
+from codegen.core.errors import UserError
+from codegen.models import TargetSpec
+from codegen.upstream import Adapter
+from codegen.upstream.layouts import layout_of
 
 def refuse_unsuitable_tree(tree: Path, adapter: Adapter, spec: TargetSpec, spec_display: str) -> None:
     """UserError (exit 2) when the spec is not for this tree's release, or the release already

@@ -22,9 +22,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .knobs import COMMIT_ENV, TREE_SHA_ENV
+from codegen.upstream.knobs import COMMIT_ENV, TREE_SHA_ENV
 
 Version = tuple[int, int, int]
+
+# Where every release installs its kernel images, below the library's folder (lib/): one
+# folder per GPU, `amd-<arch>/`, each holding .aks2 packages (0.13b+: image zips).
+IMAGES_DIR = "aotriton.images"
 
 # The Triton submodule every release so far pins (.gitmodules): AMD's fork, one branch; the
 # submodule's commit is not part of a `git archive`, so no version is known from the tree.
@@ -91,7 +95,7 @@ class Release:
     exports_v2_attn: bool = True          # aotriton::v2::flash::attn_fwd/attn_bwd (gone in 0.13b)
     # PyTorch's backward goes through the v3 attn_bwd and so the backward op table (0.11b+, whose
     # torch lines set AOTRITON_ALWAYS_V3_API); with 0.10b it calls the v2 attn_bwd_fused itself, so
-    # the op table proves nothing unreachable (codegen.build.reach)
+    # the op table proves nothing unreachable (codegen.imagebuild.reach)
     torch_bwd_via_op_table: bool = True
     clones_aiter: bool = False            # CMake clones ROCm/aiter at configure time (0.12b+)
     # the archs aiter's prebuilt kernels serve (0.12b's SUPPORTED_ARCH, 0.13b's @ati.affine.arch; a

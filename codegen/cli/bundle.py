@@ -1,0 +1,121 @@
+"""`mi100-codegen bundle build|check`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from codegen.cli.build import AITER_HELP, KERNELS_HELP, check_outputs
+from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
+from codegen.core.preflight import path_option
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+bundle_app = typer.Typer(
+    help="Drop-in bundles: the runtime built against a HIP major's headers, its images and a "
+    "manifest, checked on a CPU (link identity, emulated dispatch); never run on a card.",
+    no_args_is_help=True,
+)
+
+
+def _say(msg: str) -> None:
+    stderr.print(msg, markup=False)
+
+
+def _print_check(rep) -> None:
+    for c in rep.claims + rep.controls + [x for x in (rep.rows_claim, rep.forced) if x]:
+        stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
+    if rep.rows_note:
+        stderr.print(f"--   tuning rows: {rep.rows_note}", markup=False)
+    d = rep.dispatch
+    if d is not None:
+        s = d.summary()
+        stderr.print(f"{'ok  ' if d.ok else 'FAIL'} emulated dispatch on {s['target']} (stub HIP {s['hip_major']}): "
+                     f"check_gpu {s['check_gpu']}, {s['cases_ok']} of {s['cases']} cases, "
+                     f"{s['code_objects_loaded']} code objects, {s['launches']} launches", markup=False)
+        for c in d.cases:
+            if not c.ok:
+                stderr.print(f"     {c.case}: fwd {c.fwd} bwd {c.bwd}; {'; '.join(c.violations[:2])}", markup=False)
+        for m in rep.rows:   # the tuning row each tuned launch got
+            other = f"  (same config: {', '.join(m.same_config_gpus)})" if m.same_config_gpus else ""
+            stderr.print(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
+                         f"{m.row_id if m.row_id is not None else (m.note or '(unnumbered)')} {m.want or m.got}{other}", markup=False)
+        if d.stderr_tail and not d.ok:
+            stderr.print(f"     driver: {d.stderr_tail.splitlines()[-1]}", markup=False)
+    stderr.print(f"label: {rep.as_json()['label']}", markup=False)
+
+
+@bundle_app.command("build")
+def build(
+    aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
+    hip: int = typer.Option(..., "--hip", help="HIP major of the torch wheels it is for (6 or 7)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from."),
+    out: Path = typer.Option(Path("."), "--out", help="Folder the bundle file is written to."),
+    images: Optional[Path] = typer.Option(None, "--images", help="Take the kernel images from this "
+                                          "`mi100-codegen build` prefix of the same tree (else build them)."),
+    build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Build folder (default: "
+                                             "build-hip<N> in the tree)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel jobs."),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Neither read nor write the kernel cache."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", parser=path_option, metavar="PATH",
+                                             help="Kernel cache (default: kernels/ under the cache folder)."),
+    aiter_stand_in: bool = typer.Option(False, "--aiter-stand-in", help=AITER_HELP),
+    kernels: str = typer.Option("dispatched", "--kernels", help=KERNELS_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
+) -> None:
+    """Build the runtime against HIP N's headers, check it, write one bundle file."""
+    # CLI start-up: the stage loads when the command runs
+    from codegen.imagebuild.run import cpu_count
+    from codegen.plan.reach import check_mode
+    from codegen.ship.bundle import BundleBuildError, build_bundle
+
+    check_outputs(aotriton_dir, out, build_dir, python, images is not None, "workers", no_cache, cache_dir,
+                  prefix_option="--out", default_build=f"build-hip{hip}")
+    check_mode(kernels)
+    res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
+                       jobs=jobs or cpu_count(), console=stderr, progress=_say,
+                       compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
+                                     "cache_dir": cache_dir, "show_progress": not as_json,
+                                     "aiter_stand_in": aiter_stand_in, "kernels": kernels})
+    _print_check(res.check)
+    if as_json:
+        sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,
+                                     "manifest": res.manifest}, indent=2, sort_keys=True) + "\n")
+    if res.path is None:
+        raise BundleBuildError("the bundle's checks failed; no file written (see above)")
+    stderr.print(f"[green]bundle:[/] {res.path} ({res.path.stat().st_size / 1e6:.1f} MB)")
+
+
+@bundle_app.command("check")
+def check(
+    file: Path = typer.Argument(..., help="A bundle file (.mi100-bundle.zip)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
+    tree: Optional[Path] = typer.Option(None, "--tree", help="The applied tree it was built from: check "
+                                        "each tuned launch against its tuning database (default: the rows the "
+                                        "bundle carries) and name other GPUs' rows with the same configuration."),
+) -> None:
+    """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
+    # CLI start-up: the stage loads when the command runs
+    from codegen.ship.bundle import BundleBuildError
+    from codegen.ship.check import check_bundle
+
+    rep = check_bundle(file, progress=_say, tree=tree)
+    if as_json:
+        sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
+    _print_check(rep)
+    if not rep.ok:
+        raise BundleBuildError(f"{file}: the bundle fails its checks (see above)")
+    stderr.print("[green]ok:[/] every check passed (CPU-built, dispatch emulated; never run on a card)")
+
+
+def register(app: typer.Typer, guarded) -> None:
+    for cmd in bundle_app.registered_commands:  # guard the command bodies
+        cmd.callback = guarded(cmd.callback)
+    app.add_typer(bundle_app, name="bundle")

@@ -1,0 +1,149 @@
+"""`mi100-codegen torch status|install|restore|rebuild-recipe`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+torch_app = typer.Typer(
+    help="Drop our AOTriton build into an installed PyTorch (checks, backup, restore), "
+    "or print the from-source PyTorch rebuild recipe.",
+    no_args_is_help=True,
+)
+
+TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
+BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
+
+
+def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
+    if arch:
+        return arch
+    from codegen.formats.spec import load_spec  # CLI start-up: the loader loads when a command needs the spec
+
+    return load_spec(spec).spec.arch
+
+
+@torch_app.command("status")
+def status(
+    torch_dir: Optional[Path] = TorchDirOpt,
+    backup_dir: Optional[Path] = BackupOpt,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+) -> None:
+    """Installed torch, HIP version, the AOTriton file it links, images, whether ours is in."""
+    # CLI start-up: the stage loads when the command runs
+    from codegen.ship.layout import inspect_torch
+    from codegen.ship.status import format_status, torch_status
+
+    t = inspect_torch(torch_dir)
+    s = torch_status(t, backup_dir)
+    if as_json:
+        sys.stdout.write(json.dumps(s, indent=2, sort_keys=True) + "\n")
+    else:
+        sys.stdout.write(format_status(s))
+
+@torch_app.command("install")
+def install(
+    prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
+    bundle: Optional[Path] = typer.Option(None, "--bundle", help="A bundle file (mi100-codegen bundle build) instead of a prefix."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (for the default arch)."),
+    torch_dir: Optional[Path] = TorchDirOpt,
+    backup_dir: Optional[Path] = BackupOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing."),
+) -> None:
+    """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
+    # CLI start-up: the stage loads when the command runs
+    import tempfile
+
+    from codegen.core.errors import UserError
+    from codegen.ship.install import apply_install, default_backup_dir, open_bundle_prefix, plan_install
+    from codegen.ship.layout import inspect_prefix, inspect_torch
+
+    if (prefix is None) == (bundle is None):
+        raise UserError("give one of --prefix PREFIX or --bundle FILE")
+    t = inspect_torch(torch_dir)
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
+        record = None
+        if bundle is not None:
+            p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", arch)
+        else:
+            p, a = inspect_prefix(prefix), _arch(arch, spec)
+        bdir = backup_dir or default_backup_dir(t)
+        plan = plan_install(t, p, a, bdir)
+        plan.bundle = record
+        for n in plan.notes:
+            stderr.print(n, style="yellow", markup=False)
+        for act in plan.actions:
+            stderr.print(f"{act.kind:8} {act.rel}", markup=False)
+        if plan.identical:
+            stderr.print(f"[green]identical:[/] our build is already installed in {t.root}")
+            return
+        if dry_run:
+            stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
+            return
+        apply_install(plan, bdir)
+    what = f"bundle {record['file']} ({record['label']})" if record else p.lib.name
+    stderr.print(f"[green]installed:[/] {escape(what)} as lib/{t.aot_needed.name} + images for {a} "
+                 f"into {escape(str(t.root))} ({plan.summary()}); backup {escape(str(bdir))}")
+    stderr.print("next: mi100-codegen validate --json report.json --md report.md")
+
+@torch_app.command("restore")
+def restore_cmd(
+    torch_dir: Optional[Path] = TorchDirOpt,
+    backup_dir: Optional[Path] = BackupOpt,
+    force: bool = typer.Option(False, "--force", help="Restore even if installed files changed since."),
+) -> None:
+    """Put the original files back (byte-identical) and remove what install added."""
+    # CLI start-up: the stage loads when the command runs
+    from codegen.ship.install import default_backup_dir, restore
+    from codegen.ship.layout import inspect_torch
+
+    t = inspect_torch(torch_dir)
+    bdir = backup_dir or default_backup_dir(t)
+    m = restore(t, bdir, force=force)
+    stderr.print(f"[green]restored:[/] {len(m['entries'])} files in {t.root}; backup removed")
+
+@torch_app.command("rebuild-recipe")
+def rebuild_recipe(
+    prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix to build against."),
+    release: Optional[str] = typer.Option(None, "--release", help="AOTriton tag (e.g. 0.11b) when no prefix exists yet."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="PYTORCH_ROCM_ARCH (default: the spec's arch)."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (for the default arch)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="MAX_JOBS for the build."),
+    run: bool = typer.Option(False, "--run", help="Run it (resumable) instead of printing it."),
+    workdir: Path = typer.Option(Path("pytorch-build"), "--workdir", help="Where --run clones and builds."),
+    torch_dir: Optional[Path] = TorchDirOpt,
+) -> None:
+    """Print (or --run) the PyTorch from-source build against our install prefix.
+
+    Without --prefix and --release: for the release line the installed ROCm torch links."""
+    # CLI start-up: the stage loads when the command runs
+    from codegen.ship.layout import inspect_torch
+    from codegen.ship.recipe import plan_recipe, release_for_installed_torch, render_recipe, run_recipe
+
+    prefer = None
+    if prefix is None and release is None:
+        t = inspect_torch(torch_dir)
+        release, prefer = release_for_installed_torch(t), t.feature_release
+    elif torch_dir is not None:
+        prefer = inspect_torch(torch_dir).feature_release
+    r = plan_recipe(prefix, release, _arch(arch, spec), jobs, prefer_torch_line=prefer)
+    if not run:
+        sys.stdout.write(render_recipe(r))
+        return
+    run_recipe(r, workdir, log=lambda m: stderr.print(m, markup=False))
+    stderr.print(f"[green]built and installed:[/] torch {r.torch_line} against {r.prefix}")
+
+
+def register(app: typer.Typer, guarded) -> None:
+    for cmd in torch_app.registered_commands:  # guard the command bodies
+        cmd.callback = guarded(cmd.callback)
+    app.add_typer(torch_app, name="torch")

@@ -1,0 +1,150 @@
+"""A warm compile worker: imports Triton and the tree's kernel modules once, then compiles one
+kernel per request, the way the tree's compiler driver (v3python/compile.py) asks Triton to:
+an `ASTSource` built from the AOT signature string, `GPUTarget('hip', arch, warp_size)` and the
+options num_warps / num_stages / waves_per_eu.
+
+Runs in a child process (spawn). Protocol over a `multiprocessing` connection: the parent sends
+a task dict, the worker answers a result dict; `None` stops the worker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import signal
+import sys
+import sysconfig
+import time
+import traceback
+from pathlib import Path
+
+from codegen.upstream import parse_constexpr as _constexpr
+
+_MODULES: dict[str, object] = {}
+parse_resources = None  # bound in serve()
+
+
+def _kernel(source: str, name: str):
+    mod = _MODULES.get(source)
+    if mod is None:
+        path = Path(source)
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        mod = importlib.import_module(path.stem)
+        _MODULES[source] = mod
+    return getattr(mod, name)
+
+
+def compile_kernel(task: dict) -> dict:
+    """Compile one kernel; return resources' raw material (assembly, image, shared bytes)."""
+    # optional heavy dependency: Triton, imported once per worker process
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    kernel = _kernel(task["source"], task["kernel_name"])
+    sig = [s.strip() for s in task["signature"].split(",")]
+    names = kernel.arg_names
+    if len(names) != len(sig):
+        raise ValueError(f"signature has {len(sig)} entries, kernel {task['kernel_name']} takes {len(names)}")
+    hints = {(i,): _constexpr(s.split(":")[1]) for i, s in enumerate(sig) if ":" in s}
+    hints = {k: v for k, v in hints.items() if v is not None}
+    constants = {names[i]: _constexpr(s) for i, s in enumerate(sig)}
+    constants = {k: v for k, v in constants.items() if v is not None}
+    for (i,), v in hints.items():
+        if v == 1:
+            constants[names[i]] = v
+    signature = {names[i]: s.split(":")[0] for i, s in enumerate(sig)}
+    for k in constants:
+        signature[k] = "constexpr"
+    # compile.py's order (every 16 before every 8): Triton's metadata `hash` is taken over str(attrs)
+    attrs = {k: [("tt.divisibility", 16)] for k, v in hints.items() if v == 16}
+    attrs.update({k: [("tt.divisibility", 8)] for k, v in hints.items() if v == 8})
+    src = triton.compiler.ASTSource(fn=kernel, constexprs=constants, signature=signature, attrs=attrs)
+    target = GPUTarget("hip", task["arch"], task["warp_size"])
+    backend = triton.compiler.make_backend(target)
+    opts = backend.parse_options({
+        "num_warps": task["num_warps"], "num_stages": task["num_stages"], "waves_per_eu": task["waves_per_eu"],
+    })
+    compiled = triton.compile(src, target=target, options=opts.__dict__)
+    return {
+        "sidecar": sidecar_json(compiled.metadata),
+        "amdgcn": compiled.asm.get("amdgcn", ""),
+        "hsaco": bytes(compiled.kernel),
+        "shared": int(getattr(compiled.metadata, "shared", 0) or 0),
+        "llir": compiled.asm.get("llir", ""),
+    }
+
+
+def sidecar_json(metadata) -> str:
+    """The `.json` the tree's compile.py writes beside the image, byte for byte: Triton's metadata
+    without the target, `compile_status` last, `json.dump(indent=2)` (the image packer, aks2,
+    reads `shared`, `num_warps` and `warp_size` from it; `extern_libs` and `hash` carry the path
+    of the Triton install)."""
+    di = metadata._asdict()
+    del di["target"]
+    di["compile_status"] = "Complete"
+    return json.dumps(di, indent=2)
+
+
+def first_error_line(exc: BaseException) -> str:
+    """`Type: message` with the first line that says what went wrong. Triton's CompilationError
+    reads `at L:C:` / source excerpt / `^` marker / the error: take the line after the marker."""
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    marker = next((i for i, ln in enumerate(lines) if set(ln) == {"^"}), None)
+    if marker is not None and marker + 1 < len(lines):
+        line = lines[marker + 1]
+    else:
+        line = next((ln for ln in lines if not re.match(r"^at \d+:\d+:?$", ln)), "")
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def own_site_first() -> None:
+    """In another interpreter (the build venv's), spawn gave us the parent's sys.path: put this
+    interpreter's own site-packages first, so `triton` is its own and not the parent's (the torch
+    environment's); our modules and their dependencies still come from the parent's entries."""
+    own = [sysconfig.get_path("purelib"), sysconfig.get_path("platlib")]
+    own = [p for i, p in enumerate(own) if p and p not in own[:i]]
+    sys.path[:] = own + [p for p in sys.path if p not in own]
+
+
+def serve(conn, env: dict[str, str], own_site: bool = False) -> None:
+    """Worker main: set the environment, import Triton once, then serve tasks until None."""
+    if own_site:
+        own_site_first()
+    os.environ.update(env)
+    sys.dont_write_bytecode = True
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
+    global parse_resources
+    from codegen.compile.resources import parse_resources  # after the worker's environment is set
+    try:
+        import triton  # (warm import, once per worker)
+    except BaseException as exc:  # pragma: no cover - reported to the parent
+        conn.send({"fatal": first_error_line(exc)})
+        return
+    conn.send({"ready": True, "triton": getattr(triton, "__version__", None)})
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            raw = compile_kernel(task)
+            elapsed = time.perf_counter() - t0
+            res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"], raw["llir"])
+            out = {"ok": True, "id": task["id"], "compile_s": elapsed, "hsaco": raw["hsaco"],
+                   "resources": res.model_dump(), "sidecar": raw["sidecar"]}
+            if task.get("keep_asm"):
+                out["amdgcn"] = raw["amdgcn"]
+        except Exception as exc:  # noqa: BLE001 - every compile failure is a result
+            out = {"ok": False, "id": task["id"], "compile_s": time.perf_counter() - t0,
+                   "error": first_error_line(exc),
+                   "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+        try:
+            conn.send(out)
+        except (BrokenPipeError, OSError):
+            return

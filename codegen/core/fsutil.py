@@ -1,0 +1,118 @@
+"""Atomic file writes shared by every stage: write a sibling temp file, then `os.replace`, so a
+reader sees the old bytes or the new ones, never a torn file; a failure leaves no temp behind.
+The one place (with the apply journal) that renames files into place."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+
+from codegen.core.errors import UserError
+
+
+def atomic_write(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:
+    path = Path(path)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_if_changed(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> bool:
+    """atomic_write unless the file already holds exactly these bytes; True when it changed."""
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if path.is_file() and path.read_bytes() == raw:
+        return False
+    atomic_write(path, raw, mode=mode)
+    return True
+
+
+def stage_write(dest: str | Path, data: bytes, *, mode: int = 0o644, suffix: str = ".tmp") -> Path:
+    """Write `data` to a new temporary sibling of `dest` and return its path; `move_into_place`
+    then makes it `dest`. For writers that stage several files before renaming any (render's
+    overlay directory): a failure while staging leaves every destination untouched."""
+    dest = Path(dest)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=suffix, dir=dest.parent)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)  # mkstemp creates 0600
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp)
+        raise
+    os.close(fd)
+    return Path(tmp)
+
+
+def move_into_place(src: str | Path, dest: str | Path) -> None:
+    """Rename a staged file (or a staged directory) to `dest` in one step: readers see the old
+    entry or the new one, never a mix."""
+    os.replace(src, dest)
+
+
+def atomic_copy(src: str | Path, dest: str | Path) -> None:
+    """Copy the bytes, mode and mtime of `src` to `dest` through a synced temporary sibling and a
+    rename (the file is never seen half-copied)."""
+    dest = Path(dest)
+    tmp = dest.with_name(f".{dest.name}.mi100-tmp")
+    try:
+        shutil.copy2(src, tmp, follow_symlinks=True)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+INPUT_LIMIT = 64 << 20  # bytes: no data file, state file or spec of ours comes near it
+
+
+def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT) -> bytes:
+    """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
+    directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
+    most `limit` bytes is read; anything else is one UserError naming the path."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        why = {errno.ELOOP: "a symbolic-link loop", errno.ENOENT: "does not exist",
+               errno.ENOTDIR: "a component of the path is not a directory"}.get(exc.errno, exc.strerror or str(exc))
+        raise UserError(f"{path}: cannot read this {what}: {why}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise UserError(f"{path}: this {what} is {kind}, not a regular file")
+        chunks, size = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 20)
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read this {what}: {exc.strerror or exc}") from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise UserError(f"{path}: this {what} is larger than {limit:,} bytes; refusing to read it")
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

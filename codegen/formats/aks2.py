@@ -1,0 +1,222 @@
+"""What the generated dispatch tables reference, and what the packed kernel images hold.
+
+Dispatch tables: every `autotune.<kernel>/*.cc` that upstream's generator writes into the build
+directory names its image package (`PACKAGE_PATH`, an `.aks2` file below `aotriton.images/`),
+its functional (`FUNC_NAME`) and one line per kernel:
+
+    { 0xHHHHHHHHu, 0xLLLLLLLLu, psel, copt }, // <b2sum> = b2sum -l 64 <<< <package>__P__<perf>__CO__<copts>--Arch_<arch>
+
+The runtime looks a kernel up in the package by its stem
+`<kernel>-Sig-F__<func>__P__<perf>__CO__<copts>--Arch_<arch>`. The comment is trusted only
+after its BLAKE2b-64 matches the two numbers the runtime itself uses.
+
+AKS2 (AOTriton kernel storage v2): magic `AKS2`, u32 total uncompressed size, u32 number of
+kernels, u32 directory size, then one xz stream holding the directory (per kernel: u32 shared
+memory, u32 block threads, u32 offset, u32 image size, u32 name length incl. NUL, name) followed
+by the images. Only the directory is decompressed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import lzma
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from codegen.core.errors import UpstreamError
+
+AKS2_MAGIC = b"AKS2"
+_HEADER = struct.Struct("<4sIII")
+_ENTRY = struct.Struct("<IIIII")
+
+_PACKAGE_RE = re.compile(r'PACKAGE_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
+_FLATZIP_RE = re.compile(r'FLATZIP_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
+_FUNC_RE = re.compile(r'FUNC_NAME\s*\{\s*R"xyzw\((?P<func>[^)]*)\)xyzw"')
+_META_RE = re.compile(
+    r"\{\s*0x(?P<hi>[0-9a-fA-F]+)u,\s*0x(?P<lo>[0-9a-fA-F]+)u,\s*-?\d+,\s*-?\d+\s*\},\s*"
+    r"//\s*[0-9a-f]+\s*=\s*b2sum -l 64 <<< (?P<raw>\S+)"
+)
+_RAW_TAIL_RE = re.compile(r"__P__(?P<psel>.*)__CO__(?P<copt>.*)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
+
+
+class ImageError(UpstreamError):
+    """A dispatch table or kernel package we cannot read."""
+
+
+@dataclass(frozen=True)
+class KernelRef:
+    """One kernel a dispatch table can select."""
+
+    package: str  # relative to aotriton.images/, without .aks2
+    stem: str  # name inside the package
+
+    @property
+    def kernel(self) -> str:
+        return self.package.split("/")[2] if self.package.count("/") >= 2 else self.package
+
+
+@dataclass(frozen=True)
+class PackedEntry:
+    name: str
+    image_size: int
+    block_threads: int
+    shared_memory: int
+
+
+def blake2b_64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def parse_dispatch_table(path: Path) -> list[KernelRef]:
+    """Kernels referenced by one generated autotune table (empty when it references none)."""
+    text = path.read_text(encoding="utf-8", errors="strict")
+    metas = list(_META_RE.finditer(text))
+    if not metas:
+        return []
+    pkg = _PACKAGE_RE.search(text)
+    func = _FUNC_RE.search(text)
+    if pkg is None or func is None:
+        raise ImageError(f"{path}: dispatch table without PACKAGE_PATH/FUNC_NAME (unknown generator output)")
+    package = pkg.group("path")
+    kernel = package.split("/")[2] if package.count("/") >= 2 else None
+    if kernel is None:
+        raise ImageError(f"{path}: unexpected package path {package!r}")
+    refs = []
+    for m in metas:
+        raw = m.group("raw")
+        want = (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16)
+        if blake2b_64(raw) != want:
+            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
+        if not raw.startswith(package + "__P__"):
+            raise ImageError(f"{path}: kernel {raw!r} is not in package {package!r}")
+        tail = _RAW_TAIL_RE.search(raw[len(package):])
+        if tail is None:
+            raise ImageError(f"{path}: cannot split kernel name {raw!r}")
+        stem = (f"{kernel}-Sig-F__{func.group('func')}__P__{tail.group('psel')}"
+                f"__CO__{tail.group('copt')}--Arch_{tail.group('arch')}")
+        refs.append(KernelRef(package=package, stem=stem))
+    return refs
+
+
+def dispatch_tables(build_dir: Path) -> list[Path]:
+    """The generated autotune tables the configured build compiles, sorted. Tables an earlier
+    configuration left in the same build directory (another spec, head dims or dtypes) stay on
+    disk but are not in `build.ninja`, so they are skipped (without a build.ninja: every table)."""
+    tables = sorted(p for p in build_dir.glob("v3src/*/autotune.*/*.cc") if p.is_file())
+    try:
+        ninja = (build_dir / "build.ninja").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return tables
+    return [p for p in tables if str(p.resolve()) in ninja]
+
+
+@dataclass(frozen=True)
+class ZipRef:
+    """One kernel a 0.13b dispatch table can select: the runtime opens `zip` (below
+    aotriton.images/), takes its member `member` (the table's FUNC_NAME: an .aks2 cluster) and
+    in it the kernel named `entry` (the kernel's descriptor after the zip path)."""
+
+    zip: str
+    member: str
+    entry: str
+
+    @property
+    def kernel(self) -> str:
+        return self.zip.rsplit("/", 1)[-1].removesuffix(".zip")
+
+
+def parse_zip_table(path: Path) -> list[ZipRef]:
+    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip). Each
+    kernel comment is trusted only after its BLAKE2b-64 matches the id the runtime uses."""
+    text = path.read_text(encoding="utf-8", errors="strict")
+    flat = _FLATZIP_RE.search(text)
+    if flat is None:
+        return []
+    func = _FUNC_RE.search(text)
+    if func is None:
+        raise ImageError(f"{path}: dispatch table without FUNC_NAME (unknown generator output)")
+    zip_path = flat.group("path")
+    refs = []
+    for m in _META_RE.finditer(text):
+        raw = m.group("raw")
+        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
+            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
+        if not raw.startswith(zip_path + ";;"):
+            raise ImageError(f"{path}: kernel {raw!r} is not in image zip {zip_path!r}")
+        refs.append(ZipRef(zip=zip_path, member=func.group("func"), entry=raw[len(zip_path):]))
+    return refs
+
+
+def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
+    refs: set[ZipRef] = set()
+    for table in dispatch_tables(build_dir):
+        refs.update(parse_zip_table(table))
+    return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
+
+
+def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, PackedEntry]]:
+    """One installed image zip, opened once: checked valid (every member's CRC), then, for each of
+    `members` it holds, that .aks2 cluster's directory as {kernel name: entry}. Members it lacks are
+    left out; ImageError when it is not a valid zip."""
+    import zipfile  # only for 0.13b+ installs
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+            if bad is not None:
+                raise ImageError(f"{path}: member {bad} fails its CRC")
+            out: dict[str, dict[str, PackedEntry]] = {}
+            for member in sorted(members & set(z.namelist())):
+                with z.open(member) as f:
+                    out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
+            return out
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ImageError(f"{path}: not a readable zip ({exc})") from None
+
+
+def referenced_kernels(build_dir: Path) -> list[KernelRef]:
+    refs: set[KernelRef] = set()
+    for table in dispatch_tables(build_dir):
+        refs.update(parse_dispatch_table(table))
+    return sorted(refs, key=lambda r: (r.package, r.stem))
+
+
+def read_aks2_directory(path: Path, stream: BinaryIO | None = None) -> list[PackedEntry]:
+    """The directory of one .aks2 package (names and sizes of its kernels): the file at `path`, or
+    `stream` (a member of an image zip), `path` then only naming it in messages."""
+    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
+        head = f.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            raise ImageError(f"{path}: truncated kernel package")
+        magic, _total, count, dir_size = _HEADER.unpack(head)
+        if magic != AKS2_MAGIC:
+            raise ImageError(f"{path}: not an AKS2 kernel package (magic {magic!r})")
+        dec = lzma.LZMADecompressor()
+        out = b""
+        while len(out) < dir_size:
+            chunk = f.read(1 << 16)
+            if not chunk:
+                break
+            out += dec.decompress(chunk, max_length=dir_size - len(out))
+            while len(out) < dir_size and not dec.needs_input and not dec.eof:
+                out += dec.decompress(b"", max_length=dir_size - len(out))
+    if len(out) < dir_size:
+        raise ImageError(f"{path}: truncated kernel package directory")
+    entries, pos = [], 0
+    for _ in range(count):
+        if pos + _ENTRY.size > dir_size:
+            raise ImageError(f"{path}: corrupt kernel package directory")
+        shared, threads, _offset, size, name_len = _ENTRY.unpack_from(out, pos)
+        pos += _ENTRY.size
+        name = out[pos:pos + name_len].rstrip(b"\0").decode("utf-8", errors="replace")
+        pos += name_len
+        entries.append(PackedEntry(name=name, image_size=size, block_threads=threads, shared_memory=shared))
+    return entries
+
+
+__all__ = ["ImageError", "KernelRef", "PackedEntry", "ZipRef", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
+           "parse_zip_table", "read_aks2_directory", "read_zip_clusters", "referenced_kernels", "referenced_zip_kernels"]

@@ -1,0 +1,163 @@
+"""The bundle file: one zip per (AOTriton release, arch, HIP major), and the only reader of it.
+
+Members: `manifest.json`, `spec.yaml` (the spec it was built from), `lib/libaotriton_v2.so.X.Y.Z`,
+`lib/aotriton.images/amd-<arch>/...`, `include/aotriton/...` (the headers the library was
+built with: `bundle check` compiles its dispatch driver against them) and `tuning-rows.json` (the
+spec's GPUs' tuning rows, read and validated by rows.py; absent from bundles made before it). The
+manifest lists every other member with its sha256 and size.
+
+A bundle is hostile input. `open_bundle` reads only a bounded regular file; every member name
+goes through `codegen.core.contain.rel_path`; links, directories posing as files, duplicates, members
+the manifest does not list (or listed ones that are missing) and any sha256 or size that differs
+are refused with one message (exit 2) before anything is extracted. `extract` then writes each
+member below one new folder through `codegen.core.contain.inside`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import stat
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from codegen.core.contain import Escape, inside, rel_path
+from codegen.core.errors import UserError
+from codegen.core.fsutil import move_into_place, read_input, stage_write
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+SPEC = "spec.yaml"
+BUNDLE_LIMIT = 2 << 30          # bytes of one bundle file
+MEMBER_LIMIT = 1 << 30          # uncompressed bytes of one member
+TOTAL_LIMIT = 4 << 30           # uncompressed bytes of all members
+
+
+class BundleError(UserError):
+    """A file that is not a bundle, or a truncated or tampered one (exit 2)."""
+
+
+def bundle_name(release: str, arch: str, hip: int) -> str:
+    """`aotriton-0.11b-gfx908-hip6.mi100-bundle.zip`"""
+    return f"aotriton-{release}-{arch}-hip{hip}.mi100-bundle.zip"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    manifest: dict
+    members: dict[str, bytes]     # every member but manifest.json, verified
+
+    @property
+    def library(self) -> str:
+        return self.manifest["library"]["file"]
+
+
+def write_bundle(dest: Path, manifest: dict, files: dict[str, bytes]) -> None:
+    """Write the zip to `dest` atomically (a temporary file beside it, then one rename)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        info = zipfile.ZipInfo(MANIFEST, (2026, 1, 1, 0, 0, 0))
+        info.external_attr = (stat.S_IFREG | 0o644) << 16
+        z.writestr(info, json.dumps(manifest, indent=2, sort_keys=True) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | 0o644) << 16
+            # kernel packages are xz inside already; the library and headers compress
+            kind = zipfile.ZIP_STORED if name.endswith((".aks2", ".zip")) else zipfile.ZIP_DEFLATED
+            z.writestr(info, files[name], compress_type=kind)
+    move_into_place(stage_write(dest, buf.getvalue()), dest)
+
+
+def open_bundle(path: Path) -> Bundle:
+    """Read and verify a bundle (see the module doc); BundleError on anything wrong."""
+    data = read_input(path, what="bundle", limit=BUNDLE_LIMIT)
+    try:
+        z = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, OSError, ValueError) as exc:
+        raise BundleError(f"{path}: not a bundle or a truncated one ({exc})",
+                          hint="download or build it again: mi100-codegen bundle build TREE --hip N") from None
+    try:
+        return _verify(path, z)
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{path}: corrupt bundle ({type(exc).__name__}: {exc})",
+                          hint="download or build it again") from None
+
+
+def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
+    infos: dict[str, zipfile.ZipInfo] = {}
+    total = 0
+    for info in z.infolist():
+        try:
+            rel_path(info.filename, (".git",))
+        except ValueError as exc:
+            raise BundleError(f"{path}: refusing member {info.filename!r}: {exc}") from None
+        kind = stat.S_IFMT(info.external_attr >> 16)   # 0: no Unix mode recorded
+        if info.is_dir() or (kind and kind != stat.S_IFREG):
+            raise BundleError(f"{path}: member {info.filename} is not a regular file")
+        if info.filename in infos:
+            raise BundleError(f"{path}: member {info.filename} appears twice")
+        if info.file_size > MEMBER_LIMIT:
+            raise BundleError(f"{path}: member {info.filename} is larger than {MEMBER_LIMIT:,} bytes")
+        total += info.file_size
+        infos[info.filename] = info
+    if total > TOTAL_LIMIT:
+        raise BundleError(f"{path}: members add up to more than {TOTAL_LIMIT:,} bytes")
+    if MANIFEST not in infos:
+        raise BundleError(f"{path}: no {MANIFEST}: not an mi100-codegen bundle")
+    try:
+        manifest = json.loads(z.read(MANIFEST))
+    except ValueError as exc:
+        raise BundleError(f"{path}: unreadable {MANIFEST} ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+        raise BundleError(f"{path}: {MANIFEST} is not a bundle manifest of format {FORMAT}")
+    listed: dict = manifest["files"]
+    for name, rec in listed.items():
+        try:
+            rel_path(name, (".git",))
+        except ValueError as exc:
+            raise BundleError(f"{path}: the manifest lists {name!r}: {exc}") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("size"), int):
+            raise BundleError(f"{path}: the manifest's entry for {name} has no sha256 and size")
+    extra = sorted(set(infos) - set(listed) - {MANIFEST})
+    missing = sorted(set(listed) - set(infos))
+    if extra or missing:
+        raise BundleError(f"{path}: members and manifest differ ("
+                          + "; ".join(x for x in (f"not listed: {', '.join(extra[:5])}" if extra else "",
+                                                  f"missing: {', '.join(missing[:5])}" if missing else "") if x) + ")",
+                          hint="the bundle was changed after it was built: download or build it again")
+    members: dict[str, bytes] = {}
+    for name, rec in sorted(listed.items()):
+        blob = z.read(name)
+        if len(blob) != rec["size"] or sha256(blob) != rec["sha256"]:
+            raise BundleError(f"{path}: member {name} does not match the manifest (sha256 {sha256(blob)[:12]}…, "
+                              f"manifest {rec['sha256'][:12]}…)",
+                              hint="the bundle was changed after it was built: download or build it again")
+        members[name] = blob
+    lib = manifest.get("library", {}).get("file")
+    if not isinstance(lib, str) or lib not in members:
+        raise BundleError(f"{path}: the manifest names no library among its members")
+    return Bundle(path, manifest, members)
+
+
+def extract(bundle: Bundle, dest: Path) -> Path:
+    """Write the verified members below `dest` (a new or empty folder); returns it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, blob in sorted(bundle.members.items()):
+        try:
+            target = inside(dest, name)
+        except Escape as exc:
+            raise BundleError(f"{bundle.path}: {exc}") from None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(blob)
+    return dest
+
+
+__all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "SPEC", "bundle_name", "extract",
+           "open_bundle", "sha256", "write_bundle"]

@@ -1,0 +1,356 @@
+"""The one ELF reader (pyelftools): what the dynamic linker sees of a shared library, and what a
+GPU runtime reads of an AMDGPU code object.
+
+Host libraries (`read_dynamic`): DT_NEEDED, DT_SONAME, DT_RPATH, DT_RUNPATH, the defined and
+undefined symbols of the dynamic symbol table, and the GNU symbol versions: the version nodes a
+library requires from each file it needs (`.gnu.version_r`), the nodes it defines
+(`.gnu.version_d`) and the node each imported symbol is bound to (`.gnu.version`). Without
+section headers (stripped with sstrip) the dynamic segment still gives the tags and the symbols
+(pyelftools counts them through DT_HASH / DT_GNU_HASH); symbol versions then read as none.
+
+AMDGPU code objects (`read_code_object`): the target from `e_flags` (the EF_AMDGPU_MACH value and
+the xnack/sramecc feature bits of code object v4+), the kernel symbols, and the metadata note
+(NT_AMDGPU_METADATA, msgpack: `amdhsa.target`, `amdhsa.kernels[]` with `.kernarg_segment_size`,
+`.max_flat_workgroup_size`, `.wavefront_size`, ...).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+from elftools.common.exceptions import ELFError as _PyElfError
+from elftools.elf.dynamic import DynamicSection, DynamicSegment
+from elftools.elf.elffile import ELFFile
+from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
+
+from codegen.core.errors import UserError
+
+EM_AMDGPU = 224
+NT_AMDGPU_METADATA = 32
+# e_flags of AMDGPU code objects (LLVM's ELF.h)
+EF_AMDGPU_MACH = 0x0FF
+EF_AMDGPU_FEATURE_XNACK_V4 = 0x300
+EF_AMDGPU_FEATURE_SRAMECC_V4 = 0xC00
+_FEATURE_V4 = {0x000: None, 0x100: "any", 0x200: "off", 0x300: "on"}  # unsupported/any/off/on, xnack
+# EF_AMDGPU_MACH values of the GPUs mi100-codegen targets and their donors (LLVM's ELF.h)
+AMDGPU_MACH = {
+    "gfx900": 0x2C, "gfx906": 0x2F, "gfx908": 0x30, "gfx90a": 0x3F, "gfx90c": 0x32,
+    "gfx940": 0x40, "gfx941": 0x4B, "gfx942": 0x4C, "gfx950": 0x4F,
+    "gfx1010": 0x33, "gfx1030": 0x36, "gfx1031": 0x37, "gfx1032": 0x38, "gfx1034": 0x3E,
+    "gfx1035": 0x3D, "gfx1036": 0x45, "gfx1100": 0x41, "gfx1101": 0x46, "gfx1102": 0x47,
+    "gfx1200": 0x48, "gfx1201": 0x4E,
+}
+_MACH_NAME = {v: k for k, v in AMDGPU_MACH.items()}
+_VERSION_RE = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)$")
+
+
+class ElfError(UserError):
+    """Not an ELF file, or one we cannot read."""
+
+
+@dataclass(frozen=True)
+class DynamicInfo:
+    """What the dynamic linker reads of one ELF file."""
+
+    path: str
+    needed: tuple[str, ...]
+    soname: str | None
+    rpath: tuple[str, ...]
+    runpath: tuple[str, ...]
+    defined: frozenset[str] = field(repr=False)
+    undefined: frozenset[str] = field(repr=False)
+    # file -> version nodes required from it (.gnu.version_r), in file order
+    version_needs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # the version nodes this file defines (.gnu.version_d), its own name excluded
+    version_defs: tuple[str, ...] = ()
+    # imported symbol -> the version node it is bound to (versioned imports only)
+    import_versions: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    # defined symbol -> its version node (versioned exports only)
+    export_versions: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    def needs_from(self, name_prefix: str) -> tuple[str, ...]:
+        """The version nodes required from the needed files whose name starts with `name_prefix`."""
+        return tuple(v for f, vs in self.version_needs if f.startswith(name_prefix) for v in vs)
+
+    def highest(self, family: str) -> str | None:
+        """The highest `FAMILY_x.y` version node required (GLIBC, GLIBCXX, CXXABI, GCC), or None."""
+        best: tuple[int, ...] | None = None
+        for _f, vs in self.version_needs:
+            for v in vs:
+                m = _VERSION_RE.match(v)
+                if m and m[1] == family:
+                    key = tuple(int(x) for x in m[2].split("."))
+                    best = key if best is None or key > best else best
+        return None if best is None else f"{family}_{'.'.join(map(str, best))}"
+
+
+def version_key(node: str) -> tuple[int, ...]:
+    """`GLIBC_2.34` -> (2, 34); a node without a dotted number sorts first."""
+    m = _VERSION_RE.match(node)
+    return tuple(int(x) for x in m[2].split(".")) if m else ()
+
+
+def _open(data: bytes | BinaryIO, path: str) -> ELFFile:
+    stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    stream.seek(0)
+    if stream.read(4) != b"\x7fELF" or len(stream.read(12)) < 12:
+        raise ElfError(f"{path}: not an ELF file")
+    try:
+        return ELFFile(stream)
+    except (_PyElfError, ValueError, OSError, KeyError, TypeError) as exc:
+        raise ElfError(f"{path}: unreadable ELF file ({exc})") from None
+
+
+def _split(s: str) -> tuple[str, ...]:
+    return tuple(x for x in s.split(":") if x)
+
+
+def parse_dynamic(data: bytes | BinaryIO, path: str = "<bytes>") -> DynamicInfo:
+    """`read_dynamic` of bytes already read (or of a seekable binary stream)."""
+    elf = _open(data, path)
+    try:
+        return _dynamic(elf, path)
+    except ElfError:
+        raise
+    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError,
+            UnicodeDecodeError, IndexError) as exc:
+        raise ElfError(f"{path}: truncated or corrupt ELF file ({type(exc).__name__}: {exc})") from None
+
+
+def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
+    dyn = _dynamic_table(elf, path)
+    needed, soname, rpath, runpath = _dynamic_tags(dyn)
+    versym, verneed, verdef, dynsym = _version_sections(elf)
+    symbols = list(dynsym.iter_symbols()) if dynsym is not None else list(
+        dyn.iter_symbols() if isinstance(dyn, DynamicSegment) else ())
+    names, needs, defs = _version_nodes(verneed, verdef)
+    defined, undefined, imports, exports = _dynamic_symbols(symbols, versym, names)
+    return DynamicInfo(
+        path=path,
+        needed=tuple(needed),
+        soname=soname,
+        rpath=rpath,
+        runpath=runpath,
+        defined=frozenset(defined),
+        undefined=frozenset(undefined),
+        version_needs=tuple(needs),
+        version_defs=tuple(defs),
+        import_versions=tuple(sorted(imports.items())),
+        export_versions=tuple(sorted(exports.items())),
+    )
+
+
+def _dynamic_table(elf: ELFFile, path: str) -> DynamicSection | DynamicSegment:
+    """The dynamic section, or the dynamic segment of a file without section headers."""
+    dyn: DynamicSection | DynamicSegment | None = None
+    if elf.num_sections():
+        dyn = next((s for s in elf.iter_sections() if isinstance(s, DynamicSection)), None)
+    if dyn is None:
+        dyn = next((s for s in elf.iter_segments() if isinstance(s, DynamicSegment)), None)
+    if dyn is None:
+        raise ElfError(f"{path}: no dynamic section (a static executable or object file?)")
+    return dyn
+
+
+def _dynamic_tags(dyn: DynamicSection | DynamicSegment
+                  ) -> tuple[list[str], str | None, tuple[str, ...], tuple[str, ...]]:
+    """DT_NEEDED (in order), DT_SONAME, DT_RPATH and DT_RUNPATH."""
+    needed: list[str] = []
+    soname = None
+    rpath: tuple[str, ...] = ()
+    runpath: tuple[str, ...] = ()
+    for tag in dyn.iter_tags():
+        t = tag.entry.d_tag
+        if t == "DT_NEEDED":
+            needed.append(tag.needed)
+        elif t == "DT_SONAME":
+            soname = tag.soname
+        elif t == "DT_RPATH":
+            rpath += _split(tag.rpath)
+        elif t == "DT_RUNPATH":
+            runpath += _split(tag.runpath)
+    return needed, soname, rpath, runpath
+
+
+def _version_sections(elf: ELFFile) -> tuple[Any, Any, Any, Any]:
+    """The `.gnu.version`, `.gnu.version_r`, `.gnu.version_d` and `.dynsym` sections (None where
+    absent, all None without section headers)."""
+    versym = verneed = verdef = None
+    dynsym = None
+    for sec in elf.iter_sections() if elf.num_sections() else ():
+        if isinstance(sec, GNUVerSymSection):
+            versym = sec
+        elif isinstance(sec, GNUVerNeedSection):
+            verneed = sec
+        elif isinstance(sec, GNUVerDefSection):
+            verdef = sec
+        elif sec.header.sh_type == "SHT_DYNSYM":
+            dynsym = sec
+    return versym, verneed, verdef, dynsym
+
+
+def _version_nodes(verneed: GNUVerNeedSection | None, verdef: GNUVerDefSection | None
+                   ) -> tuple[dict[int, str], list[tuple[str, tuple[str, ...]]], list[str]]:
+    """Version index -> node name, the nodes required from each needed file, the nodes defined
+    (the file's own name excluded)."""
+    names: dict[int, str] = {}
+    needs: list[tuple[str, tuple[str, ...]]] = []
+    defs: list[str] = []
+    if verneed is not None:
+        for vn, auxs in verneed.iter_versions():
+            vs = []
+            for aux in auxs:
+                names[aux.entry.vna_other & 0x7FFF] = aux.name
+                vs.append(aux.name)
+            needs.append((vn.name, tuple(vs)))
+    if verdef is not None:
+        for vd, auxs in verdef.iter_versions():
+            aux = next(iter(auxs), None)
+            if aux is None:
+                continue
+            names[vd.entry.vd_ndx] = aux.name
+            if not vd.entry.vd_flags & 0x1:  # VER_FLG_BASE: the file's own name
+                defs.append(aux.name)
+    return names, needs, defs
+
+
+def _dynamic_symbols(symbols: list, versym: GNUVerSymSection | None, names: dict[int, str]
+                     ) -> tuple[set[str], set[str], dict[str, str], dict[str, str]]:
+    """The defined and undefined dynamic symbols, and the version node of each versioned import
+    and export."""
+    defined: set[str] = set()
+    undefined: set[str] = set()
+    imports: dict[str, str] = {}
+    exports: dict[str, str] = {}
+    for i, sym in enumerate(symbols):
+        if i == 0 or not sym.name or sym["st_info"]["type"] in ("STT_SECTION", "STT_FILE"):
+            continue
+        und = sym["st_shndx"] == "SHN_UNDEF"
+        if not und and sym["st_info"]["bind"] == "STB_LOCAL":
+            continue
+        node = None
+        if versym is not None and i < versym.num_symbols():
+            ndx = versym.get_symbol(i).entry["ndx"]
+            ndx = ndx if isinstance(ndx, int) else 0  # VER_NDX_LOCAL / VER_NDX_GLOBAL come as names
+            node = names.get(ndx & 0x7FFF) if (ndx & 0x7FFF) > 1 else None
+        if node == sym.name and sym["st_shndx"] == "SHN_ABS":
+            continue  # the absolute symbol the linker emits for each version node it defines
+        (undefined if und else defined).add(sym.name)
+        if node is not None:
+            (imports if und else exports)[sym.name] = node
+    return defined, undefined, imports, exports
+
+
+def read_dynamic(path: Path | str) -> DynamicInfo:
+    """DT_NEEDED, SONAME, RPATH/RUNPATH, dynamic symbols and symbol versions of an ELF file."""
+    p = Path(path)
+    with _open_regular(p) as stream:  # streamed: torch's libraries are up to a few GB
+        return parse_dynamic(stream, str(p))
+
+
+def _open_regular(p: Path) -> BinaryIO:
+    """A regular file opened for reading; a FIFO, device, directory or link loop is one ElfError
+    (the rule of `fsutil.read_input`, without reading the whole file)."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ElfError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ElfError(f"{p}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+# --- AMDGPU code objects -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CodeObject:
+    """What a GPU runtime checks of an AMDGPU code object before it launches from it."""
+
+    arch: str | None                 # from EF_AMDGPU_MACH (None: a mach value we do not name)
+    mach: int
+    xnack: str | None                # "on" / "off" / "any" / None (unsupported by the target)
+    sramecc: str | None
+    target: str | None               # the metadata's amdhsa.target, e.g. amdgcn-amd-amdhsa--gfx908:sramecc+:xnack-
+    kernels: dict[str, dict[str, Any]] = field(repr=False)   # kernel name -> its amdhsa.kernels entry
+    symbols: frozenset[str] = field(repr=False)              # every defined symbol of .symtab/.dynsym
+
+    def target_id(self) -> str:
+        """The target the way ROCm spells it: `gfx908:sramecc+:xnack-` (features the target has)."""
+        out = self.arch or f"mach{self.mach:#x}"
+        for name, v in (("sramecc", self.sramecc), ("xnack", self.xnack)):
+            if v in ("on", "off"):
+                out += f":{name}{'+' if v == 'on' else '-'}"
+        return out
+
+
+def _metadata(elf: ELFFile) -> dict:
+    meta: dict = {}
+    for sec in elf.iter_sections():
+        if sec.header.sh_type == "SHT_NOTE":
+            for note in sec.iter_notes():
+                if note["n_name"] == "AMDGPU" and note["n_type"] in (NT_AMDGPU_METADATA, "NT_AMDGPU_METADATA"):
+                    m = msgpack.unpackb(bytes(note["n_descdata"]), raw=False, strict_map_key=False)
+                    if isinstance(m, dict):
+                        meta.update(m)
+    return meta
+
+
+def amdgpu_metadata(image: bytes, what: str = "code object") -> dict:
+    """The AMDGPU metadata note of a code object (the msgpack map; {} when it has none), without
+    checking the machine (`read_code_object` does)."""
+    elf = _open(image, what)
+    try:
+        return _metadata(elf)
+    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
+            msgpack.UnpackException) as exc:
+        raise ElfError(f"{what}: unreadable AMDGPU metadata note ({type(exc).__name__}: {exc})") from None
+
+
+def text_size(image: bytes) -> int:
+    """Size of the `.text` section of a code object (0 when unreadable or absent)."""
+    try:
+        elf = _open(image, "code object")
+        sec = elf.get_section_by_name(".text")
+    except (ElfError, _PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError):
+        return 0
+    return int(sec.header.sh_size) if sec is not None else 0
+
+
+def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
+    """Parse an AMDGPU code object; ElfError when it is not one (another machine, no metadata)."""
+    elf = _open(image, what)
+    try:
+        if elf["e_machine"] != "EM_AMDGPU" and elf.header.e_machine != EM_AMDGPU:
+            raise ElfError(f"{what}: not an AMDGPU code object (e_machine {elf['e_machine']})")
+        flags = int(elf.header.e_flags)
+        mach = flags & EF_AMDGPU_MACH
+        xnack = _FEATURE_V4[flags & EF_AMDGPU_FEATURE_XNACK_V4]
+        sramecc = _FEATURE_V4[(flags & EF_AMDGPU_FEATURE_SRAMECC_V4) >> 2]
+        meta = _metadata(elf)
+        symbols: set[str] = set()
+        for sec in elf.iter_sections():
+            if sec.header.sh_type in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                for sym in sec.iter_symbols():
+                    if sym.name and sym["st_shndx"] != "SHN_UNDEF":
+                        symbols.add(sym.name)
+    except ElfError:
+        raise
+    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
+            msgpack.UnpackException) as exc:
+        raise ElfError(f"{what}: unreadable code object ({type(exc).__name__}: {exc})") from None
+    kernels = {k.get(".name"): k for k in meta.get("amdhsa.kernels", []) if isinstance(k, dict)}
+    target = meta.get("amdhsa.target")
+    return CodeObject(arch=_MACH_NAME.get(mach), mach=mach, xnack=xnack, sramecc=sramecc,
+                      target=target if isinstance(target, str) else None,
+                      kernels=kernels, symbols=frozenset(symbols))
+
+
+__all__ = ["AMDGPU_MACH", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "parse_dynamic",
+           "read_code_object", "read_dynamic", "text_size", "version_key"]

@@ -1,0 +1,1 @@
+"""The stages that need torch and a GPU: tune, validate, report."""

@@ -1,0 +1,155 @@
+"""What `mi100-codegen report` does: on the card owner's machine, collect the environment (torch,
+HIP/ROCm, driver, the GPU's full arch string), `torch status`, and `validate`'s results with its
+speed table into one Markdown file, scrubbed of anything private (`codegen.gpu.report.privacy`).
+
+Refusals come first and write nothing: an output that cannot be written (exit 2), no torch or no
+GPU (exit 3, one message). A validation that fails still writes the report (a failure is worth
+reporting), then exits 3 like `validate`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from codegen import __version__
+from codegen.core import preflight
+from codegen.core.errors import EnvironmentMissing
+from codegen.core.fsutil import atomic_write
+from codegen.gpu.report.privacy import scrub
+
+stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+DEFAULT_OUT = Path("mi100-codegen-report.md")
+ISSUE_FORM = "the project's \"Card report\" issue form (.github/ISSUE_TEMPLATE/card-report.yml)"
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    out: Path = DEFAULT_OUT
+    spec: Path | None = None
+    no_perf: bool = False
+    seed: int = 0
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
+def _command(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    out = proc.stdout.strip().splitlines()
+    return out[0].strip() if proc.returncode == 0 and out else None
+
+
+def _os_name() -> str | None:
+    try:
+        for line in Path("/etc/os-release").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return None
+
+
+def environment(plat=None) -> dict:
+    """The machine's software and GPU, without anything that names its owner (paths are scrubbed
+    later). `plat`: validate's Platform (None before a GPU was found)."""
+    env = {
+        "mi100_codegen": __version__,
+        "python": platform.python_version(),
+        "os": _os_name(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "rocm": _read_first_line("/opt/rocm/.info/version") or os.environ.get("ROCM_VERSION"),
+        "amdgpu_driver": _read_first_line("/sys/module/amdgpu/version"),
+    }
+    if plat is not None:
+        env.update(plat.as_dict())
+        if plat.kind == "cuda":
+            env["nvidia_driver"] = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    try:
+        import triton  # the Triton torch brought (ROCm wheels: pytorch-triton-rocm)
+
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    return env
+
+
+def _torch_status() -> tuple[dict | None, str]:
+    # CLI start-up: the torch stage loads only when a report is collected
+    from codegen.core.errors import CodegenError
+    from codegen.ship.layout import inspect_torch
+    from codegen.ship.status import format_status, torch_status
+
+    try:
+        status = torch_status(inspect_torch(None))
+    except CodegenError as exc:
+        return None, f"torch status failed: {exc}\n"
+    return status, format_status(status)
+
+
+def render_report(env: dict, status_text: str, validate_md: str, validate: dict | None,
+                  status: dict | None = None) -> str:
+    """The report as Markdown (before scrubbing): the tables, then the same data as JSON
+    (`validate`: validate's JSON report; `status`: torch status as JSON)."""
+    L = ["# mi100-codegen card report", "",
+         f"Written by `mi100-codegen report` {env['mi100_codegen']}. Attach this file to {ISSUE_FORM}; "
+         "it holds no host name, user name or path outside the Python packages.", "",
+         "## Environment", "", "| what | value |", "|---|---|"]
+    for key in ("device_name", "arch_full", "arch", "compute_units", "platform", "torch_version", "hip_version",
+                "cuda_version", "rocm", "amdgpu_driver", "nvidia_driver", "triton", "python", "os", "kernel",
+                "machine", "mi100_codegen"):
+        if key in env:
+            L.append(f"| {key} | {env[key] if env[key] is not None else '-'} |")
+    L += ["", "## torch status", "", "```", status_text.rstrip("\n"), "```", ""]
+    L += ["## validate", ""]
+    L += [validate_md.rstrip("\n"), ""]
+    data = {"environment": env, "torch_status": status, "validate": validate}
+    L += ["## Machine-readable", "", "```json", json.dumps(data, indent=1, sort_keys=True, default=str), "```", ""]
+    return "\n".join(L)
+
+
+def run_report(opts: ReportOptions) -> Path:
+    """Collect, scrub and write the report; exit 3 (ValidationFailed) after writing when validate failed."""
+    # CLI start-up: validate (and torch) load only when the command runs
+    from codegen.formats.spec import load_spec
+    from codegen.gpu.validate.report import render_markdown
+    from codegen.gpu.validate.run import ValidateOptions, _run_mode, _verdict, build_report
+
+    preflight.output_file(opts.out, "--out")
+    loaded = load_spec(opts.spec)
+    if importlib.util.find_spec("torch") is None:
+        raise EnvironmentMissing("report runs validate, which needs torch: it is not installed in this Python "
+                                 "environment", hint="run it in the environment of the ROCm PyTorch you installed "
+                                 "our build into")
+    from codegen.gpu.validate.gpu import detect_platform  # imports torch
+
+    plat = detect_platform()  # no GPU: exit 3, nothing written
+    stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}", markup=False)
+    status, status_text = _torch_status()
+    with stderr.status("validating…") as progress:
+        res, label = _run_mode(ValidateOptions(spec=opts.spec, no_perf=opts.no_perf, seed=opts.seed), loaded, plat,
+                               progress.update)
+    report = build_report(loaded, res, plat, label)
+    text = scrub(render_report(environment(plat), status_text, render_markdown(report), report, status))
+    atomic_write(opts.out, text)
+    stderr.print(f"wrote {opts.out}: attach it to {ISSUE_FORM}", markup=False)
+    _verdict(report, True)
+    return opts.out
+
+
+__all__ = ["DEFAULT_OUT", "ReportOptions", "environment", "render_report", "run_report"]

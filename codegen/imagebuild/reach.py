@@ -1,0 +1,188 @@
+"""Builds only what dispatch can reach (issue 24, item 6): the fused backward kernels whose
+functional the backward op table never routes to the fused backend are left out of the build.
+
+How, in a CMake build: upstream's CMake runs the tree's generator (`python -m v3python.generate`,
+`aotriton.generate` from 0.13b) at configure time and then reads its lists. The build venv's
+Python carries the compile service's client (`compile_client.py`); when `build` asks for it
+(the environment knob `REACH_ENV`, the path of mi100-codegen's own interpreter), the client runs
+`python -m codegen.imagebuild.reach V3SRC` after the generator has exited successfully, before CMake
+reads the lists. This module then
+
+1. reads the backward op table the generator has just written (`codegen.formats.op_table`): that
+   is the proof, per functional, and the only one used;
+2. maps each fused kernel of the compile list (`Bare.compile`) to its functional through its
+   Triton signature, and each image package of the cluster list (`Bare.cluster`: one line per
+   functional, its kernels after the package name) to its kernels. A package is left out only
+   when every one of its kernels is unreachable; anything it cannot place stays in;
+3. rewrites the lists CMake reads without those kernels and packages: `Bare.compile`,
+   `Bare.cluster`, and from 0.13b `Bare.flatzip` (the .aks2 members of each image zip) and each
+   zip's member list (`aotriton.images/<arch>/<family>/<kernel>.nsv`: per line the .aks2 path and
+   the member name, each ended by a NUL), each file whole or not at
+   all; an image of a left-out package that an earlier build left in the build folder is removed;
+4. records what it left out in `BUILD/mi100-codegen/reach.json` (`Reach`): `build` reports it,
+   the install check (`codegen.imagebuild.verify`) does not count those packages as missing, and
+   `build` removes them from the install prefix where an earlier install put them.
+
+The generated C++ is not changed: a caller that forces the fused backend
+(`attn_options.force_backend_index`) for a left-out functional finds no image and gets an error
+from the launch, as upstream's own builds do for a kernel that failed to compile (docs/build.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from pydantic import TypeAdapter, ValidationError
+
+from codegen.core.contain import inside
+from codegen.core.errors import UpstreamError, UserError
+from codegen.core.fsutil import atomic_write, read_input
+from codegen.formats.op_table import read_bwd_op_table
+from codegen.plan.kernel_list import COMPILE_LIST
+from codegen.plan.reach import REACH_FORMAT, Reach, op_values, plan_reach
+from codegen.upstream.releases import IMAGES_DIR
+from codegen.compile.client import REACH_ENV  # noqa: F401  (the knob; its owner is the stdlib-only client)
+
+REACH_FILE = "mi100-codegen/reach.json"  # below the build dir
+RECORD_LIMIT = 16 << 20               # bytes: a reach record is a few kB
+_RECORD = TypeAdapter(Reach)
+
+
+def read_reach(build_dir: Path, rel: str = REACH_FILE) -> Reach | None:
+    """What the last configure left out (None: no record, everything was built). The record is
+    read as possibly hostile: a bounded regular file (codegen.core.fsutil.read_input), one typed model,
+    every image a clean relative path (codegen.core.contain.RelPath)."""
+    path = Path(build_dir) / rel
+    if not path.exists() and not path.is_symlink():
+        return None
+    hint = "re-run `mi100-codegen build` with --reconfigure"
+    try:
+        data = json.loads(read_input(path, what="reach record", limit=RECORD_LIMIT))
+    except ValueError as exc:
+        raise UserError(f"{path}: unreadable ({exc})", hint=hint) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: not a reach record", hint=hint)
+    try:
+        return _RECORD.validate_python({"format": 1, **data})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["loc"][-1:] == ("image",):
+            raise UserError(f"{path}: image {err.get('input')!r} is not a path inside aotriton.images/",
+                            hint=hint) from None
+        raise UserError(f"{path}: not a reach record ({'.'.join(map(str, err['loc']))}: {err['msg']})",
+                        hint=hint) from None
+
+
+def prune(v3src: Path, tree: Path) -> Reach:
+    """Plan, then write the lists (each whole), remove stale images, record `reach.json`."""
+    v3src = Path(v3src).resolve()
+    reach, files, stale = plan_reach(v3src, tree)
+    # every path checked (codegen.core.contain: names from the generator's lists) before anything is written
+    writes = [(inside(v3src, rel), data) for rel, data in sorted(files.items(), key=lambda kv: kv[0] == COMPILE_LIST)]
+    removals = [inside(v3src, rel, final_link=True) for rel in stale]
+    for path, data in writes:   # the compile list last
+        atomic_write(path, data)
+    for path in removals:
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+    record = v3src.parent / REACH_FILE
+    record.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(record, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    return reach
+
+
+def is_current(build_dir: Path) -> bool:
+    """A record of this format (else the configure that wrote it runs again)."""
+    try:
+        reach = read_reach(build_dir)
+    except UserError:
+        return False
+    return reach is not None and reach.format == REACH_FORMAT
+
+
+def forget(build_dir: Path) -> None:
+    """A configure that builds every kernel: no record (read_reach then returns None)."""
+    try:
+        (Path(build_dir) / REACH_FILE).unlink()
+    except FileNotFoundError:
+        pass
+
+
+PREFIX_RECORD = "mi100-codegen/reach.json"  # below an install prefix: what its images lack
+
+
+def record_in_prefix(prefix: Path, reach: Reach | None) -> None:
+    """The install prefix says what its images lack (`bundle build --images PREFIX` checks it
+    again against its own op table); a build that left nothing out removes the record."""
+    path = Path(prefix) / PREFIX_RECORD
+    if reach is None or not reach.packages_left_out:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_prefix_reach(prefix: Path) -> Reach | None:
+    """What an install prefix's images lack (None: nothing), read as hostile (read_reach)."""
+    return read_reach(Path(prefix), PREFIX_RECORD)
+
+
+def confirm_left_out(reach: Reach, flash: Path) -> list[str]:
+    """Each left-out package's functional checked again against the op table in `flash` (a build
+    folder's generator output): the ones the table can select (a problem each)."""
+    table = read_bwd_op_table(flash)
+    if table is None:
+        return [f"{flash}: no backward op table to check the {len(reach.packages_left_out)} left-out packages with"]
+    problems = []
+    for p in reach.packages_left_out:
+        values = op_values(p.functional.get("Q", ""), p.functional, table)
+        if values is None or table.number(values) is None or table.can_pick_fused(values):
+            problems.append(f"{p.image}{' ' + p.member if p.member else ''}: the op table can select it")
+    return problems
+
+
+def remove_from_prefix(prefix: Path, reach: Reach | None) -> int:
+    """Images of left-out aks2 packages an earlier install put into PREFIX/lib/aotriton.images
+    (install copies the build's images folder and never deletes): removed. Zips are rebuilt whole."""
+    if reach is None:
+        return 0
+    root = Path(prefix) / "lib" / IMAGES_DIR
+    n = 0
+    for p in reach.packages_left_out:
+        if p.member is not None or not root.is_dir():
+            continue
+        path = inside(root, p.image, final_link=True)
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            n += 1
+    return n
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m codegen.imagebuild.reach V3SRC [TREE]`, run by the generator hook (compile_client)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) not in (1, 2):
+        sys.stderr.write("usage: python -m codegen.imagebuild.reach V3SRC [TREE]\n")
+        return 2
+    v3src, tree = Path(args[0]), Path(args[1] if len(args) == 2 else os.getcwd())
+    try:
+        reach = prune(v3src, tree)
+    except (UserError, UpstreamError) as exc:
+        sys.stderr.write(f"mi100-codegen: leaving out unreachable kernels failed: {exc}\n")
+        return 1
+    if reach.kernels_left_out:
+        print(f"mi100-codegen: left out {reach.kernels_left_out} of {reach.fused_kernels} fused backward kernels "
+              f"({len(reach.packages_left_out)} image packages): the backward op table never selects them")
+    else:
+        print(f"mi100-codegen: every kernel kept ({reach.reason})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

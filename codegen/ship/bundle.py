@@ -1,0 +1,296 @@
+"""`bundle build`: the AOTriton runtime of an applied tree built against one HIP major's headers
+(the private sysroot), the tree's kernel images, a manifest, checked, written as one file.
+
+The runtime is built by the build stage (`codegen.imagebuild.builder.build_tree`, unchanged) with the
+sysroot's `usr` first on CMAKE_PREFIX_PATH, so CMake's `find_package(hip)` takes that major's
+config, headers and `libamdhip64.so.<N>`, in a build folder of its own per major
+(`BUILD-hip<N>`). Kernel images do not depend on the HIP version: with `--images PREFIX` (an
+image install of the same tree and spec by `mi100-codegen build`) the runtime is built
+`--noimage` and the images are taken from PREFIX, then verified against this build's own
+dispatch tables (every kernel they can select packed, non-empty); without it the build stage
+builds both. The bundle carries the spec's GPUs' tuning rows (`tuning-rows.json`, rows.py), read
+from the tree before the build so a tree without a database fails first. `bundle check`'s checks
+(check.py) run on the staged folder before the file is written (the rows against the tree, which
+must be the ones carried); a failed check writes nothing. `add_rows` gives a bundle made before
+bundles carried rows the rows of the tree it was built from.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rich.console import Console
+
+from codegen.imagebuild.aiter import refuse_stand_in
+from codegen.formats.elf import read_dynamic
+from codegen.core.errors import UpstreamError, UserError
+from codegen.formats.spec import load_spec
+from codegen.ship.layout import TORCH_LINES, tag_line
+from codegen.upstream import detect
+from codegen.formats.bundle_zip import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
+from codegen.ship.check import CheckReport, check_extracted
+from codegen.ship.dispatch import LABEL
+from codegen.ship.rows import ROWS, carry_rows, read_rows, tree_database
+from codegen.ship.sysroot import ensure_sysroot
+
+
+class BundleBuildError(UpstreamError):
+    """The bundle's runtime or images failed to build, or its checks failed (exit 3)."""
+
+
+@contextmanager
+def _prefix_path(first: Path) -> Iterator[None]:
+    old = os.environ.get("CMAKE_PREFIX_PATH")
+    os.environ["CMAKE_PREFIX_PATH"] = os.pathsep.join([str(first)] + ([old] if old else []))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CMAKE_PREFIX_PATH", None)
+        else:
+            os.environ["CMAKE_PREFIX_PATH"] = old
+
+
+@dataclass
+class BundleResult:
+    path: Path | None
+    manifest: dict
+    check: CheckReport
+    seconds: dict
+
+
+def torch_lines(release: str) -> list[str]:
+    line = tag_line(release)
+    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
+
+
+def _copy_images(src: Path, dest: Path, arch: str) -> None:
+    s = src / "lib" / "aotriton.images" / f"amd-{arch}"
+    if not s.is_dir() or not any(s.rglob("*")):
+        raise UserError(f"{src}: no kernel images for {arch} (lib/aotriton.images/amd-{arch})",
+                        hint=f"build them: mi100-codegen build TREE --prefix {src}")
+    d = dest / "lib" / "aotriton.images" / f"amd-{arch}"
+    if d.exists():
+        shutil.rmtree(d)
+    shutil.copytree(s, d, symlinks=False)
+
+
+def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path, images: Path | None,
+                 build_dir: Path | None, jobs: int, console: Console,
+                 progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
+    """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
+    no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from codegen.imagebuild.builder import BuildOptions, build_tree
+
+    t0 = time.monotonic()
+    tree = tree.resolve()
+    adapter = detect(tree)
+    loaded = _refuse_unapplied(tree, spec_path, adapter)  # exit 2 before anything is fetched or built
+    spec = loaded.spec
+    rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
+    if (compile_opts or {}).get("aiter_stand_in") and images is None:
+        refuse_stand_in(adapter, spec.arch)              # and a stand-in that replaces nothing
+    sysroot = ensure_sysroot(hip, progress=progress)
+    t_sysroot = time.monotonic() - t0
+    bdir = (build_dir or tree / f"build-hip{hip}").resolve()
+    prefix = bdir / "mi100-codegen" / "bundle-prefix"
+    with _prefix_path(sysroot.prefix):
+        opts = {"show_progress": False, **(compile_opts or {}), "hip_prefix": sysroot.prefix}
+        rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
+                                      **opts), console)
+    kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
+    t_build = time.monotonic() - t0 - t_sysroot
+    lib = Path(rep.verification["library"])
+    dyn = read_dynamic(lib)
+    stage = bdir / "mi100-codegen" / "bundle-stage"
+    files = _stage_files(stage, lib, prefix, loaded.path, rows)
+    manifest = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files)
+    manifest["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
+    manifest["compile_report"] = _compile_report(loaded)
+    progress(f"checking the staged bundle ({len(files)} files)")
+    t1 = time.monotonic()
+    source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones
+    check = check_extracted(stage, manifest, progress=progress, rows=source)
+    t_check = time.monotonic() - t1
+    manifest["verified"] = {
+        "where": "CPU-only machine: ELF read with codegen.formats.elf, dispatch emulated by the stub HIP runtime",
+        "link_identity": [c.as_json() for c in check.claims],
+        "dispatch": check.dispatch.summary() if check.dispatch else None,
+        "negative_controls": [c.as_json() for c in check.controls],
+        "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
+        "forced_fused": check.forced.as_json() if check.forced else None,
+    }
+    seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
+    if not check.ok or source.differ:   # differ: the tree's database changed during the build
+        return BundleResult(None, manifest, check, seconds)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dest = out_dir / bundle_name(adapter.release, rep.arch, hip)
+    write_bundle(dest, manifest, files)
+    shutil.rmtree(stage, ignore_errors=True)
+    seconds["total"] = round(time.monotonic() - t0, 1)
+    return BundleResult(dest, manifest, check, seconds)
+
+
+def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
+    """The kernel summary of the build (with `images`: of the prefix those images are copied into,
+    verified again); a build with problems is a BundleBuildError."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach
+    from codegen.imagebuild.verify import verify_install
+
+    problems = list(rep.verification.get("problems", []))
+    if images is not None:
+        _copy_images(images.resolve(), prefix, rep.arch)
+        # what the images' build left out, proven again by this build's own op table
+        reach = read_prefix_reach(images.resolve())
+        if reach is not None:
+            problems += [f"--images {images}: {p}" for p in confirm_left_out(reach, bdir / "v3src" / "flash")]
+            rep.reach, rep.kernels, rep.kernels_left_out = reach.summary(), "dispatched", reach.kernels_left_out
+        else:
+            rep.reach, rep.kernels, rep.kernels_left_out = {}, "all", 0
+        ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
+                             v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
+                             image_format=adapter.image_format, reach=reach)
+        problems += ver.problems
+        kernels = ver.summary()
+    else:
+        kernels = rep.verification
+    if problems:
+        raise BundleBuildError(f"{tree}: the HIP {hip} build is incomplete: " + "; ".join(problems[:5]),
+                               hint=f"see {rep.log}")
+    return kernels
+
+
+def rows_member(tree: Path, gpus) -> bytes:
+    """The bundle's `tuning-rows.json`: the rows of `gpus` (the spec's) of the tree's tuned tables."""
+    return carry_rows(tree_database(tree), list(gpus))
+
+
+def _stage_files(stage: Path, lib: Path, prefix: Path, spec_file: Path, rows: bytes) -> dict[str, bytes]:
+    """Copy the bundle's members into a fresh `stage` folder; their bytes by relative path."""
+    if stage.exists():
+        shutil.rmtree(stage)
+    (stage / "lib").mkdir(parents=True)
+    shutil.copy2(lib, stage / "lib" / lib.name)
+    shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
+    shutil.copytree(prefix / "include", stage / "include")
+    shutil.copy2(spec_file, stage / SPEC)
+    (stage / ROWS).write_bytes(rows)
+    return _staged(stage)
+
+
+def _staged(stage: Path) -> dict[str, bytes]:
+    return {p.relative_to(stage).as_posix(): p.read_bytes() for p in sorted(stage.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def _files_record(files: dict[str, bytes]) -> dict:
+    return {n: {"sha256": sha256(b), "size": len(b)} for n, b in sorted(files.items())}
+
+
+def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
+    """A bundle made before bundles carried tuning rows, written again to `dest` with the rows of
+    the applied tree it was built from (the same `rows_member` as `bundle build`); the tree must
+    hold the spec the bundle was built from (its lock's spec sha256, exit 2 otherwise)."""
+    # CLI start-up: the apply stage loads when rows are added
+    from codegen.apply.lock import read_lock
+
+    b = open_bundle(bundle)
+    lock = read_lock(tree)
+    if lock is None or lock.spec_sha256 != b.manifest.get("spec", {}).get("sha256"):
+        raise UserError(f"{tree}: not the applied tree {bundle.name} was built from (its spec sha256 "
+                        f"{(b.manifest.get('spec', {}).get('sha256') or '?')[:12]}…, the tree's "
+                        f"{lock.spec_sha256[:12] + '…' if lock else 'none: not applied'})")
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
+        stage = extract(b, Path(td) / "stage")
+        (stage / ROWS).write_bytes(rows_member(tree, load_spec(stage / SPEC).spec.gpus))
+        files = _staged(stage)
+    manifest = dict(b.manifest, files=_files_record(files),
+                    rows_added={"to": bundle.name, "from_tree": Path(tree).resolve().name})
+    write_bundle(dest, manifest, files)
+    return dest
+
+
+def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
+              files: dict[str, bytes]) -> dict:
+    """The bundle's manifest, before its `verified` record."""
+    hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
+    return {
+        "format": FORMAT,
+        "label": LABEL,
+        "release": adapter.release,
+        "version": ".".join(map(str, adapter.version)),
+        "torch_lines": torch_lines(adapter.release),
+        "arch": rep.arch,
+        "device_target": target,
+        "hip_major": hip,
+        "spec": {"name": rep.spec, "sha256": rep.spec_sha256, "file": SPEC},
+        "library": {
+            "file": f"lib/{lib.name}", "soname": dyn.soname, "needed": list(dyn.needed),
+            "rpath": list(dyn.rpath), "runpath": list(dyn.runpath), "hip_runtime": hip_needed,
+            "needs": {"glibc": dyn.highest("GLIBC"), "glibcxx": dyn.highest("GLIBCXX")},
+            "hip_imports": dict(x for x in dyn.import_versions if x[0].startswith("hip")),
+        },
+        "built_with": {
+            "hip_headers": {k: v["version"] for k, v in sysroot.record["packages"].items()},
+            "hip_suite": sysroot.record["suite"], "toolchain": rep.toolchain, "machine": platform.machine(),
+            "build_log": rep.log,
+            # this run's kernel compiles (codegen.compile.cache): 0 compiled when the images came from --images
+            "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,
+            "aiter": rep.aiter,   # 'placed'/'kept: …' with --aiter-stand-in (codegen.imagebuild.aiter)
+            # --kernels: what no dispatch table selects and was left out (codegen.imagebuild.reach)
+            "kernels": rep.kernels, "reach": rep.reach or None,
+        },
+        "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "kernels_left_out",
+                                                 "missing_count", "empty_count", "packages", "kernels_by_family")
+                    if k in kernels},
+        "files": _files_record(files),
+    }
+
+
+def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
+    """The build stage's own overlay check (it runs again inside the build); the loaded spec."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from codegen.apply.lock import read_lock
+    from codegen.imagebuild.builder import resolve_spec
+    from codegen.imagebuild.overlay import check_overlay
+    from codegen.render.inputs import render_overlay
+
+    loaded = resolve_spec(tree, spec_path, adapter.layout)
+    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
+    check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
+                  manifest_sha256=manifest, spec_display=loaded.display)
+    return loaded
+
+
+def _compile_report(loaded) -> dict | None:
+    """The summary of the compile report the overlay was rendered with (`precompile
+    --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
+    read through its one reader from where render takes it for the tree's spec; None without one."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    from collections import Counter
+
+    from codegen.render.inputs import read_compile_report
+    from codegen.render.workspace import COMPILE_REPORT, overlay_results
+
+    path = overlay_results(loaded).get(COMPILE_REPORT)
+    data = read_compile_report(path) if path is not None else None
+    if data is None:
+        return None
+    configs = data.get("configs", {})
+    return {"sha256": sha256(path.read_bytes()), "arch": data.get("arch"), "gpu": data.get("gpu"),
+            "release": data.get("release"), "triton": data.get("triton"), "configs": len(configs),
+            "verdicts": dict(sorted(Counter(c["verdict"] for c in configs.values()).items())),
+            "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
+
+
+__all__ = ["BundleBuildError", "BundleResult", "add_rows", "build_bundle", "rows_member", "torch_lines"]

@@ -1,0 +1,114 @@
+"""`torch status`: what an installed PyTorch links, and whether our build is in it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from codegen.formats.elf import ElfError, read_dynamic
+from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest
+from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
+                     unsupported_line_message)
+
+
+def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
+    backup_dir = backup_dir or default_backup_dir(torch)
+    out: dict = {
+        "torch_dir": str(torch.root),
+        "torch_version": torch.version,
+        "hip_version": torch.hip,
+        "cuda_version": torch.cuda,
+        "rocm_build": torch.is_rocm,
+        "hip_library": str(torch.hip_lib) if torch.hip_lib else None,
+        "aotriton_needed": None,
+        "release_line": None,
+        "build_release": None,
+        "expected_release_for_torch": TORCH_TO_AOTRITON.get(torch.feature_release),
+        "aotriton_file": None,
+        "images": image_archs(torch.lib_dir),
+        "ours_installed": False,
+        "problems": [],
+    }
+    if torch.hip_dyn is not None:
+        out["hip_runpath"] = list(torch.hip_dyn.runpath or torch.hip_dyn.rpath)
+    need = torch.aot_needed
+    if need is not None:
+        out["aotriton_needed"] = need.name
+        out["release_line"] = need.line
+        out["release_tag"] = need.tag
+        # what to build for this torch: the newest release of its line that we support
+        out["build_release"] = build_release_for_line(need.line)
+        if out["build_release"] is None:
+            out["build_release_problem"] = unsupported_line_message(need.tag)
+        f = torch.lib_dir / need.name
+        info: dict = {"path": str(f), "present": f.is_file()}
+        if f.is_file():
+            info["sha256"] = sha256_file(f)
+            try:
+                info["soname"] = read_dynamic(f).soname
+            except ElfError as exc:
+                info["error"] = str(exc)
+        else:
+            out["problems"].append(f"{need.name} is missing from {torch.lib_dir}: import torch fails")
+        out["aotriton_file"] = info
+    elif torch.hip_dyn is not None:
+        out["problems"].append("libtorch_hip.so needs no libaotriton_v2.so.X.Y.Z (static or no AOTriton)")
+    if (backup_dir / MANIFEST).is_file():
+        try:
+            m = read_manifest(backup_dir)
+        except Exception as exc:  # a damaged backup is reported, not fatal
+            out["problems"].append(str(exc))
+        else:
+            lib_entry = next((e for e in m["entries"] if e["path"] == m.get("library")), None)
+            current = out["aotriton_file"] or {}
+            matches = lib_entry is not None and current.get("sha256") == lib_entry["sha256_after"]
+            out["ours_installed"] = True
+            out["ours"] = {
+                "backup_dir": str(backup_dir),
+                "arch": m.get("arch"),
+                "prefix_library": m.get("prefix_library"),
+                "files": len(m["entries"]),
+                "library_matches_install": matches,
+                "bundle": m.get("bundle"),
+            }
+            if not matches:
+                out["problems"].append("the AOTriton file changed since our install (torch reinstalled?)")
+    return out
+
+
+def format_status(s: dict) -> str:
+    def yn(b: bool) -> str:
+        return "yes" if b else "no"
+
+    lines = [
+        f"torch:            {s['torch_version']}  ({s['torch_dir']})",
+        f"HIP version:      {s['hip_version'] or '-'}" + (f"   CUDA: {s['cuda_version']}" if s["cuda_version"] else ""),
+        f"ROCm build:       {yn(s['rocm_build'])}",
+    ]
+    if s["aotriton_needed"]:
+        lines.append(f"links AOTriton:   {s['aotriton_needed']}  (DT_NEEDED of libtorch_hip.so)")
+        exp = s["expected_release_for_torch"]
+        lines.append(f"release line:     {s['release_line']}  (release {s['release_tag']}"
+                     + (f"; table for this torch: {exp}" if exp else "") + ")")
+        if s.get("build_release"):
+            lines.append(f"build with:       AOTriton {s['build_release']}  (newest supported release of line "
+                         f"{s['release_line']})")
+        elif s.get("build_release_problem"):
+            lines.append(f"build with:       none: {s['build_release_problem']}")
+        f = s["aotriton_file"]
+        if f and f["present"]:
+            lines.append(f"library file:     {f['path']}  sha256 {f['sha256'][:16]}…")
+    imgs = s["images"]
+    lines.append("kernel images:    " + (", ".join(f"{a} ({n} files)" for a, n in imgs.items()) or "none"))
+    if s["ours_installed"]:
+        o = s["ours"]
+        lines.append(f"our build:        installed for {o['arch']} ({o['prefix_library']}, {o['files']} files; "
+                     f"backup {o['backup_dir']})")
+        b = o.get("bundle")
+        if b:
+            lines.append(f"bundle:           {b.get('file')}  (AOTriton {b.get('release')}, {b.get('arch')}, HIP "
+                         f"{b.get('hip_major')}; sha256 {str(b.get('sha256'))[:16]}…; {b.get('label')})")
+    else:
+        lines.append("our build:        not installed")
+    for p in s["problems"]:
+        lines.append(f"problem:          {p}")
+    return "\n".join(lines) + "\n"
