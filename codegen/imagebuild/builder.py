@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from codegen.core.errors import UpstreamError, UserError
+from codegen.formats.compile_list import count_compiled
 from codegen.compile.cache import CompileCache, default_cache_dir
 from codegen.render.inputs import render_overlay
 from codegen.toolchain import generator_requirements
@@ -24,7 +25,7 @@ from codegen.apply.lock import read_lock
 from codegen.imagebuild.overlay import check_overlay
 from codegen.imagebuild.prereq import check_prerequisites
 from codegen.plan.reach import check_mode
-from codegen.imagebuild.reach import forget, is_current, read_reach, record_in_prefix, remove_from_prefix
+from codegen.imagebuild.reach import REACH_FILE, forget, is_current, read_reach, record_in_prefix, remove_from_prefix
 from codegen.imagebuild.run import run_cmake, run_ninja
 from codegen.compile.client import REACH_ENV
 from codegen.compile.service import CompileService
@@ -83,23 +84,6 @@ class BuildReport:
 def resolve_spec(tree: Path, explicit: Path | None, layout: str = DEFAULT_LAYOUT):
     """The spec to build: the one apply recorded in the tree (`codegen.apply.applied_spec`)."""
     return applied_spec.resolve_spec(tree, explicit)
-
-
-def count_kernels(build_dir: Path) -> tuple[int | None, int | None]:
-    """(kernels in the generator's compile list, how many of them are already compiled)."""
-    lst = build_dir / "v3src" / "Bare.compile"
-    if not lst.is_file():
-        return None, None
-    total = done = 0
-    for line in lst.read_text(encoding="utf-8", errors="replace").splitlines():
-        hsaco = next((f for f in line.split(";") if f.endswith(".hsaco")), None)
-        if hsaco is None:
-            continue
-        total += 1
-        p = Path(hsaco)
-        if p.is_file() and p.stat().st_size > 0:
-            done += 1
-    return total, done
 
 
 @dataclass(frozen=True)
@@ -295,7 +279,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     reach = read_reach(build_dir) if leaves_out else None
     if leaves_out and reach is None:   # only after a configure: a current record skips it
         raise UpstreamError(f"CMake configured {build_dir} but the generator's run left no "
-                            f"{build_dir}/mi100-codegen/reach.json (the build venv's hook did not run)",
+                            f"{build_dir / REACH_FILE} (the build venv's hook did not run)",
                             hint=f"see {log_path}; --kernels all builds every kernel without it")
     if report.configured:
         record_fingerprint(plan, build_dir)
@@ -304,7 +288,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
                       f"the backward op table never selects them (--kernels all builds them)"
                       if reach.kernels_left_out else f"every kernel is built: {reach.reason}", markup=False)
     if not opts.noimage:
-        report.kernels_total, report.kernels_before = count_kernels(build_dir)
+        report.kernels_total, report.kernels_before = count_compiled(build_dir / "v3src")
     if report.kernels_total and report.kernels_before:
         console.print(f"resuming: {report.kernels_before} of {report.kernels_total} kernels already compiled")
     elif report.kernels_total:
@@ -326,7 +310,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
                                   "declined": st.declined, "retried": st.retried,
                                   "cache": None if service.cache is None else str(service.cache.root)}
     report.build_seconds = res.seconds
-    total_after, done_after = count_kernels(build_dir) if not opts.noimage else (None, None)
+    total_after, done_after = count_compiled(build_dir / "v3src") if not opts.noimage else (None, None)
     report.kernels_total = total_after if total_after is not None else report.kernels_total
     if done_after is not None:  # files on disk, not status lines: exact across interruptions
         report.kernels_compiled = max(0, done_after - (report.kernels_before or 0) - report.kernels_cached)
@@ -336,4 +320,4 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     return read_reach(build_dir) if leaves_out else None   # again: ninja may have configured again
 
 
-__all__ = ["BuildOptions", "BuildReport", "build_tree", "count_kernels", "resolve_spec"]
+__all__ = ["BuildOptions", "BuildReport", "build_tree", "resolve_spec"]

@@ -1,8 +1,8 @@
 """Upstream's per-kernel build edge, reproduced in a `build.ninja` of its own.
 
-The trees' `v3src/CMakeLists.txt` turns each line of the generator's `Bare.compile` into one ninja
-edge: `cmake -E env VIRTUAL_ENV=VENV TRITON_CACHE_DIR=BUILD/triton-cache TRITON_F32_DEFAULT=ieee
-TRITON_STORE_BINARY_ONLY=1 VENV/bin/python TREE/v3python/compile.py SRC --kernel_name K -o OUT
+The trees' `v3src/CMakeLists.txt` turns each line of the generator's compile list
+(`codegen.formats.compile_list`) into one ninja edge: `cmake -E env VIRTUAL_ENV=VENV
+TRITON_CACHE_DIR=BUILD/triton-cache TRITON_F32_DEFAULT=ieee TRITON_STORE_BINARY_ONLY=1 VENV/bin/python TREE/v3python/compile.py SRC --kernel_name K -o OUT
 -g 1,1,1 --num_warps W --num_stages S --waves_per_eu E --target ARCH --signature SIG --timeout 0`.
 `write_kernel_ninja` writes exactly these edges for a kernel list, so the kernel-compile phase of
 an image build runs through real ninja, both routes, where no HIP toolchain is installed (the

@@ -8,20 +8,17 @@ Python carries the compile service's client (`compile_client.py`); when `build` 
 `python -m codegen.imagebuild.reach V3SRC` after the generator has exited successfully, before CMake
 reads the lists. This module then
 
-1. reads the backward op table the generator has just written (`codegen.formats.op_table`): that
-   is the proof, per functional, and the only one used;
-2. maps each fused kernel of the compile list (`Bare.compile`) to its functional through its
-   Triton signature, and each image package of the cluster list (`Bare.cluster`: one line per
-   functional, its kernels after the package name) to its kernels. A package is left out only
-   when every one of its kernels is unreachable; anything it cannot place stays in;
-3. rewrites the lists CMake reads without those kernels and packages: `Bare.compile`,
-   `Bare.cluster`, and from 0.13b `Bare.flatzip` (the .aks2 members of each image zip) and each
-   zip's member list (`aotriton.images/<arch>/<family>/<kernel>.nsv`: per line the .aks2 path and
-   the member name, each ended by a NUL), each file whole or not at
-   all; an image of a left-out package that an earlier build left in the build folder is removed;
-4. records what it left out in `BUILD/mi100-codegen/reach.json` (`Reach`): `build` reports it,
-   the install check (`codegen.imagebuild.verify`) does not count those packages as missing, and
-   `build` removes them from the install prefix where an earlier install put them.
+1. plans what to leave out (`codegen.plan.reach`: the backward op table the generator has just
+   written is the proof, per functional, and the only one used; a package is left out only when
+   every one of its kernels is unreachable);
+2. writes the lists CMake reads without those kernels and packages, as planned
+   (`codegen.formats.compile_list`: the compile list, the cluster list, from 0.13b the zip list
+   and each zip's member list), each file whole or not at all; an image of a left-out package
+   that an earlier build left in the build folder is removed;
+3. records what it left out in the reach record below the build folder (`REACH_FILE`, `Reach`):
+   `build` reports it, the install check (`codegen.imagebuild.verify`) does not count those
+   packages as missing, and `build` removes them from the install prefix where an earlier
+   install put them.
 
 The generated C++ is not changed: a caller that forces the fused backend
 (`attn_options.force_backend_index`) for a left-out functional finds no image and gets an error
@@ -41,21 +38,21 @@ from codegen.core.contain import inside
 from codegen.core.errors import UpstreamError, UserError
 from codegen.core.fsutil import atomic_write, read_input
 from codegen.formats.op_table import read_bwd_op_table
-from codegen.plan.kernel_list import COMPILE_LIST
+from codegen.formats.compile_list import COMPILE_LIST
 from codegen.plan.reach import REACH_FORMAT, Reach, op_values, plan_reach
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.compile.client import REACH_ENV  # noqa: F401  (the knob; its owner is the stdlib-only client)
 
-REACH_FILE = "mi100-codegen/reach.json"  # below the build dir
+REACH_FILE = "mi100-codegen/reach.json"  # below the build dir, and below an install prefix
 RECORD_LIMIT = 16 << 20               # bytes: a reach record is a few kB
 _RECORD = TypeAdapter(Reach)
 
 
-def read_reach(build_dir: Path, rel: str = REACH_FILE) -> Reach | None:
+def read_reach(build_dir: Path) -> Reach | None:
     """What the last configure left out (None: no record, everything was built). The record is
     read as possibly hostile: a bounded regular file (codegen.core.fsutil.read_input), one typed model,
     every image a clean relative path (codegen.core.contain.RelPath)."""
-    path = Path(build_dir) / rel
+    path = Path(build_dir) / REACH_FILE
     if not path.exists() and not path.is_symlink():
         return None
     hint = "re-run `mi100-codegen build` with --reconfigure"
@@ -70,14 +67,14 @@ def read_reach(build_dir: Path, rel: str = REACH_FILE) -> Reach | None:
     except ValidationError as exc:
         err = exc.errors()[0]
         if err["loc"][-1:] == ("image",):
-            raise UserError(f"{path}: image {err.get('input')!r} is not a path inside aotriton.images/",
+            raise UserError(f"{path}: image {err.get('input')!r} is not a path inside {IMAGES_DIR}/",
                             hint=hint) from None
         raise UserError(f"{path}: not a reach record ({'.'.join(map(str, err['loc']))}: {err['msg']})",
                         hint=hint) from None
 
 
 def prune(v3src: Path, tree: Path) -> Reach:
-    """Plan, then write the lists (each whole), remove stale images, record `reach.json`."""
+    """Plan, then write the lists (each whole), remove stale images, write the reach record."""
     v3src = Path(v3src).resolve()
     reach, files, stale = plan_reach(v3src, tree)
     # every path checked (codegen.core.contain: names from the generator's lists) before anything is written
@@ -88,10 +85,14 @@ def prune(v3src: Path, tree: Path) -> Reach:
     for path in removals:
         if path.is_file() or path.is_symlink():
             path.unlink()
-    record = v3src.parent / REACH_FILE
-    record.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(record, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    _write(v3src.parent, reach)
     return reach
+
+
+def _write(folder: Path, reach: Reach) -> None:
+    path = Path(folder) / REACH_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
 
 
 def is_current(build_dir: Path) -> bool:
@@ -104,33 +105,26 @@ def is_current(build_dir: Path) -> bool:
 
 
 def forget(build_dir: Path) -> None:
-    """A configure that builds every kernel: no record (read_reach then returns None)."""
+    """A configure that builds every kernel (or a prefix whose images lack nothing): no record
+    (read_reach then returns None)."""
     try:
         (Path(build_dir) / REACH_FILE).unlink()
     except FileNotFoundError:
         pass
 
 
-PREFIX_RECORD = "mi100-codegen/reach.json"  # below an install prefix: what its images lack
-
-
 def record_in_prefix(prefix: Path, reach: Reach | None) -> None:
     """The install prefix says what its images lack (`bundle build --images PREFIX` checks it
     again against its own op table); a build that left nothing out removes the record."""
-    path = Path(prefix) / PREFIX_RECORD
     if reach is None or not reach.packages_left_out:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+        forget(prefix)
+    else:
+        _write(prefix, reach)
 
 
 def read_prefix_reach(prefix: Path) -> Reach | None:
     """What an install prefix's images lack (None: nothing), read as hostile (read_reach)."""
-    return read_reach(Path(prefix), PREFIX_RECORD)
+    return read_reach(Path(prefix))
 
 
 def confirm_left_out(reach: Reach, flash: Path) -> list[str]:

@@ -2,8 +2,9 @@
 
 `generate_kernel_list` composes the tuning database the way the tree's CMake does, runs
 `python -X utf8 -m v3python.generate --target_gpus GPU... --build_dir TMP` in a throwaway build
-dir (PYTHONHASHSEED=0, no bytecode written into the tree) and parses its compile list
-(`Bare.compile`: one line per GPU kernel; CMake turns each line into one compiler invocation).
+dir (PYTHONHASHSEED=0, no bytecode written into the tree) and reads its compile list
+(`codegen.formats.compile_list`: one line per GPU kernel; CMake turns each line into one compiler
+invocation).
 
 Each `KernelEntry` carries everything needed to compile that kernel (source, kernel name, Triton
 signature) and its `KernelConfig` (arch, dtype, head dim, tile, num_warps/num_stages/waves_per_eu).
@@ -28,6 +29,7 @@ from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models import KernelConfig
 from codegen.models.dtypes import by_signature
+from codegen.formats.compile_list import COMPILE_LIST, CompileLine, read_compile_list, rel
 from codegen.upstream import parse_constexpr as _constexpr
 from codegen.formats.tuning_db_archive import compose_database
 from codegen.formats.tuning_db_archive import last_line as _last_line
@@ -39,7 +41,6 @@ from codegen.plan.tree import (
     release_of,
 )
 
-COMPILE_LIST = "Bare.compile"
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
@@ -144,20 +145,12 @@ def generate_kernel_list(
 
 
 def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEntry]:
-    """Bare.compile -> sorted entries. Fields per line: [venv_name;python;] (0.12b) then
-    hsaco;source;kernel_name;num_warps;num_stages;waves_per_eu;arch;signature."""
+    """The compile list at `path` -> sorted entries (its lines: codegen.formats.compile_list)."""
     entries: dict[str, KernelEntry] = {}
     build_dir = Path(build_dir).resolve()
     tree = Path(tree).resolve()
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        fields = line.split(";")
-        hs = next((i for i, f in enumerate(fields) if f.endswith(".hsaco")), None)
-        if hs is None or len(fields) - hs != 8:
-            raise UpstreamError(f"{path}:{lineno}: unexpected compile-list line ({len(fields)} fields)")
-        hsaco, src, kname, warps, stages, wpe, arch, sig = fields[hs:]
-        entry = _entry(tree, build_dir, hsaco, src, kname, int(warps), int(stages), int(wpe), arch, sig)
+    for lineno, line in read_compile_list(path):
+        entry = _entry(tree, build_dir, line)
         if entry.id in entries:
             raise UpstreamError(f"{path}:{lineno}: kernel image {entry.id} listed twice")
         entries[entry.id] = entry
@@ -169,22 +162,14 @@ def sort_key(e: KernelEntry) -> tuple:
     return (c.family, c.dtype, c.head_dim or 0, c.name, e.id)
 
 
-def _rel(path: str, base: Path) -> str:
-    """`path` relative to `base` when inside it, POSIX-spelled (string work: thousands of lines)."""
-    p, prefix = os.path.normpath(path), str(base).rstrip(os.sep) + os.sep
-    if p.startswith(prefix):
-        p = p[len(prefix):]
-    return p.replace(os.sep, "/")
-
-
-def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int, stages: int,
-           wpe: int, arch: str, sig: str) -> KernelEntry:
-    name = os.path.basename(hsaco)
+def _entry(tree: Path, build: Path, line: CompileLine) -> KernelEntry:
+    name = os.path.basename(line.hsaco)
+    kname, sig = line.kernel_name, line.signature
     m = _HSACO_RE.match(name)
     functional, perf = (m.group("f"), m.group("p")) if m else ("", "")
     ftoks = functional.split("_") if functional else []
     dtype_sig = ftoks[0].replace("＊", "*").replace("@", ":") if ftoks else ""
-    source = _rel(src, tree)
+    source = rel(line.source, tree)
     consts = _constants(os.path.join(str(tree), source), kname, sig)
     head_dim = next((consts[a] for a in _HEAD_DIM_ARGS if isinstance(consts.get(a), int)), None)
     if head_dim is None and len(ftoks) > 1 and ftoks[1].isdigit():
@@ -198,8 +183,9 @@ def _entry(tree: Path, build: Path, hsaco: str, src: str, kname: str, warps: int
     dtype = known.short if known else (dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
         id=name[: -len(".hsaco")],
-        config=config_of(kname, arch, dtype, head_dim, block_m, block_n, wpe, warps, stages, plv),
-        hsaco=_rel(hsaco, build), source=source, kernel_name=kname, signature=sig,
+        config=config_of(kname, line.arch, dtype, head_dim, block_m, block_n, line.waves_per_eu, line.num_warps,
+                         line.num_stages, plv),
+        hsaco=rel(line.hsaco, build), source=source, kernel_name=kname, signature=sig,
         perf=perf, functional=functional,
     )
 

@@ -10,30 +10,29 @@ dispatched` list the same kernels (`dispatched_entries`).
    signature, and each image package of the cluster list (one line per functional, its kernels
    after the package name) on its kernels. A package is left out only when every one of its
    kernels is unreachable; anything that cannot be placed stays in;
-3. the lists CMake reads are planned without those kernels and packages: the compile list, the
-   cluster list, and from 0.13b the zip list (the .aks2 members of each image zip) and each
-   zip's member list (per line the .aks2 path and the member name, each ended by a NUL).
+3. the lists CMake reads (`codegen.formats.compile_list`) are planned without those kernels and
+   packages: the compile list, the cluster list, and from 0.13b the zip list and each zip's
+   member list.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from codegen.core.contain import RelPath
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models.dtypes import DTYPE_INFO
-from codegen.plan.kernel_list import COMPILE_LIST, KernelEntry, kernel_arg_names, parse_compile_list
+from codegen.formats.compile_list import (CLUSTER_LIST, COMPILE_LIST, FLATZIP_LIST, Cluster,
+                                          clusters_without, compile_list_without, image_names, read_clusters,
+                                          zips_without)
+from codegen.formats.op_table import FUSED_FAMILY, FUSED_FUNCTIONAL, IFACE, BwdOpTable, read_bwd_op_table
+from codegen.plan.kernel_list import KernelEntry, kernel_arg_names, parse_compile_list
 from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR
-from codegen.formats.op_table import FUSED_FAMILY, FUSED_FUNCTIONAL, IFACE, BwdOpTable, read_bwd_op_table
 
 KERNEL_MODES = ("dispatched", "all")  # build --kernels
-REACH_FORMAT = 2                      # of reach.json; another: the build configures again
-CLUSTER_LIST = "Bare.cluster"
-FLATZIP_LIST = "Bare.flatzip"
-AKS2_DIR = "aks2"                     # 0.13b+: the .aks2 clusters before they are zipped
+REACH_FORMAT = 2                      # of the reach record; another: the build configures again
 _BOOL = {"True": "true", "False": "false", "1": "true", "0": "false"}
 
 
@@ -51,7 +50,7 @@ class LeftOut:
 
 @dataclass
 class Reach:
-    """`reach.json`, one typed model: validated by pydantic when read (`read_reach`, as possibly
+    """The reach record (codegen.imagebuild.reach writes and reads it), one typed model: validated by pydantic when read (`read_reach`, as possibly
     hostile), plain when this module makes one."""
 
     format: int = REACH_FORMAT              # records of the first format had no such field (read_reach)
@@ -124,15 +123,6 @@ def fused_functional(entry: KernelEntry, sig: dict[str, str]) -> dict[str, str]:
     return {name: entry.config.dtype if name == "Q" else sig.get(name, "") for name in FUSED_FUNCTIONAL}
 
 
-def _key(field_: str, v3src: str) -> str:
-    p = os.path.normpath(field_)
-    return p[len(v3src) + 1:] if p.startswith(v3src + os.sep) else p
-
-
-def _lines(path: Path) -> list[str]:
-    return [ln for ln in path.read_text(encoding="utf-8").split("\n") if ln.strip()]
-
-
 def _fused_kernels(v3src: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str, dict], set[str]]:
     """(functional of each fused kernel, the ones the table never selects), by path relative to v3src."""
     names: dict = {}
@@ -163,66 +153,40 @@ def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[s
     if not (v3src / COMPILE_LIST).is_file() or not (v3src / CLUSTER_LIST).is_file():
         return Reach(proven_by=proven, reason="the generator wrote no kernel lists"), {}, []
     functional, never = _fused_kernels(v3src, tree, table)
-    base = str(v3src)
-    clusters = _lines(v3src / CLUSTER_LIST)
+    clusters = read_clusters(v3src)
     drop_lines, left, drop_kernels, held = set(), [], set(), []
-    for i, line in enumerate(clusters):
-        f = line.split(";")
-        hsacos = [_key(x, base) for x in f[4:] if x.endswith(".hsaco")]
-        if len(f) < 5 or not hsacos or not all(h in never for h in hsacos):
-            held += [functional[h] for h in hsacos[:1] if h in functional]
+    for i, c in enumerate(clusters):
+        if not c.images or not all(h in never for h in c.images):
+            held += [functional[h] for h in c.images[:1] if h in functional]
             continue
         drop_lines.add(i)
-        drop_kernels.update(hsacos)
-        left.append((f[0], f[1], f[2], f[3], len(hsacos), functional[hsacos[0]]))
+        drop_kernels.update(c.images)
+        left.append(c)
     reach = Reach(proven_by=proven, fused_kernels=len(functional), kernels_left_out=len(drop_kernels),
                   held=min(held, key=lambda d: sorted(d.items())) if held else None)
     if not left:
         reach.reason = "the backward op table can select every fused kernel"
         return reach, {}, []
-    out = {CLUSTER_LIST: "".join(ln + "\n" for i, ln in enumerate(clusters) if i not in drop_lines).encode()}
-    compile_lines = _lines(v3src / COMPILE_LIST)
-    out[COMPILE_LIST] = "".join(
-        ln + "\n" for ln in compile_lines
-        if not any(x.endswith(".hsaco") and _key(x, base) in drop_kernels for x in ln.split(";"))).encode()
+    out = {CLUSTER_LIST: clusters_without(clusters, drop_lines), COMPILE_LIST: compile_list_without(v3src, drop_kernels)}
     stale: list[str] = []
     if (v3src / FLATZIP_LIST).is_file():
-        _plan_zips(v3src, left, reach, out, stale)
+        _plan_zips(v3src, left, functional, reach, out, stale)
     else:
-        for arch, family, kernel, name, n, func in left:
-            image = f"{arch}/{family}/{kernel}/{name}.aks2"
-            reach.packages_left_out.append(LeftOut(image, None, n, func))
-            stale.append(f"{IMAGES_DIR}/{image}")
+        for c in left:
+            reach.packages_left_out.append(LeftOut(c.aks2, None, len(c.images), functional[c.images[0]]))
+            stale.append(f"{IMAGES_DIR}/{c.aks2}")
     return reach, out, stale
 
 
-def _plan_zips(v3src: Path, left, reach: Reach, out: dict[str, bytes], stale: list[str]) -> None:
+def _plan_zips(v3src: Path, left: list[Cluster], functional: dict[str, dict], reach: Reach,
+               out: dict[str, bytes], stale: list[str]) -> None:
     """0.13b+: drop the left-out .aks2 clusters from each zip's inputs and member list."""
-    base = str(v3src)
-    gone = {f"{AKS2_DIR}/{a}/{fam}/{k}/{name}.aks2": (n, func) for a, fam, k, name, n, func in left}
-    rows = []
-    for line in _lines(v3src / FLATZIP_LIST):
-        f = line.split(";")
-        kept = [x for x in f[3:] if _key(x, base) not in gone]
-        zip_rel = f"{f[0]}/{f[1]}/{f[2]}.zip"
-        manifest = f"{IMAGES_DIR}/{f[0]}/{f[1]}/{f[2]}.nsv"
-        if len(kept) == len(f) - 3:
-            rows.append(line)
-            continue
-        members = []
-        path = v3src / manifest
-        for ml in (_lines(path) if path.is_file() else []):
-            aks2, _, member = ml.partition("\0")  # NUL-separated: the .aks2 path, the member name
-            if _key(aks2, base) in gone:
-                reach.packages_left_out.append(LeftOut(zip_rel, member.rstrip("\0"), *gone[_key(aks2, base)]))
-            else:
-                members.append(ml)
-        if kept:
-            rows.append(";".join(f[:3] + kept))
-            out[manifest] = "".join(m + "\n" for m in members).encode()
-        else:  # no member left: no zip at all
-            stale += [manifest, f"{IMAGES_DIR}/{zip_rel}"]
-    out[FLATZIP_LIST] = "".join(r + "\n" for r in rows).encode()
+    gone = {c.cluster_file: (len(c.images), functional[c.images[0]]) for c in left}
+    rewrite = zips_without(v3src, set(gone))
+    for zip_rel, member, cluster in rewrite.dropped:
+        reach.packages_left_out.append(LeftOut(zip_rel, member, *gone[cluster]))
+    out.update(rewrite.files)
+    stale += rewrite.stale
     named = {p.member for p in reach.packages_left_out}
     if len(named) != len(gone):
         raise UpstreamError(f"{v3src}: {len(gone)} image packages to leave out, but the zip member lists "
@@ -235,6 +199,5 @@ def dispatched_entries(entries: list, v3src: Path, tree: Path) -> tuple[list, Re
     reach, files, _ = plan_reach(v3src, tree)
     if COMPILE_LIST not in files:
         return list(entries), reach
-    kept = {os.path.basename(f)[:-len(".hsaco")] for line in files[COMPILE_LIST].decode().split("\n")
-            for f in line.split(";") if f.endswith(".hsaco")}
+    kept = image_names(files[COMPILE_LIST])
     return [e for e in entries if e.id in kept], reach
