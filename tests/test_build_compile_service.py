@@ -142,7 +142,7 @@ def test_service_is_byte_identical_to_compile_py_and_caches(small_tree, tmp_path
 def test_only_debug_sections_name_the_tree(small_tree, tmp_path):
     """The same kernel compiled from two folders (two trees sharing a cache entry): the loaded
     sections are identical, the DWARF sections name the folder."""
-    from codegen.compile.cache import loaded_digest
+    from codegen.formats.elf import loaded_digest
     from codegen.compile.engine import compile_entries
     from codegen.formats.spec import load_spec
 

@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from codegen.formats.aks2 import (ImageError, blake2b_64, parse_dispatch_table, read_aks2_directory,
-                                  referenced_kernels)
+                                  read_aks2_images, referenced_kernels)
 
 PKG = "amd-gfx908/flash/attn_fwd/FONLY__＊fp16@16_F_F_0_0___gfx908"
 FUNC = "＊fp16@16_F_F_0_0"
@@ -82,6 +82,22 @@ def test_aks2_directory(tmp_path):
     p.write_bytes(_aks2([("a-Sig-F__x", 64), ("b-Sig-F__y", 0)]))
     entries = read_aks2_directory(p)
     assert [(e.name, e.image_size, e.block_threads) for e in entries] == [("a-Sig-F__x", 64, 256), ("b-Sig-F__y", 0, 0)]
+
+
+def test_aks2_images_and_directory_agree_and_refuse_alike(tmp_path):
+    """The one AKS2 reader: the images read whole and the directory read alone name the same
+    kernels; a cut or corrupt package is one ImageError from either, never a traceback."""
+    p = tmp_path / "k.aks2"
+    data = _aks2([("a-Sig-F__x", 64), ("b-Sig-F__y", 8)])
+    p.write_bytes(data)
+    images = read_aks2_images(p)
+    assert {k: len(v) for k, v in images.items()} == {e.name: e.image_size for e in read_aks2_directory(p)}
+    assert images["b-Sig-F__y"] == b"\x7fELF" * 2
+    for bad, why in ((data[:10], "truncated kernel package"), (data[:16] + b"\xff" * 40, "corrupt kernel package")):
+        p.write_bytes(bad)
+        for read in (read_aks2_images, read_aks2_directory):
+            with pytest.raises(ImageError, match=why):
+                read(p)
 
 
 def test_aks2_bad_magic(tmp_path):

@@ -134,7 +134,7 @@ def test_zip_images_of_0_13(tmp_path, monkeypatch):
     assert not v.ok and len(v.missing) == 3
     z.write_bytes(b"PK\x03\x04 not a zip")
     v = verify_install(prefix, build, **kw)
-    assert not v.ok and "not a readable zip" in " ".join(v.problems)
+    assert not v.ok and "not a readable image zip" in " ".join(v.problems)
 
 
 def test_zip_table_comment_must_match_its_id(tmp_path):

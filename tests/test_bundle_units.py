@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from codegen.formats.bundle_zip import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
-from codegen.ship.dispatch import (ImageIndex, aks2_images, dispatch_cases, elf_extent, fnv1a64, remove_image,
-                                     zip_images)
+from codegen.formats.aks2 import read_aks2_images, read_zip_images
+from codegen.formats.elf import elf_extent
+from codegen.ship.dispatch import ImageIndex, dispatch_cases, fnv1a64, remove_image
 from codegen.core.errors import UserError
 from codegen.formats.spec import load_spec
 from test_bundle_stub import code_object
@@ -50,7 +51,7 @@ def test_image_index_finds_what_the_stub_hashes(tmp_path):
     pkg = tmp_path / "amd-gfx908" / "flash" / "attn_fwd" / "FONLY.aks2"
     pkg.parent.mkdir(parents=True)
     pkg.write_bytes(aks2({"k1": a + b"\0" * 8, "k2": b}))        # padding past the ELF is not hashed
-    assert aks2_images(pkg)["k2"] == b
+    assert read_aks2_images(pkg)["k2"] == b
     assert elf_extent(a + b"\0" * 8) == len(a)
     idx = ImageIndex(tmp_path)
     assert idx.find(len(a), fnv1a64(a)) == "amd-gfx908/flash/attn_fwd/FONLY/k1"
@@ -75,7 +76,7 @@ def test_image_index_reads_0_13b_zips_and_removes_one_image(tmp_path):
     pkg = images / "amd-gfx908" / "flash" / "bwd_kernel_dq" / "FONLY.aks2"
     pkg.parent.mkdir(parents=True)
     pkg.write_bytes(aks2({"k3": c}))
-    assert set(zip_images(z)) == {"FONLY__fp16_F.aks2", "FONLY__fp16_T.aks2"}
+    assert set(read_zip_images(z)) == {"FONLY__fp16_F.aks2", "FONLY__fp16_T.aks2"}
     idx = ImageIndex(images)
     ka, kb, kc = (idx.find(len(x), fnv1a64(x)) for x in (a, b, c))
     assert ka == "amd-gfx908/flash/attn_fwd/FONLY__fp16_F/k1" and kb == "amd-gfx908/flash/attn_fwd/FONLY__fp16_T/k2"

@@ -12,7 +12,8 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from codegen.formats.elf import AMDGPU_MACH, ElfError, parse_dynamic, read_code_object, read_dynamic, version_key
+from codegen.formats.elf import (AMDGPU_MACH, ElfError, amdgpu_metadata, elf_extent, loaded_digest, parse_dynamic,
+                                 read_code_object, read_dynamic, text_size, version_key)
 
 CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="needs a C compiler (gcc)")
@@ -65,6 +66,18 @@ def test_not_an_elf_and_truncated(tmp_path):
         lib = _cc(tmp_path / "libt.so", "int g(void){return 1;}\n")
         with pytest.raises(ElfError):
             parse_dynamic(lib.read_bytes()[:200], "cut")
+
+
+def test_code_object_readers_refuse_alike():
+    """Every reader of a code object: one ElfError, one message form, for what is not ELF or is cut."""
+    obj = code_object(0x30)
+    assert loaded_digest(obj) == loaded_digest(obj + b"\0" * 8) and elf_extent(obj + b"\0" * 8) == len(obj)
+    for read in (loaded_digest, read_code_object, amdgpu_metadata):
+        with pytest.raises(ElfError, match="x: not an ELF file"):
+            read(b"not an elf at all", "x")
+        with pytest.raises(ElfError, match=r"cut: truncated or corrupt ELF file \("):
+            read(obj[:80], "cut")
+    assert text_size(obj[:80]) == 0 and elf_extent(b"not an elf") == 0
 
 
 def code_object(mach: int, features: int = 0, meta: dict | None = None, machine: int = 224) -> bytes:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import errno
 import hashlib
-import io
 import json
 import os
 import re
@@ -30,8 +29,6 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from elftools.elf.constants import SH_FLAGS
-from elftools.elf.elffile import ELFFile
 from filelock import FileLock, Timeout
 
 from codegen.core.contain import inside
@@ -146,18 +143,6 @@ def _read_entry(root: Path, rel: str, limit: int) -> bytes | None:
         return read_input(path, what="kernel cache entry", limit=limit)
     except UserError:  # Escape included
         return None
-
-
-def loaded_digest(image: bytes) -> str:
-    """sha256 over the sections of a code object the GPU loads (SHF_ALLOC: `.text`, `.rodata`, the
-    `.note` with the kernel metadata, `.dynsym`, …), not over the DWARF and symbol tables, which
-    name the folders the kernel and Triton were compiled from: equal for the same kernel compiled
-    from two trees."""
-    h = hashlib.sha256()
-    for sec in ELFFile(io.BytesIO(image)).iter_sections():
-        if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
-            h.update(sec.name.encode() + b"\0" + len(sec.data()).to_bytes(8, "little") + sec.data())
-    return h.hexdigest()
 
 
 class CompileCache:

@@ -13,7 +13,13 @@ after its BLAKE2b-64 matches the two numbers the runtime itself uses.
 AKS2 (AOTriton kernel storage v2): magic `AKS2`, u32 total uncompressed size, u32 number of
 kernels, u32 directory size, then one xz stream holding the directory (per kernel: u32 shared
 memory, u32 block threads, u32 offset, u32 image size, u32 name length incl. NUL, name) followed
-by the images. Only the directory is decompressed here.
+by the images (each at its offset after the directory). `read_aks2_directory` decompresses only
+the directory, `read_aks2_images` the whole package (bounded by the size its header claims).
+
+Image zips (0.13b+, `<arch pack>/<family>/<kernel>.zip` below the images folder): members stored,
+each member one .aks2 cluster named by its functional. `read_zip_clusters` reads the directories
+of some members, `read_zip_images` every member's images, `zip_without` rewrites a zip without one
+member. Every failure to read either format is one ImageError naming the file (and member).
 """
 
 from __future__ import annotations
@@ -23,15 +29,18 @@ import hashlib
 import lzma
 import re
 import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Iterator
 
 from codegen.core.errors import UpstreamError
+from codegen.core.fsutil import move_into_place
 
 AKS2_MAGIC = b"AKS2"
 _HEADER = struct.Struct("<4sIII")
 _ENTRY = struct.Struct("<IIIII")
+MAX_PACKAGE_BYTES = 1 << 30   # the most a package (or zip member) may hold uncompressed
 
 _PACKAGE_RE = re.compile(r'PACKAGE_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
 _FLATZIP_RE = re.compile(r'FLATZIP_PATH.*?(?<!L)R"xyzw\((?P<path>[^)]*)\)xyzw"', re.S)
@@ -158,24 +167,55 @@ def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
     return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
 
 
+@contextlib.contextmanager
+def _open_zip(path: Path) -> Iterator[zipfile.ZipFile]:
+    """An image zip opened for reading; ImageError when it is not a readable zip."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            yield z
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ImageError(f"{path}: not a readable image zip ({exc})") from None
+
+
 def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, PackedEntry]]:
     """One installed image zip, opened once: checked valid (every member's CRC), then, for each of
     `members` it holds, that .aks2 cluster's directory as {kernel name: entry}. Members it lacks are
     left out; ImageError when it is not a valid zip."""
-    import zipfile  # only for 0.13b+ installs
+    with _open_zip(path) as z:
+        bad = z.testzip()
+        if bad is not None:
+            raise ImageError(f"{path}: member {bad} fails its CRC")
+        out: dict[str, dict[str, PackedEntry]] = {}
+        for member in sorted(members & set(z.namelist())):
+            with z.open(member) as f:
+                out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
+        return out
 
-    try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()
-            if bad is not None:
-                raise ImageError(f"{path}: member {bad} fails its CRC")
-            out: dict[str, dict[str, PackedEntry]] = {}
-            for member in sorted(members & set(z.namelist())):
-                with z.open(member) as f:
-                    out[member] = {e.name: e for e in read_aks2_directory(Path(f"{path}:{member}"), f)}
-            return out
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ImageError(f"{path}: not a readable zip ({exc})") from None
+
+def read_zip_images(path: Path) -> dict[str, dict[str, bytes]]:
+    """Every image of an image zip: {member: {stem: image}}. Members that are not AKS2 packages
+    (or claim more than MAX_PACKAGE_BYTES) are skipped."""
+    with _open_zip(path) as z:
+        out = {}
+        for info in z.infolist():
+            if info.is_dir() or info.file_size > MAX_PACKAGE_BYTES:
+                continue
+            data = z.read(info)
+            if data[:len(AKS2_MAGIC)] == AKS2_MAGIC:
+                out[info.filename] = read_aks2_images(Path(f"{path}:{info.filename}"), data)
+        return out
+
+
+def zip_without(path: Path, member: str) -> None:
+    """Rewrite an image zip without `member` (members stored, as the build stores them), in
+    one step (a temporary sibling, then a rename)."""
+    with _open_zip(path) as z:
+        keep = [(i, z.read(i)) for i in z.infolist() if i.filename != member]
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for info, data in keep:
+            z.writestr(info, data)
+    move_into_place(tmp, path)
 
 
 def referenced_kernels(build_dir: Path) -> list[KernelRef]:
@@ -185,38 +225,70 @@ def referenced_kernels(build_dir: Path) -> list[KernelRef]:
     return sorted(refs, key=lambda r: (r.package, r.stem))
 
 
-def read_aks2_directory(path: Path, stream: BinaryIO | None = None) -> list[PackedEntry]:
-    """The directory of one .aks2 package (names and sizes of its kernels): the file at `path`, or
-    `stream` (a member of an image zip), `path` then only naming it in messages."""
-    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
-        head = f.read(_HEADER.size)
-        if len(head) < _HEADER.size:
-            raise ImageError(f"{path}: truncated kernel package")
-        magic, _total, count, dir_size = _HEADER.unpack(head)
-        if magic != AKS2_MAGIC:
-            raise ImageError(f"{path}: not an AKS2 kernel package (magic {magic!r})")
-        dec = lzma.LZMADecompressor()
-        out = b""
-        while len(out) < dir_size:
-            chunk = f.read(1 << 16)
-            if not chunk:
-                break
-            out += dec.decompress(chunk, max_length=dir_size - len(out))
-            while len(out) < dir_size and not dec.needs_input and not dec.eof:
-                out += dec.decompress(b"", max_length=dir_size - len(out))
-    if len(out) < dir_size:
-        raise ImageError(f"{path}: truncated kernel package directory")
+def _header(head: bytes, path: Path) -> tuple[int, int, int]:
+    """(total uncompressed size, number of kernels, directory size) of a package's header."""
+    if len(head) < _HEADER.size:
+        raise ImageError(f"{path}: truncated kernel package")
+    magic, total, count, dir_size = _HEADER.unpack_from(head)
+    if magic != AKS2_MAGIC:
+        raise ImageError(f"{path}: not an AKS2 kernel package (magic {magic!r})")
+    return total, count, dir_size
+
+
+def _entries(directory: bytes, count: int, path: Path) -> list[tuple[PackedEntry, int]]:
+    """The directory's entries, each with its image's offset after the directory."""
     entries, pos = [], 0
     for _ in range(count):
-        if pos + _ENTRY.size > dir_size:
+        if pos + _ENTRY.size > len(directory):
             raise ImageError(f"{path}: corrupt kernel package directory")
-        shared, threads, _offset, size, name_len = _ENTRY.unpack_from(out, pos)
+        shared, threads, offset, size, name_len = _ENTRY.unpack_from(directory, pos)
         pos += _ENTRY.size
-        name = out[pos:pos + name_len].rstrip(b"\0").decode("utf-8", errors="replace")
+        name = directory[pos:pos + name_len].rstrip(b"\0").decode("utf-8", errors="replace")
         pos += name_len
-        entries.append(PackedEntry(name=name, image_size=size, block_threads=threads, shared_memory=shared))
+        entries.append((PackedEntry(name=name, image_size=size, block_threads=threads, shared_memory=shared), offset))
     return entries
 
 
-__all__ = ["ImageError", "KernelRef", "PackedEntry", "ZipRef", "blake2b_64", "dispatch_tables", "parse_dispatch_table",
-           "parse_zip_table", "read_aks2_directory", "read_zip_clusters", "referenced_kernels", "referenced_zip_kernels"]
+def read_aks2_directory(path: Path, stream: BinaryIO | None = None) -> list[PackedEntry]:
+    """The directory of one .aks2 package (names and sizes of its kernels): the file at `path`, or
+    `stream` (a member of an image zip), `path` then only naming it in messages. Only the
+    directory is decompressed."""
+    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
+        _total, count, dir_size = _header(f.read(_HEADER.size), path)
+        dec = lzma.LZMADecompressor()
+        out = b""
+        try:
+            while len(out) < dir_size:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    break
+                out += dec.decompress(chunk, max_length=dir_size - len(out))
+                while len(out) < dir_size and not dec.needs_input and not dec.eof:
+                    out += dec.decompress(b"", max_length=dir_size - len(out))
+        except lzma.LZMAError as exc:
+            raise ImageError(f"{path}: corrupt kernel package ({exc})") from None
+    if len(out) < dir_size:
+        raise ImageError(f"{path}: truncated kernel package directory")
+    return [e for e, _ in _entries(out, count, path)]
+
+
+def read_aks2_images(path: Path, data: bytes | None = None) -> dict[str, bytes]:
+    """Every kernel image of one .aks2 package by its stem: the file at `path`, or `data` (a member
+    of an image zip; `path` then only names it in messages). The decompressed size is bounded by
+    the header's, itself at most MAX_PACKAGE_BYTES."""
+    data = Path(path).read_bytes() if data is None else data
+    total, count, dir_size = _header(data, path)
+    if total > MAX_PACKAGE_BYTES:
+        raise ImageError(f"{path}: kernel package claims {total} bytes")
+    try:
+        blob = lzma.LZMADecompressor().decompress(data[_HEADER.size:], max_length=total)
+    except lzma.LZMAError as exc:
+        raise ImageError(f"{path}: corrupt kernel package ({exc})") from None
+    if len(blob) < dir_size:
+        raise ImageError(f"{path}: truncated kernel package directory")
+    return {e.name: blob[dir_size + off:dir_size + off + e.image_size] for e, off in _entries(blob[:dir_size], count, path)}
+
+
+__all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef", "blake2b_64",
+           "dispatch_tables", "parse_dispatch_table", "parse_zip_table", "read_aks2_directory", "read_aks2_images",
+           "read_zip_clusters", "read_zip_images", "referenced_kernels", "referenced_zip_kernels", "zip_without"]

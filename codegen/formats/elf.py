@@ -11,21 +11,29 @@ section headers (stripped with sstrip) the dynamic segment still gives the tags 
 AMDGPU code objects (`read_code_object`): the target from `e_flags` (the EF_AMDGPU_MACH value and
 the xnack/sramecc feature bits of code object v4+), the kernel symbols, and the metadata note
 (NT_AMDGPU_METADATA, msgpack: `amdhsa.target`, `amdhsa.kernels[]` with `.kernarg_segment_size`,
-`.max_flat_workgroup_size`, `.wavefront_size`, ...).
+`.max_flat_workgroup_size`, `.wavefront_size`, ...), the sha256 of what a GPU loads of it
+(`loaded_digest`), and how far it reaches from its first byte (`elf_extent`).
+
+Every file that is not ELF is one ElfError "not an ELF file"; every one pyelftools cannot read
+is one ElfError "truncated or corrupt ELF file (<why>)".
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import io
 import os
 import re
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
 from elftools.common.exceptions import ELFError as _PyElfError
+from elftools.elf.constants import SH_FLAGS
 from elftools.elf.dynamic import DynamicSection, DynamicSegment
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
@@ -48,6 +56,10 @@ AMDGPU_MACH = {
     "gfx1200": 0x48, "gfx1201": 0x4E,
 }
 _MACH_NAME = {v: k for k, v in AMDGPU_MACH.items()}
+SHT_NOBITS = 8
+# what pyelftools (and msgpack, for the metadata note) raise on a truncated or corrupt file
+_READ_ERRORS = (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
+                struct.error, msgpack.UnpackException)
 _VERSION_RE = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_(\d+(?:\.\d+)*)$")
 
 
@@ -97,15 +109,22 @@ def version_key(node: str) -> tuple[int, ...]:
     return tuple(int(x) for x in m[2].split(".")) if m else ()
 
 
+@contextlib.contextmanager
+def _reading(what: str):
+    """One message for a file pyelftools cannot read."""
+    try:
+        yield
+    except _READ_ERRORS as exc:
+        raise ElfError(f"{what}: truncated or corrupt ELF file ({type(exc).__name__}: {exc})") from None
+
+
 def _open(data: bytes | BinaryIO, path: str) -> ELFFile:
     stream = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
     stream.seek(0)
     if stream.read(4) != b"\x7fELF" or len(stream.read(12)) < 12:
         raise ElfError(f"{path}: not an ELF file")
-    try:
+    with _reading(path):
         return ELFFile(stream)
-    except (_PyElfError, ValueError, OSError, KeyError, TypeError) as exc:
-        raise ElfError(f"{path}: unreadable ELF file ({exc})") from None
 
 
 def _split(s: str) -> tuple[str, ...]:
@@ -115,13 +134,8 @@ def _split(s: str) -> tuple[str, ...]:
 def parse_dynamic(data: bytes | BinaryIO, path: str = "<bytes>") -> DynamicInfo:
     """`read_dynamic` of bytes already read (or of a seekable binary stream)."""
     elf = _open(data, path)
-    try:
+    with _reading(path):
         return _dynamic(elf, path)
-    except ElfError:
-        raise
-    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError,
-            UnicodeDecodeError, IndexError) as exc:
-        raise ElfError(f"{path}: truncated or corrupt ELF file ({type(exc).__name__}: {exc})") from None
 
 
 def _dynamic(elf: ELFFile, path: str) -> DynamicInfo:
@@ -306,19 +320,17 @@ def amdgpu_metadata(image: bytes, what: str = "code object") -> dict:
     """The AMDGPU metadata note of a code object (the msgpack map; {} when it has none), without
     checking the machine (`read_code_object` does)."""
     elf = _open(image, what)
-    try:
+    with _reading(what):
         return _metadata(elf)
-    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
-            msgpack.UnpackException) as exc:
-        raise ElfError(f"{what}: unreadable AMDGPU metadata note ({type(exc).__name__}: {exc})") from None
 
 
 def text_size(image: bytes) -> int:
     """Size of the `.text` section of a code object (0 when unreadable or absent)."""
     try:
         elf = _open(image, "code object")
-        sec = elf.get_section_by_name(".text")
-    except (ElfError, _PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError):
+        with _reading("code object"):
+            sec = elf.get_section_by_name(".text")
+    except ElfError:
         return 0
     return int(sec.header.sh_size) if sec is not None else 0
 
@@ -326,7 +338,7 @@ def text_size(image: bytes) -> int:
 def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
     """Parse an AMDGPU code object; ElfError when it is not one (another machine, no metadata)."""
     elf = _open(image, what)
-    try:
+    with _reading(what):
         if elf["e_machine"] != "EM_AMDGPU" and elf.header.e_machine != EM_AMDGPU:
             raise ElfError(f"{what}: not an AMDGPU code object (e_machine {elf['e_machine']})")
         flags = int(elf.header.e_flags)
@@ -340,11 +352,6 @@ def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
                 for sym in sec.iter_symbols():
                     if sym.name and sym["st_shndx"] != "SHN_UNDEF":
                         symbols.add(sym.name)
-    except ElfError:
-        raise
-    except (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
-            msgpack.UnpackException) as exc:
-        raise ElfError(f"{what}: unreadable code object ({type(exc).__name__}: {exc})") from None
     kernels = {k.get(".name"): k for k in meta.get("amdhsa.kernels", []) if isinstance(k, dict)}
     target = meta.get("amdhsa.target")
     return CodeObject(arch=_MACH_NAME.get(mach), mach=mach, xnack=xnack, sramecc=sramecc,
@@ -352,5 +359,40 @@ def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
                       kernels=kernels, symbols=frozenset(symbols))
 
 
-__all__ = ["AMDGPU_MACH", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "parse_dynamic",
-           "read_code_object", "read_dynamic", "text_size", "version_key"]
+def loaded_digest(image: bytes, what: str = "code object") -> str:
+    """sha256 over the sections of a code object the GPU loads (SHF_ALLOC: `.text`, `.rodata`, the
+    `.note` with the kernel metadata, `.dynsym`, …), not over the DWARF and symbol tables, which
+    name the folders the kernel and Triton were compiled from: equal for the same kernel compiled
+    from two trees."""
+    elf = _open(image, what)
+    h = hashlib.sha256()
+    with _reading(what):
+        for sec in elf.iter_sections():
+            if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
+                h.update(sec.name.encode() + b"\0" + len(sec.data()).to_bytes(8, "little") + sec.data())
+    return h.hexdigest()
+
+
+def elf_extent(image: bytes) -> int:
+    """How far an ELF64 image reaches, computed as the stub computes it from the pointer it is
+    given (the header tables and every section with file contents): the bytes it hashes. The
+    stub's arithmetic (ship/stub/hip_stub.c) over the raw headers, not pyelftools: it must reach
+    the same bytes for a malformed image too (0 for one that is not ELF)."""
+    if len(image) < 64 or image[:4] != b"\x7fELF":
+        return 0
+    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
+    end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+    for i in range(shnum):
+        off = shoff + i * shentsize
+        if off + 0x28 > len(image):
+            break
+        typ = struct.unpack_from("<I", image, off + 4)[0]
+        s_off, s_size = struct.unpack_from("<QQ", image, off + 0x18)
+        if typ != SHT_NOBITS and s_off + s_size > end and s_off + s_size < (1 << 30):
+            end = s_off + s_size
+    return end
+
+
+__all__ = ["AMDGPU_MACH", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
+           "parse_dynamic", "read_code_object", "read_dynamic", "text_size", "version_key"]

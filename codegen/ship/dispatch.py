@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import lzma
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from codegen.core import processes
-from codegen.formats.elf import AMDGPU_MACH
+from codegen.formats.aks2 import ImageError, read_aks2_images, read_zip_images, zip_without
+from codegen.formats.elf import AMDGPU_MACH, elf_extent
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.fsutil import move_into_place
 from codegen.models import TargetSpec
@@ -91,88 +89,25 @@ def fnv1a64(data: bytes) -> str:
     return f"{h:016x}"
 
 
-def aks2_images(path: Path, data: bytes | None = None) -> dict[str, bytes]:
-    """Every kernel image of one .aks2 package by its stem (see codegen.formats.aks2 for the
-    format): the file at `path`, or `data` (a member of a 0.13b image zip; `path` then only names
-    it in messages). The decompressed size is bounded by the header's."""
-    data = path.read_bytes() if data is None else data
-    if len(data) < 16 or data[:4] != b"AKS2":
-        raise UserError(f"{path}: not an AKS2 kernel package")
-    _magic, total, count, dir_size = struct.unpack_from("<4sIII", data)
-    if total > 1 << 30:
-        raise UserError(f"{path}: kernel package claims {total} bytes")
-    blob = lzma.LZMADecompressor().decompress(data[16:], max_length=total)
-    out, pos = {}, 0
-    for _ in range(count):
-        _shared, _threads, offset, size, name_len = struct.unpack_from("<IIIII", blob, pos)
-        pos += 20
-        name = blob[pos:pos + name_len].rstrip(b"\0").decode("utf-8", errors="replace")
-        pos += name_len
-        out[name] = blob[dir_size + offset:dir_size + offset + size]
-    return out
-
-
-def zip_images(path: Path) -> dict[str, dict[str, bytes]]:
-    """0.13b's image zips (`<arch pack>/flash/<kernel>.zip`, members stored, each member one
-    .aks2 cluster named by its functional): {member: {stem: image}}. Members that are not AKS2
-    packages are skipped; a zip that does not open is a UserError."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            out = {}
-            for info in z.infolist():
-                if info.is_dir() or info.file_size > 1 << 30:
-                    continue
-                data = z.read(info)
-                if data[:4] == b"AKS2":
-                    out[info.filename] = aks2_images(Path(f"{path}:{info.filename}"), data)
-            return out
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise UserError(f"{path}: not a readable image zip ({exc})") from None
-
-
 def remove_image(images: Path, container: str) -> None:
     """The missing-image control: take one image container out of an images folder (a copy):
     an `.aks2` file, or one member of an image zip (`<zip>:<member>`; the zip rewritten without
-    it, members stored as the build stores them)."""
+    it: codegen.formats.aks2.zip_without)."""
     if ":" not in container:
         (images / container).unlink(missing_ok=True)
         return
     rel, member = container.split(":", 1)
-    path = images / rel
-    with zipfile.ZipFile(path) as z:
-        keep = [(i, z.read(i)) for i in z.infolist() if i.filename != member]
-    tmp = path.with_name(path.name + ".tmp")
-    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
-        for info, data in keep:
-            z.writestr(info, data)
-    move_into_place(tmp, path)
-
-
-def elf_extent(image: bytes) -> int:
-    """How far an ELF64 image reaches, computed as the stub computes it from the pointer it is
-    given (the header tables and every section with file contents): the bytes it hashes."""
-    if len(image) < 64 or image[:4] != b"\x7fELF":
-        return 0
-    phoff, shoff = struct.unpack_from("<QQ", image, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", image, 0x36)
-    end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
-    for i in range(shnum):
-        off = shoff + i * shentsize
-        if off + 0x28 > len(image):
-            break
-        typ = struct.unpack_from("<I", image, off + 4)[0]
-        s_off, s_size = struct.unpack_from("<QQ", image, off + 0x18)
-        if typ != 8 and s_off + s_size > end and s_off + s_size < (1 << 30):
-            end = s_off + s_size
-    return end
+    zip_without(images / rel, member)
 
 
 class ImageIndex:
     """The packed code objects of an images folder, found again from what the stub logs: the
-    FNV-1a hash of the bytes a loaded image reaches (`elf_extent`). Hashes are computed only for
-    images of the logged size. Both image formats: `.aks2` packages (up to 0.12.1b; a kernel is
-    named `<package>/<stem>`) and 0.13b's stored zips of .aks2 clusters (named
-    `<zip without .zip>/<member>/<stem>`); `container` gives what to remove to make it missing."""
+    FNV-1a hash of the bytes a loaded image reaches (`codegen.formats.elf.elf_extent`). Hashes are
+    computed only for images of the logged size. Both image formats (codegen.formats.aks2):
+    `.aks2` packages (up to 0.12.1b; a kernel is named `<package>/<stem>`) and 0.13b's stored zips
+    of .aks2 clusters (named `<zip without .zip>/<member>/<stem>`); `container` gives what to remove
+    to make it missing. Images that cannot be read are one UserError (a bundle's or a prefix the
+    user names: their input)."""
 
     def __init__(self, images: Path):
         self.by_size: dict[int, list[tuple[str, bytes]]] = {}
@@ -180,13 +115,16 @@ class ImageIndex:
         self.containers: dict[str, str] = {}
         if not images.is_dir():
             return
-        for pkg in sorted(images.rglob("*.aks2")):
-            rel = pkg.relative_to(images).as_posix()
-            self._add(rel.removesuffix(".aks2"), rel, aks2_images(pkg))
-        for zp in sorted(images.rglob("*.zip")):
-            rel = zp.relative_to(images).as_posix()
-            for member, imgs in zip_images(zp).items():
-                self._add(f"{rel.removesuffix('.zip')}/{member.removesuffix('.aks2')}", f"{rel}:{member}", imgs)
+        try:
+            for pkg in sorted(images.rglob("*.aks2")):
+                rel = pkg.relative_to(images).as_posix()
+                self._add(rel.removesuffix(".aks2"), rel, read_aks2_images(pkg))
+            for zp in sorted(images.rglob("*.zip")):
+                rel = zp.relative_to(images).as_posix()
+                for member, imgs in read_zip_images(zp).items():
+                    self._add(f"{rel.removesuffix('.zip')}/{member.removesuffix('.aks2')}", f"{rel}:{member}", imgs)
+        except ImageError as exc:
+            raise UserError(str(exc)) from None
 
     def _add(self, prefix: str, container: str, imgs: dict[str, bytes]) -> None:
         for stem, img in imgs.items():
@@ -331,5 +269,4 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
                           violations=outside, containers=containers)
 
 
-__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "aks2_images", "dispatch_cases",
-           "elf_extent", "remove_image", "run_dispatch", "zip_images"]
+__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "dispatch_cases", "remove_image", "run_dispatch"]
