@@ -13,7 +13,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from codegen.apply.dbrows import write_tarxz
+from codegen.formats.tuning_db import write_archive
 
 KEY = ["gpu", "inputs$Q_dtype", "inputs$max_seqlen_q", "inputs$max_seqlen_k", "inputs$CAUSAL_TYPE",
        "inputs$BLOCK_DMODEL", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE"]
@@ -107,24 +107,24 @@ def make_fake_tree(root: Path, version: tuple[int, int, int] = (0, 12, 0)) -> Pa
         rules = root / "v3python/rules"
         rules.mkdir(parents=True, exist_ok=True)
         (rules / "tuning_database.sqlite3.tar.xz").write_bytes(
-            write_tarxz("tuning_database.sqlite3", _db(kernels, True)))
+            write_archive("tuning_database.sqlite3", _db(kernels, True)))
         if version == (0, 11, 0):
             (rules / "op_database.sqlite3.tar.xz").write_bytes(
-                write_tarxz("op_database.sqlite3", _db({"FLASH$op_attn_bwd": (OP_COLS, op_rows)}, True)))
+                write_archive("op_database.sqlite3", _db({"FLASH$op_attn_bwd": (OP_COLS, op_rows)}, True)))
     else:
         db = root / "v3python/database"
         db.mkdir(parents=True, exist_ok=True)
         (db / "tuning_database.sqlite3.tar.xz").write_bytes(
-            write_tarxz("tuning_database.sqlite3", _db({k: (c, []) for k, (c, _) in kernels.items()}, False)))
+            write_archive("tuning_database.sqlite3", _db({k: (c, []) for k, (c, _) in kernels.items()}, False)))
         (db / "op_database.sqlite3.tar.xz").write_bytes(
-            write_tarxz("op_database.sqlite3", _db({"FLASH$op_attn_bwd": (OP_COLS, op_rows)}, True)))
+            write_archive("op_database.sqlite3", _db({"FLASH$op_attn_bwd": (OP_COLS, op_rows)}, True)))
         for gpu in ("gfx90a_mod0", "gfx942_mod0"):
             arch = gpu.split("_")[0]
             for name, (cols, rows) in kernels.items():
                 k = name.split("$")[1]
                 shard = db / "amd" / arch / "flash" / f"{k}.sqlite3.tar.xz"
                 shard.parent.mkdir(parents=True, exist_ok=True)
-                shard.write_bytes(write_tarxz(f"{k}.sqlite3",
+                shard.write_bytes(write_archive(f"{k}.sqlite3",
                                               _db({name: (cols, [r for r in rows if r[0] == gpu])}, False)))
     return root
 

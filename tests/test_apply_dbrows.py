@@ -9,7 +9,8 @@ import lzma
 
 import pytest
 
-from codegen.apply.dbrows import DonorError, build_db, db_targets, read_tarxz, upsert, write_tarxz
+from codegen.apply.dbrows import DonorError, build_db, db_targets, upsert
+from codegen.formats.tuning_db import read_archive, write_archive
 from fake_tree import make_fake_tree
 from codegen.models.rows import RowsPlan
 from codegen.upstream import detect
@@ -23,7 +24,7 @@ ROWS = {
 
 
 def _query(content: bytes, sql: str, tmp_path):
-    _, payload = read_tarxz(content, "x")
+    _, payload = read_archive(content, "x")
     p = tmp_path / "q.sqlite3"
     p.write_bytes(payload)
     conn = sqlite3.connect(p)
@@ -79,12 +80,12 @@ def test_null_safe_upsert_last_row_wins(tmp_path):
 
 
 def test_tarball_is_deterministic_and_normalised():
-    a, b = write_tarxz("x.sqlite3", b"payload"), write_tarxz("x.sqlite3", b"payload")
+    a, b = write_archive("x.sqlite3", b"payload"), write_archive("x.sqlite3", b"payload")
     assert a == b
     with tarfile.open(fileobj=io.BytesIO(lzma.decompress(a))) as t:
         (m,) = t.getmembers()
         assert (m.name, m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == ("x.sqlite3", 0, 0, 0, "", "", 0o644)
-    assert read_tarxz(a, "x") == ("x.sqlite3", b"payload")
+    assert read_archive(a, "x") == ("x.sqlite3", b"payload")
 
 
 def test_same_inputs_same_bytes(tmp_path):
@@ -93,7 +94,7 @@ def test_same_inputs_same_bytes(tmp_path):
 
 
 def _all_rows(content: bytes, tmp_path) -> dict:
-    _, payload = read_tarxz(content, "x")
+    _, payload = read_archive(content, "x")
     p = tmp_path / "all.sqlite3"
     p.write_bytes(payload)
     conn = sqlite3.connect(p)

@@ -14,7 +14,7 @@ from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.apply.engine import ApplyConflict, apply_overlay
 from codegen.apply.revert import revert_tree
 from codegen.apply import journal
-from codegen.apply.dbrows import read_tarxz
+from codegen.formats.tuning_db import read_archive
 from codegen.upstream import SUPPORTED_RELEASES
 from fake_tree import make_fake_tree, snapshot, spec_variant
 from codegen.models import KernelConfig
@@ -40,7 +40,7 @@ def _mtimes(root):
 
 
 def _rows(tree, rel, table, gpu):
-    _, payload = read_tarxz((tree / rel).read_bytes(), rel)
+    _, payload = read_archive((tree / rel).read_bytes(), rel)
     db = tree.parent / "peek.sqlite3"
     db.write_bytes(payload)
     conn = sqlite3.connect(db)

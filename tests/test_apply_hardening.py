@@ -18,6 +18,7 @@ from codegen.apply.engine import ApplyConflict, apply_overlay, plan_apply
 from codegen.apply.revert import revert_tree
 from codegen.apply import dbrows
 from codegen.apply import journal
+from codegen.formats import tuning_db
 from codegen.cli import app
 from codegen.core.errors import UserError
 from codegen.core.resources import default_spec_path
@@ -248,8 +249,8 @@ def test_revert_force_says_which_local_changes_it_discards(tmp_path, spec):
 
 def test_database_archive_is_valid_xz_and_deterministic(tmp_path):
     payload = os.urandom(1 << 16) * 200 + b"tail"  # 12.5 MiB: 201 stored LZMA2 chunks, the last short
-    a, b = dbrows.write_tarxz("x.sqlite3", payload), dbrows.write_tarxz("x.sqlite3", payload)
-    assert a == b and dbrows.read_tarxz(a, "a") == ("x.sqlite3", payload)
+    a, b = tuning_db.write_archive("x.sqlite3", payload), tuning_db.write_archive("x.sqlite3", payload)
+    assert a == b and tuning_db.read_archive(a, "a") == ("x.sqlite3", payload)
     p = tmp_path / "x.sqlite3.tar.xz"
     p.write_bytes(a)
     if shutil.which("xz"):
@@ -259,6 +260,39 @@ def test_database_archive_is_valid_xz_and_deterministic(tmp_path):
         out.mkdir()
         subprocess.run(["cmake", "-E", "tar", "xf", str(p)], cwd=out, check=True)
         assert (out / "x.sqlite3").read_bytes() == payload
+
+
+def test_database_archive_refusals_are_one_message(tmp_path):
+    """The one archive reader: a cut archive, one of two members, a member that is no database or
+    would land outside the folder it is extracted to: one ArchiveError/Escape (exit 2), nothing written."""
+    import io
+    import sqlite3
+    import tarfile
+
+    from codegen.core.contain import Escape
+    from codegen.formats.xzstore import xz_stored
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE t (a)")
+    good = tuning_db.write_archive("t.sqlite3", conn.serialize())
+    p = tmp_path / "t.sqlite3.tar.xz"
+    p.write_bytes(good)
+    assert tuning_db.open_archive(p).execute("SELECT name FROM sqlite_master").fetchall() == [("t",)]
+    assert tuning_db.extract_archive(p, tmp_path / "out") == tmp_path / "out" / "t.sqlite3"
+    two = io.BytesIO()
+    with tarfile.open(fileobj=two, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for name in ("a.sqlite3", "b.sqlite3"):
+            t.addfile(tarfile.TarInfo(name))
+    for data, why in ((good[:100], "not a readable .tar.xz"), (xz_stored(two.getvalue()), "found 2"),
+                      (tuning_db.write_archive("t.sqlite3", b"not sqlite" * 100), "not a sqlite database")):
+        p.write_bytes(data)
+        with pytest.raises(tuning_db.ArchiveError, match=why) as exc:
+            tuning_db.open_archive(p)
+        assert exc.value.exit_code == 2
+    p.write_bytes(tuning_db.write_archive("../escape.sqlite3", b"x"))
+    with pytest.raises(Escape):
+        tuning_db.extract_archive(p, tmp_path / "out2")
+    assert not (tmp_path / "escape.sqlite3").exists() and not (tmp_path / "out2").exists()
 
 
 @pytest.mark.parametrize("size", [0, 1, 65535, 65536, 65537, 3 * 65536 + 5])
@@ -291,7 +325,7 @@ def test_database_tar_is_byte_for_byte_what_tarfile_writes():
             ti = tarfile.TarInfo("x.sqlite3")
             ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
             t.addfile(ti, io.BytesIO(payload))
-        assert dbrows.tar_bytes("x.sqlite3", payload) == buf.getvalue(), size
+        assert tuning_db.tar_bytes("x.sqlite3", payload) == buf.getvalue(), size
 
 
 def test_render_does_not_import_the_apply_engine():

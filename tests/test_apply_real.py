@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from codegen.apply.lock import LOCK_NAME, read_lock
 from codegen.plan.kernel_list import parse_compile_list
-from codegen.formats.tuning_db_archive import compose_database
+from codegen.plan.database import compose_database
 from codegen.upstream.generator import importable
 from fake_tree import snapshot
 from codegen.cli import app
@@ -53,10 +53,10 @@ def _diff_r(a: Path, b: Path) -> str:
 
 def _target_configs(tree: Path, adapter) -> set[tuple]:
     """(BLOCK_M, BLOCK_N, waves, warps, stages) of gfx908_mod0's attn_fwd rows in the tree."""
-    from codegen.apply.dbrows import read_tarxz
+    from codegen.formats.tuning_db import read_archive
 
     rel = adapter.shard_path("gfx908", "attn_fwd") if adapter.shard_root else adapter.tuning_db
-    _, payload = read_tarxz((tree / rel).read_bytes(), rel)
+    _, payload = read_archive((tree / rel).read_bytes(), rel)
     db = tree.parent / f"{tree.name}.peek.sqlite3"
     db.write_bytes(payload)
     conn = sqlite3.connect(db)
@@ -202,7 +202,7 @@ def _release_extracts(tree: Path) -> str:
 def test_written_archives_extract_with_the_release_own_cmake_command(fresh_tree, tmp_path, tag):
     """Every tuning-database archive apply writes is read by the release's own CMake step, with
     the same command its CMakeLists.txt uses, into the exact sqlite file, which sqlite opens."""
-    from codegen.apply.dbrows import read_tarxz
+    from codegen.formats.tuning_db import read_archive
 
     tree = fresh_tree(tag)
     assert _cli("apply", str(tree)).exit_code == 0
@@ -218,7 +218,7 @@ def test_written_archives_extract_with_the_release_own_cmake_command(fresh_tree,
             script = tmp_path / f"x{i}.cmake"
             script.write_text(f'file(ARCHIVE_EXTRACT INPUT "{tree / rel}" DESTINATION "{out}")\n')
             subprocess.run(["cmake", "-P", str(script)], check=True)
-        member, payload = read_tarxz((tree / rel).read_bytes(), rel)
+        member, payload = read_archive((tree / rel).read_bytes(), rel)
         assert [p.name for p in out.iterdir()] == [member]
         assert (out / member).read_bytes() == payload
         conn = sqlite3.connect(out / member)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.apply.dbrows import build_db, db_targets, read_tarxz
+from codegen.apply.dbrows import build_db, db_targets
+from codegen.formats.tuning_db import read_archive
 from fake_tree import make_fake_tree
 from codegen.models import KernelConfig
 from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
@@ -126,7 +127,7 @@ def _build(tree: Path, rows: dict, kernel: str):
 
 
 def _configs(content: bytes, table: str, tmp_path: Path) -> dict[tuple, set]:
-    _, payload = read_tarxz(content, "x")
+    _, payload = read_archive(content, "x")
     p = tmp_path / "q.sqlite3"
     p.write_bytes(payload)
     conn = sqlite3.connect(p)
@@ -164,7 +165,7 @@ def test_apply_caps_seeded_rows_to_the_report(tmp_path, version):
 
 
 def _count(content: bytes, table: str, bm: int, bn: int, tmp_path: Path) -> int:
-    _, payload = read_tarxz(content, "x")
+    _, payload = read_archive(content, "x")
     p = tmp_path / "c.sqlite3"
     p.write_bytes(payload)
     conn = sqlite3.connect(p)
@@ -448,7 +449,7 @@ def test_default_spec_replaces_the_tiles_that_spill_at_wpe1():
 
 
 def _warps(content: bytes, table: str, tmp_path: Path) -> list[int]:
-    _, payload = read_tarxz(content, "x")
+    _, payload = read_archive(content, "x")
     p = tmp_path / "w.sqlite3"
     p.write_bytes(payload)
     conn = sqlite3.connect(p)

@@ -97,10 +97,10 @@ def _op_rows(tree: Path, rel: str, gpu: str) -> list[tuple[str, int, int]]:
     """(dtype, head dim, backend) of every op_attn_bwd row of GPU in the tree's op database."""
     import sqlite3
 
-    from codegen.apply.dbrows import read_tarxz
+    from codegen.formats.tuning_db import read_archive
     from codegen.formats import tuning_db as db
 
-    _, payload = read_tarxz((tree / rel).read_bytes(), rel)
+    _, payload = read_archive((tree / rel).read_bytes(), rel)
     conn = sqlite3.connect(":memory:")
     try:
         conn.deserialize(payload)

@@ -20,8 +20,9 @@ kept. Duplicate donor keys collapse to the donor's last row, which is also the r
 LUT builder keeps. Both databases live in memory (`Connection.deserialize`, no temporary files);
 the result is the serialized database (deterministic for the same inputs and sqlite version, which
 the input key records), packed deterministically: one tar member with normalised metadata
-(mtime 0, uid/gid 0, no owner names, mode 0644, GNU format: `tar_bytes`, tarfile's bytes in one
-copy), in a valid .xz file of stored LZMA2 chunks (`xzstore.xz_stored`: no compression, CRC32).
+(mtime 0, uid/gid 0, no owner names, mode 0644, GNU format), in a valid .xz file of stored LZMA2
+chunks (no compression, CRC32): `codegen.formats.tuning_db.write_archive`, the archive's one
+reader and writer.
 The archive's one reader, upstream's CMake (`cmake -E tar xf` on 0.10b/0.11b,
 `file(ARCHIVE_EXTRACT)` later, both libarchive over liblzma), decompresses it at configure time;
 compressing bought it nothing and cost the first apply most of its time (preset 6, upstream's
@@ -29,20 +30,17 @@ own `tar cJf`: 37 of 42 s on 0.11b; preset 0 on two threads: still ~2.7 s of CPU
 database; finer LZMA2 settings measured no faster). The price is size: the archive in the tree
 is as large as the database (49 MB for 0.10b/0.11b instead of ~5 MB) until `revert`.
 
-Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into
-`v3python/rules/tuning_database.sqlite3.tar.xz` (+ `op_database` for 0.11b); 'sharded'
-(0.11.1b and later) writes new per-arch shards `v3python/database/amd/<arch>/<family>/<kernel>.sqlite3.tar.xz`
-with the donor shard's schema, and upserts into the (unsharded) op DB.
+Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into the central kernel tuning
+database archive (`adapter.tuning_db`, + the op database's for 0.11b); 'sharded' (0.11.1b and
+later) writes new per-arch shards (`v3python/database/amd/<arch>/<family>/<kernel>` archives) with
+the donor shard's schema, and upserts into the (unsharded) op DB.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import lzma
 import sqlite3
-import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -57,10 +55,9 @@ from codegen.models.rows import RowsPlan, RowTile, Winner
 from codegen.models.space import KernelConfig
 from codegen.models.target import gpu_arch
 from codegen.upstream import Adapter
+from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats import tuning_db as db
-from codegen.formats.xzstore import xz_stored
-
-ARCHIVE_FORMAT = "tar (GNU, one member) in xz of stored LZMA2 chunks, CRC32"  # part of the output's identity
+from codegen.formats.tuning_db import ARCHIVE_FORMAT, member_name, read_archive, write_archive
 ROWS_CODE_VERSION = 5  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
@@ -108,47 +105,6 @@ class DbOutput:
     path: str
     content: bytes
     tables: dict[str, TableStats] = field(default_factory=dict)
-
-
-# ------------------------------------------------------------------------------- tar + xz io --
-
-
-def read_tarxz(data: bytes, what: str) -> tuple[str, bytes]:
-    try:
-        raw = lzma.decompress(data, format=lzma.FORMAT_XZ)  # every stream of a multi-stream file
-        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as t:
-            members = [m for m in t.getmembers() if m.isfile()]
-            if len(members) != 1:
-                raise DonorError(f"{what}: expected one sqlite file in the tarball, found {len(members)}")
-            m = members[0]
-            if m.sparse or m.offset_data + m.size > len(raw):
-                raise DonorError(f"{what}: the sqlite file in the tarball is sparse or truncated")
-            return m.name, raw[m.offset_data:m.offset_data + m.size]  # one copy, not a stream
-    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
-        raise DonorError(f"{what}: not a readable .tar.xz ({exc})") from None
-
-
-def tar_bytes(member: str, payload: bytes) -> bytes:
-    """A one-member tar of `payload`, byte for byte what `tarfile` writes in GNU format for it
-    (header with normalised metadata, data padded to 512, two zero blocks, padded to the 10240-byte
-    record), built in one copy instead of tarfile's 16 KiB writes."""
-    ti = tarfile.TarInfo(member)
-    ti.size = len(payload)
-    ti.mtime = 0
-    ti.mode = 0o644
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    ti.type = tarfile.REGTYPE
-    head = ti.tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING, "surrogateescape")
-    size = len(head) + len(payload)
-    size += -size % tarfile.BLOCKSIZE
-    end = size + 2 * tarfile.BLOCKSIZE
-    end += -end % tarfile.RECORDSIZE
-    return b"".join((head, payload, bytes(end - len(head) - len(payload))))
-
-
-def write_tarxz(member: str, payload: bytes) -> bytes:
-    return xz_stored(tar_bytes(member, payload))
 
 
 # ------------------------------------------------------------------------------------ sqlite --
@@ -516,7 +472,7 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
     live in another file (a donor shard); None = the DB itself."""
     label = path
     if base is not None:
-        member, payload = read_tarxz(base, path)
+        member, payload = read_archive(base, path)
     else:
         member, payload = member_override, b""
         assert member is not None
@@ -549,7 +505,7 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
         if src == "src":
             conn.execute("DETACH DATABASE src")
         data, conn = work.image(conn), None
-        out.content = write_tarxz(member, data)
+        out.content = write_archive(member, data)
         return out
     except sqlite3.DatabaseError as exc:
         raise DonorError(f"{label}: sqlite error while writing rows: {exc}") from None
@@ -560,9 +516,6 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
             except sqlite3.Error:
                 pass
         work.close()
-
-
-SHARD_SUFFIX = ".sqlite3.tar.xz"
 
 
 def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
@@ -576,9 +529,9 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
     donor_root = f"{adapter.shard_root}/{_donor_arch(plan.donor_gpu)}"
     # shards lie in a folder per family (<arch>/flash/<kernel>, 0.11.1b-0.13b) or directly in the
     # arch folder (main: one database folder per family): read from the tree, not assumed
-    shards = sorted([name for name in listdir(donor_root) if name.endswith(SHARD_SUFFIX)]
-                    + [f"{fam}/{name}" for fam in listdir(donor_root) if not fam.endswith(SHARD_SUFFIX)
-                       for name in listdir(f"{donor_root}/{fam}") if name.endswith(SHARD_SUFFIX)])
+    shards = sorted([name for name in listdir(donor_root) if name.endswith(DB_ARCHIVE_SUFFIX)]
+                    + [f"{fam}/{name}" for fam in listdir(donor_root) if not fam.endswith(DB_ARCHIVE_SUFFIX)
+                       for name in listdir(f"{donor_root}/{fam}") if name.endswith(DB_ARCHIVE_SUFFIX)])
     if not shards:
         raise DonorError(f"{donor_root}: no tuning-database shards for the donor GPU {plan.donor_gpu}",
                          hint="pick a rows.donor_gpu that this release has tuned rows for")
@@ -606,11 +559,9 @@ def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
     donor = read(target["donor"])
     if donor is None:
         raise DonorError(f"{target['donor']}: missing from the tree")
-    _, donor_sql = read_tarxz(donor, target["donor"])
+    _, donor_sql = read_archive(donor, target["donor"])
     base = read(target["path"])
-    member = Path(target["path"]).name[: -len(".tar.xz")]
-    return _rewrite(base, target["path"], donor_sql, plan, target["required"], member_override=member)
+    return _rewrite(base, target["path"], donor_sql, plan, target["required"], member_override=member_name(target["path"]))
 
 
-__all__ = ["DbOutput", "DonorError", "TableStats", "build_db", "db_targets", "input_key", "read_tarxz",
-           "tar_bytes", "write_tarxz"]
+__all__ = ["DbOutput", "DonorError", "TableStats", "build_db", "db_targets", "input_key"]

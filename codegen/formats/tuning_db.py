@@ -1,4 +1,11 @@
-"""Upstream's tuning database: table and column names, and how a measured winner becomes a row.
+"""Upstream's tuning database: its archive (the one reader and writer), table and column names,
+and how a measured winner becomes a row.
+
+The archive (`<name>.sqlite3.tar.xz` in a tree: codegen.upstream.releases names them) is one
+sqlite file in a tar in xz. `read_archive` takes its one member out (one copy, never a stream),
+`write_archive` packs one deterministically (see `tar_bytes` and codegen.formats.xzstore),
+`extract_archive` puts the member into a folder as upstream's CMake does at configure time,
+`open_archive` opens the database in memory. An archive that cannot be read is one ArchiveError.
 
 Tables are `FLASH$<family>`; columns are `gpu`, `inputs$…` (the functional: the LUT key),
 `tuned_kernel$…` and `compiler_options$…` (the config). attn_fwd spells its seqlen columns
@@ -8,8 +15,21 @@ Same in every supported release (0.10b .. 0.12b).
 
 from __future__ import annotations
 
+import io
+import lzma
+import sqlite3
+import tarfile
+from pathlib import Path
+
+from codegen.core.contain import inside
+from codegen.core.errors import UserError
+from codegen.core.fsutil import atomic_write, read_input
+from codegen.formats.xzstore import xz_stored
 from codegen.models.dtypes import DTYPE_INFO
 from codegen.models.rows import Winner
+
+ARCHIVE_FORMAT = "tar (GNU, one member) in xz of stored LZMA2 chunks, CRC32"  # what write_archive makes
+MAX_ARCHIVE_BYTES = 1 << 31   # an archive read from a tree (upstream's largest database: ~49 MB)
 
 TABLE_PREFIX = "FLASH$"
 GPU = "gpu"
@@ -36,6 +56,82 @@ OP_ATTN_BWD_TABLE = TABLE_PREFIX + "op_attn_bwd"
 OP_BACKEND = "op$backend"
 BWD_BACKEND_SPLIT = 0   # 'triton_split': bwd_kernel_dk_dv + bwd_kernel_dq (and bwd_preprocess)
 BWD_BACKEND_FUSED = 1   # 'bwd_kernel_fuse'
+
+
+class ArchiveError(UserError):
+    """A tuning-database archive that is not one readable sqlite file in a tar in xz."""
+
+
+def read_archive(data: bytes, what: str) -> tuple[str, bytes]:
+    """(member name, sqlite bytes) of an archive's bytes; `what` names it in messages."""
+    try:
+        raw = lzma.decompress(data, format=lzma.FORMAT_XZ)  # every stream of a multi-stream file
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as t:
+            members = [m for m in t.getmembers() if m.isfile()]
+            if len(members) != 1:
+                raise ArchiveError(f"{what}: expected one sqlite file in the tarball, found {len(members)}")
+            m = members[0]
+            if m.sparse or m.offset_data + m.size > len(raw):
+                raise ArchiveError(f"{what}: the sqlite file in the tarball is sparse or truncated")
+            return m.name, raw[m.offset_data:m.offset_data + m.size]  # one copy, not a stream
+    except (tarfile.TarError, lzma.LZMAError, EOFError) as exc:
+        raise ArchiveError(f"{what}: not a readable .tar.xz ({exc})") from None
+
+
+def read_archive_file(path: Path) -> tuple[str, bytes]:
+    """`read_archive` of a file (a bounded regular file: codegen.core.fsutil.read_input)."""
+    return read_archive(read_input(path, what="tuning-database archive", limit=MAX_ARCHIVE_BYTES), str(path))
+
+
+def member_name(archive: str) -> str:
+    """The member an archive holds, by its file name: 'attn_fwd.sqlite3.tar.xz' -> 'attn_fwd.sqlite3'."""
+    return Path(archive).name.removesuffix(".tar.xz")
+
+
+def tar_bytes(member: str, payload: bytes) -> bytes:
+    """A one-member tar of `payload`, byte for byte what `tarfile` writes in GNU format for it
+    (header with normalised metadata, data padded to 512, two zero blocks, padded to the 10240-byte
+    record), built in one copy instead of tarfile's 16 KiB writes."""
+    ti = tarfile.TarInfo(member)
+    ti.size = len(payload)
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    ti.type = tarfile.REGTYPE
+    head = ti.tobuf(tarfile.GNU_FORMAT, tarfile.ENCODING, "surrogateescape")
+    size = len(head) + len(payload)
+    size += -size % tarfile.BLOCKSIZE
+    end = size + 2 * tarfile.BLOCKSIZE
+    end += -end % tarfile.RECORDSIZE
+    return b"".join((head, payload, bytes(end - len(head) - len(payload))))
+
+
+def write_archive(member: str, payload: bytes) -> bytes:
+    """The archive of one sqlite file (ARCHIVE_FORMAT): the same bytes for the same input."""
+    return xz_stored(tar_bytes(member, payload))
+
+
+def extract_archive(archive: Path, dest: Path) -> Path:
+    """Put an archive's sqlite file into `dest` (inside it: codegen.core.contain), as upstream's
+    CMake untars it at configure time; returns its path."""
+    member, payload = read_archive_file(archive)
+    path = inside(Path(dest), member)
+    atomic_write(path, payload)
+    return path
+
+
+def open_archive(path: Path) -> sqlite3.Connection:
+    """The database an archive holds, opened in memory."""
+    _member, payload = read_archive_file(path)
+    conn = sqlite3.connect(":memory:")
+    try:
+        conn.deserialize(payload)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise ArchiveError(f"{path}: not a sqlite database ({exc})") from None
+    return conn
 
 
 def family_of(table: str) -> str:
@@ -92,5 +188,7 @@ def winner_row(w: Winner) -> tuple[str, dict]:
     return table_of(w.family), cols
 
 
-__all__ = ["BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "DTYPE",
-           "FLAG_COLUMNS", "GPU", "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "SEQLEN_K", "SEQLEN_Q", "column", "family_of", "table_of", "winner_config", "winner_row"]
+__all__ = ["ARCHIVE_FORMAT", "ArchiveError", "BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL_TYPE_CAUSAL",
+           "CONFIG_COLUMNS", "DTYPE", "FLAG_COLUMNS", "GPU", "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "SEQLEN_K",
+           "SEQLEN_Q", "column", "extract_archive", "family_of", "member_name", "open_archive", "read_archive",
+           "read_archive_file", "table_of", "tar_bytes", "winner_config", "winner_row", "write_archive"]

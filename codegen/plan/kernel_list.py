@@ -31,9 +31,9 @@ from codegen.models import KernelConfig
 from codegen.models.dtypes import by_signature
 from codegen.formats.compile_list import COMPILE_LIST, CompileLine, read_compile_list, rel
 from codegen.upstream import parse_constexpr as _constexpr
-from codegen.formats.tuning_db_archive import compose_database
-from codegen.formats.tuning_db_archive import last_line as _last_line
-from codegen.formats.tuning_db_archive import python_hint as _python_hint
+from codegen.plan.database import compose_database
+from codegen.plan.database import last_line as _last_line
+from codegen.plan.database import python_hint as _python_hint
 from codegen.upstream.generator import importable
 from codegen.plan.tree import (
     check_registered,

@@ -1,6 +1,6 @@
 """What plan needs to know about an AOTriton tree: its release, whether the target GPUs are
 registered (the overlay applied: `codegen.upstream.registration`), and the generator's
-environment. Composing the tuning database is `codegen.formats.tuning_db_archive`. Everything here
+environment. Composing the tuning database is `codegen.plan.database`. Everything here
 reads the tree; nothing writes to it.
 
 Which release a tree is, and where its databases live, comes from `codegen.upstream.detect`.

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import sqlite3
-import tarfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from codegen.models.dtypes import DTYPE_INFO
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
 from codegen.upstream import tuning_db_places
+from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
 
 # up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
@@ -50,7 +50,6 @@ STEM13_RE = re.compile(r";;#P;(?P<p>[^#]*?);;#CO;waves_per_eu=(?P<w>\d+);num_war
                        r";;arch=(?P<arch>[A-Za-z0-9_]+)$")
 STEM_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)"
                      r"__CO__wave(?P<w>\d+)_warp(?P<n>\d+)_stg(?P<s>\d+)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
-MAX_DB_BYTES = 1 << 31
 TUNED, OPTIONS = "tuned_kernel$", "compiler_options$"
 CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "compiler_options$num_stages")
 HEAD = db.HEAD_DIM
@@ -137,17 +136,6 @@ class TuningDatabase:
         return self.tables.get(db.table_of(family))
 
 
-def _sqlite_of(archive: Path) -> sqlite3.Connection:
-    with tarfile.open(archive) as t:
-        members = [m for m in t.getmembers() if m.isfile() and m.name.endswith(".sqlite3")]
-        if len(members) != 1 or members[0].size > MAX_DB_BYTES:
-            raise UserError(f"{archive}: not one tuning database in the archive")
-        data = t.extractfile(members[0]).read()
-    conn = sqlite3.connect(":memory:")
-    conn.deserialize(data)
-    return conn
-
-
 def tree_database(tree: Path) -> TuningDatabase:
     """The kernel tuning databases of an applied tree, where its release keeps them
     (`codegen.upstream.tuning_db_places`: the central archive, 0.10b and 0.11b, or the schema-only
@@ -164,7 +152,7 @@ def tree_database(tree: Path) -> TuningDatabase:
             for dirpath, dirnames, filenames in os.walk(shards):   # os.walk follows no directory link
                 dirnames.sort()
                 cands += [Path(dirpath) / f for f in sorted(filenames)
-                          if f.endswith(".sqlite3.tar.xz") and Path(dirpath) / f != tree / central]
+                          if f.endswith(DB_ARCHIVE_SUFFIX) and Path(dirpath) / f != tree / central]
     found = []
     for p in cands:
         p = inside(tree, p.relative_to(tree).as_posix())          # Escape (a UserError) on a link
@@ -173,7 +161,7 @@ def tree_database(tree: Path) -> TuningDatabase:
     if not found:
         places = " or ".join(f"{c}{' (and shards beside it)' if sh else ''}" for c, sh in tuning_db_places(tree))
         raise UserError(f"{tree}: no tuning database ({places}) in this tree")
-    return TuningDatabase.from_sqlite([_sqlite_of(p) for p in found], origin=f"{tree.name}'s database",
+    return TuningDatabase.from_sqlite([db.open_archive(p) for p in found], origin=f"{tree.name}'s database",
                                       sources=tuple(p.relative_to(tree).as_posix() for p in found))
 
 

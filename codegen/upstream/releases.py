@@ -30,6 +30,19 @@ Version = tuple[int, int, int]
 # folder per GPU, `amd-<arch>/`, each holding .aks2 packages (0.13b+: image zips).
 IMAGES_DIR = "aotriton.images"
 
+# Every database in a tree is one sqlite file in a tar in xz, named after it: `<name>.sqlite3.tar.xz`
+# (the kernel tuning database, the op database, each shard; codegen.formats.tuning_db reads and
+# writes them). The generator reads the composed kernel tuning database by its file name.
+DB_ARCHIVE_SUFFIX = ".sqlite3.tar.xz"
+TUNING_DB_FILE = "tuning_database.sqlite3"
+OP_DB_FILE = "op_database.sqlite3"
+
+
+def db_archive(folder: str, db_file: str) -> str:
+    """The archive of database `db_file` in a tree folder: 'v3python/rules/op_database.sqlite3.tar.xz'."""
+    return f"{folder}/{db_file}.tar.xz"
+
+
 # The Triton submodule every release so far pins (.gitmodules): AMD's fork, one branch; the
 # submodule's commit is not part of a `git archive`, so no version is known from the tree.
 ROCM_TRITON_FORK = "ROCmSoftwarePlatform/triton, branch aotriton-hyperjump (third_party/triton submodule)"
@@ -128,7 +141,7 @@ class Release:
         if self.shard_root is None:
             raise ValueError(f"release {self.release} has no sharded tuning database")
         rel = self.shard_pattern.format(arch=arch, family=family, kernel=kernel)
-        return f"{self.shard_root}/{rel}.sqlite3.tar.xz"
+        return f"{self.shard_root}/{rel}{DB_ARCHIVE_SUFFIX}"
 
 
 # --- layout presets ------------------------------------------------------------------------------
@@ -172,16 +185,15 @@ def _traits(family: str, version: Version) -> dict:
     changed inside a family, by version)."""
     common = dict(commit_knobs=_commit_knobs(version))
     if family == "v3python-central-db":  # 0.10b, 0.11b
-        tdb = "v3python/rules/tuning_database.sqlite3.tar.xz"
-        odb = "v3python/rules/op_database.sqlite3.tar.xz" if version >= (0, 11, 0) else None
+        tdb = db_archive("v3python/rules", TUNING_DB_FILE)
+        odb = db_archive("v3python/rules", OP_DB_FILE) if version >= (0, 11, 0) else None
         return dict(common, id=family, layout="v3python", tuning_db_layout="central", tuning_db=tdb, op_db=odb,
                     required_files=V3PYTHON_FILES + (tdb,) + ((odb,) if odb else ()),
                     foreign_paths=("python/generate.py", "modules"),
                     inherits_site_triton=version >= (0, 11, 0), builds_own_triton=version < (0, 11, 0),
                     exports_v3_api=version >= (0, 11, 0), torch_bwd_via_op_table=version >= (0, 11, 0))
     if family == "v3python-sharded-db":  # 0.11.1b … 0.12.1b
-        tdb = "v3python/database/tuning_database.sqlite3.tar.xz"
-        odb = "v3python/database/op_database.sqlite3.tar.xz"
+        tdb, odb = db_archive("v3python/database", TUNING_DB_FILE), db_archive("v3python/database", OP_DB_FILE)
         return dict(common, id=family, layout="v3python", tuning_db_layout="sharded", tuning_db=tdb, op_db=odb,
                     shard_root="v3python/database/amd", db_compose_module="v3python.database_compose",
                     build_db_dir="database",
@@ -197,7 +209,7 @@ def _traits(family: str, version: Version) -> dict:
         # C++ in modules/flash/csrc, no v3python/ or tritonsrc/ (docs/releases.md).
         modular = family == "aotriton-modular"
         db = "modules/flash/database" if modular else "modules/database"
-        tdb, odb = f"{db}/tuning_database.sqlite3.tar.xz", f"{db}/op_database.sqlite3.tar.xz"
+        tdb, odb = db_archive(db, TUNING_DB_FILE), db_archive(db, OP_DB_FILE)
         own = ("modules/flash/csrc/attn_fwd.cc",) if modular else ()
         return dict(common, id=family, layout="aotriton-python", tuning_db_layout="sharded", tuning_db=tdb,
                     op_db=odb, shard_root=f"{db}/amd",
@@ -297,5 +309,6 @@ TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
     key=lambda t: _torch_key(t.torch)))
 
 
-__all__ = ["RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "TORCH_LINES", "TorchLine",
-           "TorchLink", "by_release", "release_name", "version_text"]
+__all__ = ["DB_ARCHIVE_SUFFIX", "IMAGES_DIR", "OP_DB_FILE", "RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED",
+           "SUPPORTED_RELEASES", "TORCH_LINES", "TUNING_DB_FILE", "TorchLine", "TorchLink", "by_release", "db_archive",
+           "release_name", "version_text"]

@@ -1,30 +1,23 @@
 """Put a tree's tuning database where its generator reads it, as the tree's own CMake does at
-configure time (v3src/CMakeLists.txt): central releases untar `v3python/rules/*.sqlite3.tar.xz`
-into the build dir; sharded releases untar every `v3python/database/**.sqlite3.tar.xz` into
-`<build>/database/<same relative dir>` and merge the shards with the tree's own
-`python -m v3python.database_compose`. Used by `plan` and by the tests that prove applied rows
-work. Reads the tree; writes only below `build_dir`."""
+configure time (v3src/CMakeLists.txt): central releases untar the kernel tuning and op database
+archives into the build dir; sharded releases untar every archive below the central one's folder
+into `<build>/<build_db_dir>/<same relative dir>` and merge the shards with the tree's own
+composer (`python -m v3python.database_compose`, `aotriton.database_compose` from 0.13b). The
+archives are read by `codegen.formats.tuning_db`. Used by `plan` and by the tests that prove
+applied rows work. Reads the tree; writes only below `build_dir`."""
 
 from __future__ import annotations
 
 import subprocess
-import tarfile
 from pathlib import Path
 
 from codegen.core import processes
-from codegen.core.errors import UpstreamError
+from codegen.core.errors import UpstreamError, UserError
+from codegen.formats.tuning_db import extract_archive
 from codegen.upstream import Adapter
+from codegen.upstream.releases import DB_ARCHIVE_SUFFIX, TUNING_DB_FILE
 
 COMPOSE_TIMEOUT_S = 1800  # the composer reads a few MB of sqlite: seconds; a hang is killed
-
-
-def _extract(archive: Path, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # pragma: no cover - Python without extraction filters
-            tar.extractall(dest)
 
 
 def last_line(text: str) -> str:
@@ -41,24 +34,24 @@ def python_hint(stderr: str, python: str) -> str | None:
 
 def compose_database(adapter: Adapter, tree: Path, build_dir: Path, python: str,
                      env: dict[str, str] | None = None) -> Path:
-    """Returns the directory holding tuning_database.sqlite3 (and op_database.sqlite3)."""
+    """Returns the directory holding the composed kernel tuning database (and the op database)."""
     tree, build_dir = Path(tree).resolve(), Path(build_dir).resolve()
     db_dir = build_dir / adapter.build_db_dir
     try:
         if adapter.tuning_db_layout == "central":
             for rel in (adapter.tuning_db, adapter.op_db):
                 if rel:
-                    _extract(tree / rel, db_dir)
+                    extract_archive(tree / rel, db_dir)
             return db_dir
         base = (tree / adapter.tuning_db).parent  # CMake globs every shard below the central DB's folder
-        for archive in sorted(base.rglob("*.sqlite3.tar.xz")):
-            _extract(archive, db_dir / archive.parent.relative_to(base))
-    except (OSError, tarfile.TarError, EOFError) as exc:
+        for archive in sorted(base.rglob(f"*{DB_ARCHIVE_SUFFIX}")):
+            extract_archive(archive, db_dir / archive.parent.relative_to(base))
+    except (OSError, UserError) as exc:
         raise UpstreamError(f"{tree}: cannot extract the tuning database: {exc}") from None
     try:
         proc = processes.run(
             [python, "-m", adapter.db_compose_module,
-             "--database_file", str(db_dir / "tuning_database.sqlite3"), "--decomposed", str(db_dir)],
+             "--database_file", str(db_dir / TUNING_DB_FILE), "--decomposed", str(db_dir)],
             cwd=tree, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=COMPOSE_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
