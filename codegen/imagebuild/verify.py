@@ -8,6 +8,7 @@ from pathlib import Path
 
 from codegen.core.errors import UpstreamError
 from codegen.formats.elf import read_dynamic  # the one ELF reader
+from codegen.upstream.releases import IMAGES_DIR
 from codegen.formats.aks2 import (ImageError, PackedEntry, read_aks2_directory, read_zip_clusters, referenced_kernels,
                      referenced_zip_kernels)
 
@@ -90,7 +91,7 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
             v.problems.append(f"{lib.name} does not export {', '.join(absent)} (a name suffix or another release?)")
     if not images:
         return v
-    img = libdir / "aotriton.images" / f"amd-{arch}"
+    img = libdir / IMAGES_DIR / f"amd-{arch}"
     v.images_dir = str(img)
     if not img.is_dir():
         v.problems.append(f"{img} is missing")
@@ -108,7 +109,7 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     for ref in refs:
         v.by_kernel[ref.kernel] = v.by_kernel.get(ref.kernel, 0) + 1
         if ref.package not in dirs:
-            pkg = libdir / "aotriton.images" / f"{ref.package}.aks2"
+            pkg = libdir / IMAGES_DIR / f"{ref.package}.aks2"
             try:
                 dirs[ref.package] = {e.name: e for e in read_aks2_directory(pkg)} if pkg.is_file() else None
             except ImageError as exc:
@@ -153,7 +154,7 @@ def _verify_zips(v: Verification, libdir: Path, build_dir: Path, gone: set[tuple
         by_zip.setdefault(ref.zip, []).append(ref)
         v.by_kernel[ref.kernel] = v.by_kernel.get(ref.kernel, 0) + 1
     for rel, zrefs in by_zip.items():
-        path = libdir / "aotriton.images" / rel
+        path = libdir / IMAGES_DIR / rel
         if not path.is_file():
             v.missing.extend(f"{rel}: {r.member} {r.entry}" for r in zrefs)
             continue

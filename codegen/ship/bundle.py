@@ -35,6 +35,7 @@ from codegen.core.errors import UpstreamError, UserError
 from codegen.formats.spec import load_spec
 from codegen.ship.layout import TORCH_LINES, tag_line
 from codegen.upstream import detect
+from codegen.upstream.releases import IMAGES_DIR
 from codegen.formats.bundle_zip import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
 from codegen.ship.check import CheckReport, check_extracted
 from codegen.ship.dispatch import LABEL
@@ -73,11 +74,11 @@ def torch_lines(release: str) -> list[str]:
 
 
 def _copy_images(src: Path, dest: Path, arch: str) -> None:
-    s = src / "lib" / "aotriton.images" / f"amd-{arch}"
+    s = src / "lib" / IMAGES_DIR / f"amd-{arch}"
     if not s.is_dir() or not any(s.rglob("*")):
-        raise UserError(f"{src}: no kernel images for {arch} (lib/aotriton.images/amd-{arch})",
+        raise UserError(f"{src}: no kernel images for {arch} (lib/{IMAGES_DIR}/amd-{arch})",
                         hint=f"build them: mi100-codegen build TREE --prefix {src}")
-    d = dest / "lib" / "aotriton.images" / f"amd-{arch}"
+    d = dest / "lib" / IMAGES_DIR / f"amd-{arch}"
     if d.exists():
         shutil.rmtree(d)
     shutil.copytree(s, d, symlinks=False)
@@ -181,7 +182,7 @@ def _stage_files(stage: Path, lib: Path, prefix: Path, spec_file: Path, rows: by
         shutil.rmtree(stage)
     (stage / "lib").mkdir(parents=True)
     shutil.copy2(lib, stage / "lib" / lib.name)
-    shutil.copytree(prefix / "lib" / "aotriton.images", stage / "lib" / "aotriton.images")
+    shutil.copytree(prefix / "lib" / IMAGES_DIR, stage / "lib" / IMAGES_DIR)
     shutil.copytree(prefix / "include", stage / "include")
     shutil.copy2(spec_file, stage / SPEC)
     (stage / ROWS).write_bytes(rows)

@@ -46,6 +46,7 @@ from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchRep
 from codegen.ship.rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
 from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
+from codegen.upstream.releases import IMAGES_DIR
 
 HIP_RE_PREFIX = "libamdhip64"
 NO_ROWS = "not named (this bundle carries no rows; give --tree)"
@@ -139,7 +140,7 @@ def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = N
     headers = ensure_sysroot(hip, progress=progress)
     stub = build_stub(sysroot.include, sysroot.runtime, cache / "stub")
     lib = root / manifest["library"]["file"]
-    return run_dispatch(lib=lib, prefix=root, images=root / "lib" / "aotriton.images", hip_include=headers.include,
+    return run_dispatch(lib=lib, prefix=root, images=root / "lib" / IMAGES_DIR, hip_include=headers.include,
                         stub=stub, arch=mach_arch or arch, cases=cases or dispatch_cases(spec), cache=cache / "driver",
                         target=spec.target_string, wave=spec.warp_size)
 
@@ -253,7 +254,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
         shutil.copytree(root, copy, symlinks=True)
         gone = rep.dispatch.containers[used[0]] if used else None
         if gone:
-            remove_image(copy / "lib" / "aotriton.images", gone)
+            remove_image(copy / "lib" / IMAGES_DIR, gone)
         r = _dispatch(copy, manifest, hip, cache=cache, progress=progress)
         rep.controls.append(Claim("negative control: a missing image", bool(used) and not r.ok,
                                   (f"without {gone}: {r.summary()['cases_ok']} of "

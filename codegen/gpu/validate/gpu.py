@@ -14,7 +14,8 @@ import torch
 
 from codegen.core.errors import EnvironmentMissing
 from codegen.models.dtypes import DTYPE_INFO
-from codegen.ship.layout import IMAGES_DIR, images_signature, sha256_file
+from codegen.ship.layout import images_signature, sha256_file
+from codegen.upstream.releases import IMAGES_DIR
 from codegen.models.cases import Case, Shape, tolerance
 
 DEVICE = "cuda"  # tests and CPU dry runs switch it
