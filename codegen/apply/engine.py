@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from codegen import __version__
+from codegen.core import processes
 from codegen.core.errors import UserError
 from codegen.render.inputs import render_overlay
 from codegen.render.overlay import Overlay
@@ -65,8 +66,8 @@ def _git_commit(tree: Path) -> str | None:
     if not (tree / ".git").exists():
         return None
     try:
-        out = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             timeout=30)
+        out = processes.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() or None if out.returncode == 0 else None

@@ -19,6 +19,10 @@ configure) and this Python runs the tree's generator (`-m v3python.generate`/`ao
 `python -m codegen.imagebuild.reach BUILD_DIR` runs in that interpreter once the generator has exited
 without an exception, before CMake reads its lists; its failure fails the generator's run. The
 generator itself runs unchanged.
+
+That run is the one process mi100-codegen starts outside `codegen.core.processes`, the one process
+runner: this file runs inside the build venv's interpreter, which cannot import codegen, so it
+starts the process with the standard library itself.
 """
 
 import os

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 
 from codegen import __version__
-from codegen.core import preflight
+from codegen.core import preflight, processes
 from codegen.core.errors import EnvironmentMissing
 from codegen.core.fsutil import atomic_write
 from codegen.gpu.report.privacy import scrub
@@ -47,7 +47,7 @@ def _read_first_line(path: str) -> str | None:
 
 def _command(cmd: list[str]) -> str | None:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        proc = processes.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
     out = proc.stdout.strip().splitlines()
