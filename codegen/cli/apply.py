@@ -12,15 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from codegen.core import ui
 from codegen.core.errors import UserError
-
-
-def _console() -> Console:
-    """Verdicts go to stderr; when it is not a terminal keep lines long rather than folded."""
-    c = Console(stderr=True, highlight=False, soft_wrap=True)
-    if not c.is_terminal:
-        c = Console(stderr=True, highlight=False, soft_wrap=True, width=200)
-    return c
 
 
 STYLES = {"create": "green", "edit": "yellow", "identical": "dim", "conflict": "bold red", "skip": "cyan",
@@ -118,7 +111,7 @@ def register(app: typer.Typer, guarded) -> None:
         from codegen.upstream import detect
         from codegen.apply.engine import ApplyConflict, apply_overlay
 
-        console = _console()
+        console = ui.console(log_width=200)  # verdicts: piped, lines long rather than folded
         from codegen.render.workspace import default_spec_note  # CLI start-up: loads only when apply runs
 
         loaded = load_spec(spec)
@@ -149,7 +142,7 @@ def register(app: typer.Typer, guarded) -> None:
         """Restore the tree byte-for-byte to its state before the first apply."""
         from codegen.apply.revert import ApplyConflict, revert_tree  # CLI start-up: loads only when run
 
-        console = _console()
+        console = ui.console(log_width=200)  # verdicts: piped, lines long rather than folded
         try:
             result = revert_tree(aotriton_dir, force=force)
         except ApplyConflict as exc:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.preflight import path_option
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
 
@@ -120,7 +120,7 @@ def register(app: typer.Typer, guarded) -> None:
         from codegen.imagebuild.verify import VerifyError
 
         check_outputs(aotriton_dir, prefix, build_dir, python, noimage, compile_via, no_cache, cache_dir)
-        console = Console(stderr=True, highlight=False, soft_wrap=True)
+        console = ui.console()
         rep = build_tree(BuildOptions(aotriton_dir, prefix, build_dir, jobs or cpu_count(), noimage, for_tuning,
                                       python_binding, python, spec, not no_progress and not json_out,
                                       reconfigure, triton_version, compile_via, no_cache, cache_dir, dask,

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from codegen.cli.build import AITER_HELP, KERNELS_HELP, check_outputs
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
+from codegen.core import ui
 from codegen.core.preflight import path_option
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 
 bundle_app = typer.Typer(
     help="Drop-in bundles: the runtime built against a HIP major's headers, its images and a "

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+from codegen.core import ui
+
+stderr = ui.console()
 
 torch_app = typer.Typer(
     help="Drop our AOTriton build into an installed PyTorch (checks, backup, restore), "

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
 from codegen.core.fsutil import atomic_write
 from codegen.models.rows import splits_backward
@@ -104,21 +103,6 @@ class BenchFailed(CodegenError):
     exit_code = EXIT_UPSTREAM
 
 
-def _console(stderr: bool = False) -> Console:
-    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)  # logs: no truncated columns
-    return out
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, transient=False,
-    )
-
-
 def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Table:
     t = Table(title=title, title_justify="left")
     # maxima over the group's kernels, except waves/SIMD and MFMA count (minima)
@@ -167,7 +151,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
             progress.update(bar, advance=1)
 
         try:
-            with _progress(err) as progress:
+            with ui.progress(err, detail="{task.fields[status]}") as progress:
                 bar = progress.add_task(f"descend {rnd}", total=len(plan.entries), status="")
                 sub = engine.compile_entries(tree, plan.entries, spec, jobs=jobs, timeout_s=timeout, cache=cache,
                                              on_progress=lambda r: tick(r, progress, bar), compiler=compiler)
@@ -203,7 +187,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
 def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = ui.console()
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
     loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
                                                                 kernels=opts.kernels), console=err)
@@ -244,7 +228,7 @@ def mark_not_dispatched(results: list, spec, release: Adapter) -> list:
 def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err: Console,
              compiler: CompilerPython):
     counts = {"ok": 0, "failed": 0, "cached": 0, "spills": 0}
-    with _progress(err) as progress:
+    with ui.progress(err, detail="{task.fields[status]}") as progress:
         bar = progress.add_task("precompile", total=len(chosen), status="")
 
         def tick(r):
@@ -259,7 +243,7 @@ def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err:
 
 
 def _print_report(report: dict, info: RunInfo, run, rows: int, err: Console) -> None:
-    out = _console()
+    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
     for axis, title in (("by_family", "by family"), ("by_head_dim", "by head dim"), ("by_dtype", "by dtype")):
         out.print(_summary_table(report, axis, title))
     out.print(_summary_table(report, "by_config", f"by config ({len(report['by_config'])})", rows))
@@ -308,13 +292,13 @@ def run_bench_command(opts: BenchOptions) -> None:
         preflight.interpreter(opts.python)
     else:
         preflight.cache_folder("toolchain")  # the build venv
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = ui.console()
     compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
     loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")
-    with _progress(err) as progress:
+    with ui.progress(err, detail="{task.fields[status]}") as progress:
         bars = {"upstream": progress.add_task("upstream compile.py", total=len(chosen), status=""),
                 "precompile": progress.add_task("precompile", total=len(chosen), status="", start=False)}
 
@@ -342,6 +326,6 @@ def _print_bench(res, err: Console) -> None:
     for side in (res.upstream, res.precompile):
         t.add_row(side.name, f"{side.ok}/{side.kernels}", f"{side.wall_s:.1f}", f"{side.kernels_per_min:.1f}",
                   f"{side.cpu_s:.1f}", f"{side.kernels_per_cpu_min:.1f}")
-    Console(highlight=False, soft_wrap=True).print(t)
+    ui.console(stderr=False).print(t)
     err.print(f"ratio precompile/upstream: [bold]{res.ratio:.2f}x[/] wall clock, "
               f"[bold]{res.cpu_ratio:.2f}x[/] per CPU-second")

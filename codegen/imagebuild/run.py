@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 
-from codegen.core import processes
+from codegen.core import processes, ui
 from codegen.core.errors import UpstreamError
 
 STATUS_RE = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
@@ -93,10 +91,8 @@ def run_ninja(build_dir: Path, *, jobs: int, target: str, env: dict[str, str], l
     env["NINJA_STATUS"] = NINJA_STATUS
     cmd = [ninja, "-C", str(build_dir), "-j", str(jobs), target]
     t0 = time.monotonic()
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]build[/]"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("kernels {task.fields[kernels]}"), TimeElapsedColumn(),
-                        TimeRemainingColumn(), TextColumn("[dim]{task.fields[what]}"),
-                        console=console, transient=False, disable=not show_progress)
+    progress = ui.progress(console, label="[bold]build[/]", detail="kernels {task.fields[kernels]}",
+                           tail="[dim]{task.fields[what]}", spinner=True, disable=not show_progress)
     with open(log_path, "a", encoding="utf-8", buffering=1) as log, progress:
         log.write(f"\n[mi100-codegen] build: {' '.join(cmd)}\n")
         log.flush()

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.apply.applied_spec import resolve_spec
 from codegen.upstream.knobs import ENABLE_FP32_ENV
 from codegen.plan.reach import dispatched_entries
@@ -121,7 +121,7 @@ def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, c
 
 def show_plan(opts: PlanOptions) -> None:
     """`plan`: the counts as tables (or JSON) on stdout; the time split on stderr."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = ui.console()
     if os.environ.get(HEAD_DIM_ENV):
         err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
                   "tree's head dims, as it would for cmake")
@@ -139,9 +139,7 @@ def show_plan(opts: PlanOptions) -> None:
 
 
 def _print_tables(entries, summary: PlanSummary, configs: int) -> None:
-    out = Console(highlight=False, soft_wrap=True)
-    if not out.is_terminal:
-        out = Console(highlight=False, soft_wrap=True, width=160)  # logs: no truncated columns
+    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
     title = (f"AOTriton {summary.release}, {summary.build} build for {', '.join(summary.gpus)}: "
              f"{summary.total} kernels, head dims {summary.head_dims}")
     out.print(family_table(entries, title))

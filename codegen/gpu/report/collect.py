@@ -16,15 +16,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from codegen import __version__
-from codegen.core import preflight, processes
+from codegen.core import preflight, processes, ui
 from codegen.core.errors import EnvironmentMissing
 from codegen.core.fsutil import atomic_write
 from codegen.gpu.report.privacy import scrub
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 DEFAULT_OUT = Path("mi100-codegen-report.md")
 ISSUE_FORM = "the project's \"Card report\" issue form (.github/ISSUE_TEMPLATE/card-report.yml)"
 

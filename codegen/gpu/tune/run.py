@@ -11,10 +11,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.apply.applied_spec import resolve_spec
 from codegen.formats.spec import load_spec
@@ -26,7 +25,7 @@ from codegen.gpu.tune.importer import parse_records
 from codegen.gpu.tune.store import ResultStore
 from codegen.upstream import kernel_dirs_text, kernel_source_dir
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 
 
 @dataclass(frozen=True)
@@ -180,8 +179,7 @@ def _measure(opts: TuneOptions, sp, plan, todo: list, store: ResultStore, n_gpus
     settings = runner.Settings(batch=opts.batch, heads=opts.heads, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
     deadline = time.monotonic() + opts.budget_min * 60 if opts.budget_min else None
     stats = {"winners": 0, "failed": 0, "budget_hit": False}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=False) as prog:
+    with ui.progress(stderr, label="{task.description}", remaining=False) as prog:
         if _compile_jobs(opts.compile_jobs) > 0:
             _warm(opts, plan, todo, settings, prog)
         tm = prog.add_task(f"measuring on {n_gpus} GPU(s)", total=len(todo))

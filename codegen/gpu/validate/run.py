@@ -9,16 +9,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from codegen import __version__
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, EnvironmentMissing, UserError
 from codegen.formats.spec import load_spec
 from codegen.gpu.validate.kernels import FAMILIES, run_kernels, tree_source_dir
 from codegen.gpu.validate.report import render_markdown, summarize, write_json, write_markdown
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 BACKENDS = ("flash", "efficient")
 
 
