@@ -112,21 +112,30 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     return replace(loaded, display=f"{loaded.display} (the spec applied to this tree)")
 
 
-def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec":
-    """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
-    embedded default. An `explicit` spec that means another spec than the applied one is
-    refused, naming both."""
+def resolve_spec(tree: Path | str | None = None, explicit: Path | None = None) -> "LoadedSpec":
+    """The spec a command works with: the one rule, for every command.
+
+    - With `tree` (the commands that read an applied tree: plan, precompile, bench, build, bundle
+      build, tune): the spec apply recorded in it; an `explicit` spec that means another one is
+      refused, naming both. A tree without a lock is taken as no tree (the stage's own check
+      then says it is not applied).
+    - Without a tree (render, spec check, validate, report, torch, tune import, and apply, which
+      records the spec it is given): `explicit`, else the embedded rules/mi100.yaml.
+
+    Whenever the embedded default is taken while the current folder holds a different
+    `rules/<same name>` (an installed tool run in an edited checkout), the spec's warnings end
+    with the note that says which one runs."""
     from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
-    if lock is None:  # not applied: the stage's own check says so
-        return load_spec(explicit)
-    tree = Path(tree)
-    recorded = load_recorded(tree, lock)
-    if explicit is None and recorded is not None:
+    recorded = load_recorded(Path(tree), lock) if lock is not None else None
+    if recorded is not None and explicit is None:
         return recorded
     given = load_spec(explicit)
-    if given.sha256 == lock.spec_sha256:
+    note = _default_note(given) if explicit is None else None
+    if note:
+        given = replace(given, warnings=[*given.warnings, note])
+    if lock is None or given.sha256 == lock.spec_sha256:
         return given
     applied = recorded.display if recorded is not None else f"spec {lock.spec_name!r}"
     what = "--spec " + given.display if explicit is not None else f"the embedded default {given.display}"
@@ -136,6 +145,21 @@ def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec"
         hint=("leave out --spec to use the applied one, or re-apply: "
               if recorded is not None else "pass the spec it was applied from, or re-apply: ")
         + f"mi100-codegen apply {tree} --spec {given.display if explicit is not None else 'SPEC'}")
+
+
+def _default_note(loaded: "LoadedSpec") -> str | None:
+    """The note for the embedded default taken while the current folder holds a different
+    `rules/<same name>`."""
+    local = Path("rules") / Path(loaded.path).name
+    try:
+        if local.resolve() == Path(loaded.path).resolve() or not local.is_file():
+            return None
+        if local.read_bytes() == Path(loaded.path).read_bytes():
+            return None
+    except OSError:
+        return None
+    return (f"note: {local} here differs from the spec embedded in this install ({loaded.display}), "
+            f"which is what runs without --spec; pass --spec {local} to use yours")
 
 
 __all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec", "sha256"]

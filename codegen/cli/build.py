@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from codegen.cli import SpecOpt
 from codegen.core import preflight, ui
 from codegen.core.preflight import path_option
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
@@ -92,8 +93,7 @@ def register(app: typer.Typer, guarded) -> None:
         noimage: bool = typer.Option(False, "--noimage", help="Build the C++ runtime only (no kernel images, no Triton)."),
         for_tuning: bool = typer.Option(False, "--for-tuning", help="Tuning build: every config of the spec's tuning space."),
         json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from "
-                                            "(default: the copy apply recorded in the tree)."),
+        spec: Optional[Path] = SpecOpt,
         python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
         triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         python_binding: bool = typer.Option(False, "--python-binding", help="Also build upstream's Python "

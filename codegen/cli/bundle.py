@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 from codegen.cli.build import AITER_HELP, KERNELS_HELP, check_outputs
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
 from codegen.core import ui
@@ -54,7 +56,7 @@ def _print_check(rep) -> None:
 def build(
     aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
     hip: int = typer.Option(..., "--hip", help="HIP major of the torch wheels it is for (6 or 7)."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Spec the overlay was applied from."),
+    spec: Optional[Path] = SpecOpt,
     out: Path = typer.Option(Path("."), "--out", help="Folder the bundle file is written to."),
     images: Optional[Path] = typer.Option(None, "--images", help="Take the kernel images from this "
                                           "`mi100-codegen build` prefix of the same tree (else build them)."),

@@ -8,13 +8,15 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 
 def register(app: typer.Typer, guarded) -> None:
     @app.command()
     @guarded
     def plan(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
+        spec: Optional[Path] = SpecOpt,
         as_json: bool = typer.Option(False, "--json", help="Print the summary (and the time split) as JSON on stdout."),
         python: Optional[str] = typer.Option(None, "--python", help="Python with the tree's generator requirements (default: the build venv precompile uses, created and cached on first use)."),
         tuning: bool = typer.Option(False, "--tuning", help="List a tuning build (AOTRITON_BUILD_FOR_TUNING=ON) instead."),

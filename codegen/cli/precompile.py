@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 from codegen.core.preflight import finite, path_option
 
 # one wording for every compiling stage (build's options say the same; docs/toolchain.md)
@@ -23,7 +25,7 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def precompile(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
+        spec: Optional[Path] = SpecOpt,
         sample: int = typer.Option(0, "--sample", min=0, help="Compile a deterministic stratified sample of N kernels (0: all)."),
         jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Warm compile workers (0: one per usable CPU)."),
         json_out: Optional[Path] = typer.Option(None, "--json", parser=path_option, metavar="PATH", help="Write the full report (JSON) here."),
@@ -55,7 +57,7 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def bench(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
+        spec: Optional[Path] = SpecOpt,
         sample: int = typer.Option(12, "--sample", min=1, help="Stratified sample size."),
         jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Parallel compiles on each side (0: one per usable CPU)."),
         timeout: float = typer.Option(600.0, "--timeout", min=0.001, callback=finite,

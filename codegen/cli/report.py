@@ -7,13 +7,15 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 
 def register(app: typer.Typer, guarded) -> None:
     @app.command("report")
     @guarded
     def report(
         out: Path = typer.Option(Path("mi100-codegen-report.md"), "--out", help="The report file to write."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec validate checks against."),
+        spec: Optional[Path] = SpecOpt,
         no_perf: bool = typer.Option(False, "--no-perf", help="Skip validate's speed / memory table."),
         seed: int = typer.Option(0, "--seed", help="Random seed of validate's inputs."),
     ) -> None:

@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from codegen.cli import SpecOpt
 from codegen.core import ui
 
 stderr = ui.console()
@@ -27,9 +28,11 @@ BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <si
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
     if arch:
         return arch
-    from codegen.formats.spec import load_spec  # CLI start-up: the loader loads when a command needs the spec
+    from codegen.apply.applied_spec import resolve_spec  # CLI start-up: the loader loads when a command needs the spec
 
-    return load_spec(spec).spec.arch
+    loaded = resolve_spec(None, spec)
+    ui.warn(loaded.warnings)
+    return loaded.spec.arch
 
 
 @torch_app.command("status")
@@ -55,7 +58,7 @@ def install(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
     bundle: Optional[Path] = typer.Option(None, "--bundle", help="A bundle file (mi100-codegen bundle build) instead of a prefix."),
     arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own)."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (for the default arch)."),
+    spec: Optional[Path] = SpecOpt,
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing."),
@@ -117,7 +120,7 @@ def rebuild_recipe(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix to build against."),
     release: Optional[str] = typer.Option(None, "--release", help="AOTriton tag (e.g. 0.11b) when no prefix exists yet."),
     arch: Optional[str] = typer.Option(None, "--arch", help="PYTORCH_ROCM_ARCH (default: the spec's arch)."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (for the default arch)."),
+    spec: Optional[Path] = SpecOpt,
     jobs: Optional[int] = typer.Option(None, "--jobs", min=1, help="MAX_JOBS for the build."),
     run: bool = typer.Option(False, "--run", help="Run it (resumable) instead of printing it."),
     workdir: Path = typer.Option(Path("pytorch-build"), "--workdir", help="Where --run clones and builds."),

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 from codegen.core.preflight import path_option
 
 
@@ -14,7 +16,7 @@ def register(app: typer.Typer, guarded) -> None:
     @app.command("validate")
     @guarded
     def validate(
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec (head dims, dtypes, configs)."),
+        spec: Optional[Path] = SpecOpt,
         json_out: Optional[Path] = typer.Option(None, "--json", parser=path_option, metavar="PATH", help="Write the JSON report here."),
         md_out: Optional[Path] = typer.Option(None, "--md", parser=path_option, metavar="PATH", help="Write the Markdown report here."),
         kernels: Optional[Path] = typer.Option(None, "--kernels", help="Run the Triton kernels of this AOTriton "

@@ -20,6 +20,7 @@ from codegen.plan.reach import check_mode
 from codegen.plan.run import PlanOptions, run_plan
 from codegen.plan.tree import check_registered, release_of
 from codegen.apply.applied_spec import resolve_spec
+from codegen.formats.spec import LoadedSpec
 from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
@@ -88,15 +89,16 @@ class BenchOptions:
 
 
 def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton: str | None, stage: str,
-                 err: Console) -> CompilerPython:
+                 err: Console) -> tuple[LoadedSpec, CompilerPython]:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
-    the build venv (created on first use) or --python after its Triton check."""
-    spec = resolve_spec(tree, spec_path).spec
+    the build venv (created on first use) or --python after its Triton check; with the spec."""
+    loaded = resolve_spec(tree, spec_path)
+    spec = loaded.spec
     check_registered(release_of(tree), list(spec.gpus), spec.arch)
     compiler = compiler_python(spec, stage, python=python, triton=triton,
                                requirements=generator_requirements(tree), console=err, same_python=True)
     err.print(f"compiler: {compiler.describe()}")
-    return compiler
+    return loaded, compiler
 
 
 class BenchFailed(CodegenError):
@@ -188,9 +190,9 @@ def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
     err = ui.console()
-    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
+    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
     loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
-                                                                kernels=opts.kernels), console=err)
+                                                                kernels=opts.kernels), console=err, loaded=loaded)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
@@ -293,8 +295,9 @@ def run_bench_command(opts: BenchOptions) -> None:
     else:
         preflight.cache_folder("toolchain")  # the build venv
     err = ui.console()
-    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
+    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
+    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False),
+                                                     loaded=loaded)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")

@@ -15,7 +15,7 @@ prints as it is.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import typer
 
@@ -48,6 +48,12 @@ def say(*parts: str | tuple[str, str]) -> None:
     typer.echo(text, err=True, color=use_color())
 
 
+def warn(lines: Iterable[str]) -> None:
+    """Each of `lines` (a spec's warnings and notes) as one yellow line on stderr."""
+    for line in lines:
+        say((line, "yellow"))
+
+
 def console(*, stderr: bool = True, log_width: int | None = None) -> "Console":
     """A rich Console on stderr (or stdout): no highlighting of numbers and paths, long lines
     soft-wrapped rather than cut. `log_width`: its width when the output is not a terminal (a log
@@ -77,4 +83,4 @@ def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: 
     return Progress(*columns, console=on, transient=False, disable=disable)
 
 
-__all__ = ["STYLES", "console", "progress", "say", "use_color"]
+__all__ = ["STYLES", "console", "progress", "say", "use_color", "warn"]

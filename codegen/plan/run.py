@@ -18,6 +18,7 @@ from rich.table import Table
 
 from codegen.core import preflight, ui
 from codegen.apply.applied_spec import resolve_spec
+from codegen.formats.spec import LoadedSpec
 from codegen.upstream.knobs import ENABLE_FP32_ENV
 from codegen.plan.reach import dispatched_entries
 from codegen.plan.kernel_list import generate_kernel_list
@@ -78,13 +79,15 @@ class PlanRun(NamedTuple):
     python: str
 
 
-def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None) -> PlanRun:
+def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None,
+             loaded: LoadedSpec | None = None) -> PlanRun:
     """The spec, kernels, summary, release record and generator python (`PlanRun`). Refusals (bad interpreter, bad spec,
     unknown release, a target the tree does not register) come before the build venv is made and
-    upstream's generator runs. `timing` receives `upstream_s`."""
+    upstream's generator runs. `timing` receives `upstream_s`; `loaded`: the spec, when the caller
+    resolved it for `opts` already (precompile, bench)."""
     if opts.python is not None:
         preflight.interpreter(opts.python)
-    loaded = resolve_spec(opts.tree, opts.spec)
+    loaded = loaded or resolve_spec(opts.tree, opts.spec)
     spec = loaded.spec
     info = release_of(opts.tree)
     check_registered(info, list(spec.gpus), spec.arch)

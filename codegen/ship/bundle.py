@@ -23,18 +23,16 @@ import shutil
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
 
-from codegen.imagebuild.aiter import refuse_stand_in
 from codegen.formats.elf import read_dynamic
 from codegen.core.errors import UpstreamError, UserError
 from codegen.formats.spec import load_spec
 from codegen.ship.layout import TORCH_LINES, tag_line
-from codegen.upstream import detect
 from codegen.formats.bundle_zip import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
 from codegen.ship.check import CheckReport, check_extracted
 from codegen.ship.dispatch import LABEL
@@ -89,24 +87,24 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
     no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
     # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from codegen.imagebuild.builder import BuildOptions, build_tree
+    from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
     tree = tree.resolve()
-    adapter = detect(tree)
-    loaded = _refuse_unapplied(tree, spec_path, adapter)  # exit 2 before anything is fetched or built
-    spec = loaded.spec
-    rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
-    if (compile_opts or {}).get("aiter_stand_in") and images is None:
-        refuse_stand_in(adapter, spec.arch)              # and a stand-in that replaces nothing
-    sysroot = ensure_sysroot(hip, progress=progress)
-    t_sysroot = time.monotonic() - t0
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
     prefix = bdir / "mi100-codegen" / "bundle-prefix"
+    opts = BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
+                        **{"show_progress": False, **(compile_opts or {})})
+    # exit 2 before anything is fetched or built: the build stage's own checks, made once (the spec
+    # resolved, the overlay rendered and compared), and a tree without a tuning database
+    checked = check_tree(opts)
+    adapter, loaded, _state = checked
+    spec = loaded.spec
+    rows = rows_member(tree, spec.gpus)
+    sysroot = ensure_sysroot(hip, progress=progress)
+    t_sysroot = time.monotonic() - t0
     with _prefix_path(sysroot.prefix):
-        opts = {"show_progress": False, **(compile_opts or {}), "hip_prefix": sysroot.prefix}
-        rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
-                                      **opts), console)
+        rep = build_tree(replace(opts, hip_prefix=sysroot.prefix), console, checked)
     kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
     t_build = time.monotonic() - t0 - t_sysroot
     lib = Path(rep.verification["library"])
@@ -255,21 +253,6 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
                     if k in kernels},
         "files": _files_record(files),
     }
-
-
-def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
-    """The build stage's own overlay check (it runs again inside the build); the loaded spec."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from codegen.apply.lock import read_lock
-    from codegen.imagebuild.builder import resolve_spec
-    from codegen.imagebuild.overlay import check_overlay
-    from codegen.render.inputs import render_overlay
-
-    loaded = resolve_spec(tree, spec_path, adapter.layout)
-    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
-    check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
-                  manifest_sha256=manifest, spec_display=loaded.display)
-    return loaded
 
 
 def _compile_report(loaded) -> dict | None:

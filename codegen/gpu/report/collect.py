@@ -124,12 +124,13 @@ def render_report(env: dict, status_text: str, validate_md: str, validate: dict 
 def run_report(opts: ReportOptions) -> Path:
     """Collect, scrub and write the report; exit 3 (ValidationFailed) after writing when validate failed."""
     # CLI start-up: validate (and torch) load only when the command runs
-    from codegen.formats.spec import load_spec
+    from codegen.apply.applied_spec import resolve_spec
     from codegen.gpu.validate.report import render_markdown
     from codegen.gpu.validate.run import ValidateOptions, _run_mode, _verdict, build_report
 
     preflight.output_file(opts.out, "--out")
-    loaded = load_spec(opts.spec)
+    loaded = resolve_spec(None, opts.spec)
+    ui.warn(loaded.warnings)
     if importlib.util.find_spec("torch") is None:
         raise EnvironmentMissing("report runs validate, which needs torch: it is not installed in this Python "
                                  "environment", hint="run it in the environment of the ROCm PyTorch you installed "

@@ -16,7 +16,6 @@ from rich.progress import Progress
 from codegen.core import preflight, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.apply.applied_spec import resolve_spec
-from codegen.formats.spec import load_spec
 from codegen.render.workspace import writable_results_dir
 from codegen.toolchain import installed_triton_version, require_triton, tune_fix
 from codegen.gpu.tune import runner
@@ -68,9 +67,8 @@ class ImportOptions:
 
 def _spec(spec: Path | None, tree: Path | None = None):
     """The spec: for a tree mi100-codegen applied, the one it recorded (`--spec` must match it)."""
-    loaded = resolve_spec(tree, spec) if tree is not None else load_spec(spec)
-    for w in loaded.warnings:
-        stderr.print(w, markup=False, style="yellow")
+    loaded = resolve_spec(tree, spec)
+    ui.warn(loaded.warnings)
     return loaded
 
 

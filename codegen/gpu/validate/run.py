@@ -12,7 +12,7 @@ from pathlib import Path
 from codegen import __version__
 from codegen.core import preflight, ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, EnvironmentMissing, UserError
-from codegen.formats.spec import load_spec
+from codegen.apply.applied_spec import resolve_spec
 from codegen.gpu.validate.kernels import FAMILIES, run_kernels, tree_source_dir
 from codegen.gpu.validate.report import render_markdown, summarize, write_json, write_markdown
 
@@ -91,7 +91,8 @@ def build_report(loaded, mode_result: dict, plat, label: str | None) -> dict:
 
 def run_validate(opts: ValidateOptions) -> None:
     """Validate on this machine's GPU; exit 3 (ValidationFailed) when a case or proof fails."""
-    loaded = load_spec(opts.spec)
+    loaded = resolve_spec(None, opts.spec)
+    ui.warn(loaded.warnings)
     _check(opts)
     if opts.kernels is not None:
         os.environ["TRITON_F32_DEFAULT"] = "ieee"
