@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from codegen.core.contain import inside
 from codegen.core.errors import CodegenError, UserError
 from codegen.core.fsutil import read_input
+from codegen.render.workspace import RENDER_INPUTS, overlay_results
 from codegen.apply.journal import STATE_DIR
 from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
 
@@ -50,9 +51,8 @@ def sha256(data: bytes) -> str:
 def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
     """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
     (bounded like any spec) and every result render reads for it."""
-    # revert imports this module: the loader and the workspace load only when apply runs
-    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
-    from codegen.render.workspace import overlay_results
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import MAX_SPEC_BYTES
 
     out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
     for name, path in overlay_results(loaded).items():
@@ -63,8 +63,6 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
 def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
     """The lock's recorded paths, each one this module writes; anything else is refused (a lock
     naming another file must not make revert delete it)."""
-    from codegen.render.workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
-
     allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
     foreign = sorted(set(lock.recorded) - allowed)
     if foreign:
@@ -79,7 +77,8 @@ def _hint(tree: Path) -> str:
 
 
 def _check_recorded(tree: Path, lock: ApplyLock) -> None:
-    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import MAX_SPEC_BYTES
 
     for rel in recorded_paths(tree, lock):
         limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
@@ -96,7 +95,8 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     """The spec recorded at apply time, None for a lock written before specs were recorded.
     Refuses (UserError naming the file) recorded files that are missing, not regular files, too
     large or not the bytes the lock names, and a recorded spec that is not valid."""
-    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import load_spec
 
     if SPEC_COPY not in lock.recorded:
         return None
@@ -125,7 +125,8 @@ def resolve_spec(tree: Path | str | None = None, explicit: Path | None = None) -
     Whenever the embedded default is taken while the current folder holds a different
     `rules/<same name>` (an installed tool run in an edited checkout), the spec's warnings end
     with the note that says which one runs."""
-    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import load_spec
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
     recorded = load_recorded(Path(tree), lock) if lock is not None else None

@@ -35,7 +35,8 @@ def _print_summary(console: Console, rep) -> None:
     t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}" for k, ok in syms.items()))
     gc = v.get("gpu_check")
     if gc:
-        from codegen.imagebuild.gpu_check import describe  # CLI start-up: the build stage loads when the command runs
+        # CLI start-up: `bundle` imports this module too; the build stage (~300 ms) loads when a build ran
+        from codegen.imagebuild.gpu_check import describe
 
         t.add_row("gpu check", "check_gpu on a stand-in device: " + ", ".join(
             f"{a} {describe(c)}" for a, c in gc.get("check_gpu", {}).items())
@@ -114,7 +115,7 @@ def register(app: typer.Typer, guarded) -> None:
 
         Re-running continues an interrupted build. Exit 3 when the build fails or the install is
         incomplete; 2 when the tree or the environment is not ready (the message says what to do)."""
-        # CLI start-up: the stage loads when the command runs
+        # CLI start-up: the build stage (~300 ms) loads when the command runs, not for its --help
         from codegen.imagebuild.builder import BuildOptions, build_tree
         from codegen.imagebuild.run import cpu_count
         from codegen.imagebuild.verify import VerifyError

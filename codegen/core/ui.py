@@ -71,7 +71,7 @@ def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: 
     """The stages' progress bar (build, precompile, bench, tune), kept on screen when done:
     `[spinner] LABEL bar done/total DETAIL elapsed [remaining] TAIL`; LABEL, DETAIL and TAIL are
     rich format strings over the task (`{task.description}`, `{task.fields[NAME]}`)."""
-    # CLI start-up: rich.progress (~15 ms beyond the console) loads only when a bar is drawn
+    # CLI start-up: rich.progress (~10 ms beyond the console) loads only when a bar is drawn
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 

