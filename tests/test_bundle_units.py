@@ -203,15 +203,14 @@ def test_the_manifest_summarises_the_compile_report_of_the_tree(fresh_tree):
 
     from typer.testing import CliRunner
 
-    from codegen.imagebuild.builder import resolve_spec
+    from codegen.apply.applied_spec import resolve_spec
     from codegen.ship.bundle import _compile_report
     from codegen.cli import app
-    from codegen.upstream import detect
     from conftest import REPO
 
     tree = fresh_tree("0.11b")
     assert CliRunner().invoke(app, ["apply", str(tree)]).exit_code == 0
-    got = _compile_report(resolve_spec(tree, None, detect(tree).layout))
+    got = _compile_report(resolve_spec(tree, None))
     shipped = REPO / "tuning" / "gfx908" / "compile_report.json"
     want = json.loads(shipped.read_text())
     assert got["sha256"] == sha256(shipped.read_bytes())
@@ -235,3 +234,42 @@ def test_bundle_build_checks_its_outputs_before_any_work(fresh_tree, tmp_path):
         r = CliRunner().invoke(app, ["bundle", "build", str(tree), "--hip", "6", opt, str(afile)])
         assert r.exit_code == 2 and f"{opt} {afile}: is a file" in r.output and "Traceback" not in r.output, r.output
     assert not (tree / "build-hip6").exists() and afile.read_text() == "x"
+
+
+@pytest.mark.aotriton
+def test_bundle_build_resolves_the_spec_and_renders_the_overlay_once(fresh_tree, tmp_path, monkeypatch):
+    """`bundle build` checks the tree before fetching the sysroot and hands those checks to the
+    build stage: one spec resolution, one render (before, each ran twice)."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from codegen.imagebuild import builder
+    from codegen.ship import bundle
+    from codegen.cli import app
+    from typer.testing import CliRunner
+
+    tree = fresh_tree("0.11b")
+    assert CliRunner().invoke(app, ["apply", str(tree)]).exit_code == 0
+    calls = {"resolve": 0, "render": 0}
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_a, **_k):
+        raise Stop
+
+    monkeypatch.setattr(builder, "resolve_spec", counted("resolve", builder.resolve_spec))
+    monkeypatch.setattr(builder, "render_overlay", counted("render", builder.render_overlay))
+    monkeypatch.setattr(bundle, "ensure_sysroot", lambda hip, progress: SimpleNamespace(prefix=tmp_path / "sysroot"))
+    monkeypatch.setattr(builder, "check_prerequisites", stop)  # the build's first step after its checks
+    with pytest.raises(Stop):
+        bundle.build_bundle(tree, 6, spec_path=None, out_dir=tmp_path / "o", images=None, build_dir=None, jobs=1,
+                            console=Console(file=io.StringIO()), progress=lambda _m: None)
+    assert calls == {"resolve": 1, "render": 1}

@@ -144,3 +144,12 @@ def test_subcommand_listing_line_is_one_paragraph_line(path):
     one line in the source, or the listing breaks mid-sentence (`torch --help` did)."""
     first = (_click(path).help or "").strip().split("\n\n")[0]
     assert "\n" not in first, f"{' '.join(path)}: {first!r}"
+
+
+def test_one_spec_option_for_every_command():
+    """Every command's --spec is the one option object, with one help text."""
+    from codegen.cli import SpecOpt
+
+    found = [(p, param) for p in PATHS if p for param in _click(p).params if "--spec" in getattr(param, "opts", [])]
+    assert len(found) >= 13, [p for p, _ in found]
+    assert {param.help for _, param in found} == {SpecOpt.help}

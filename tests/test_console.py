@@ -46,3 +46,38 @@ def test_a_path_with_brackets_is_printed_as_given(tmp_path):
     assert f"wrote: {out} (" in r.output
     r = CliRunner().invoke(app, ["render", "--out", str(out), "--check"])
     assert r.exit_code == 0 and f"up to date: {out} (" in r.output, r.output
+
+
+def test_one_console_factory_for_the_stages(monkeypatch):
+    """codegen.core.ui.console: stderr (or stdout), no highlighting, soft wrap; a log width when the
+    output is not a terminal (under pytest it is not)."""
+    from codegen.core import ui
+
+    err = ui.console()
+    assert err.stderr and not err.is_terminal and err.soft_wrap and not err._highlight
+    assert ui.console(stderr=False, log_width=160).width == 160
+    assert not ui.console(stderr=False).stderr
+    monkeypatch.setenv("COLUMNS", "90")
+    assert ui.console().width == 90  # no log width: the environment's
+
+
+def test_one_progress_factory_for_the_stages():
+    """codegen.core.ui.progress: build's bar (spinner, fields, tail), precompile's and tune's."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import SpinnerColumn, TimeRemainingColumn
+
+    from codegen.core import ui
+
+    out = io.StringIO()
+    on = Console(file=out, force_terminal=True, width=200)
+    build = ui.progress(on, label="[bold]build[/]", detail="kernels {task.fields[kernels]}",
+                        tail="[dim]{task.fields[what]}", spinner=True)
+    assert isinstance(build.columns[0], SpinnerColumn) and any(isinstance(c, TimeRemainingColumn) for c in build.columns)
+    with build:
+        build.add_task("build", total=4, completed=2, kernels="compiled 1", what="k.hsaco")
+    assert "build" in out.getvalue() and "2/4" in out.getvalue() and "compiled 1" in out.getvalue()
+    tune = ui.progress(on, label="{task.description}", remaining=False)
+    assert not any(isinstance(c, (SpinnerColumn, TimeRemainingColumn)) for c in tune.columns)
+    assert ui.progress(on, disable=True).disable

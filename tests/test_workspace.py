@@ -99,3 +99,18 @@ def test_render_notes_an_edited_checkout_spec(tmp_path, home, monkeypatch):
     assert r.exit_code == 0, r.output
     assert "rules/mi100.yaml here differs from the spec embedded in this install" in r.output
     assert "--spec rules/mi100.yaml" in r.output
+
+
+def test_every_command_without_a_tree_takes_the_same_rule(tmp_path, home, monkeypatch):
+    """The one resolver (codegen.apply.applied_spec.resolve_spec): the note of an edited checkout
+    comes with the embedded spec to every command that takes it, not only render; a given
+    --spec gets no note."""
+    from codegen.apply.applied_spec import resolve_spec
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "mi100.yaml").write_text(default_spec_path().read_text() + "# edited\n")
+    assert any("rules/mi100.yaml here differs" in w for w in resolve_spec(None, None).warnings)
+    assert not any("differs" in w for w in resolve_spec(None, tmp_path / "rules" / "mi100.yaml").warnings)
+    r = CliRunner().invoke(app, ["spec", "check"])
+    assert r.exit_code == 0 and "rules/mi100.yaml here differs from the spec embedded" in r.output, r.output

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from codegen.core.contain import inside
 from codegen.core.errors import CodegenError, UserError
 from codegen.core.fsutil import read_input
+from codegen.render.workspace import RENDER_INPUTS, overlay_results
 from codegen.apply.journal import STATE_DIR
 from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
 
@@ -50,9 +51,8 @@ def sha256(data: bytes) -> str:
 def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
     """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
     (bounded like any spec) and every result render reads for it."""
-    # revert imports this module: the loader and the workspace load only when apply runs
-    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
-    from codegen.render.workspace import overlay_results
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import MAX_SPEC_BYTES
 
     out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
     for name, path in overlay_results(loaded).items():
@@ -63,8 +63,6 @@ def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
 def recorded_paths(tree: Path, lock: ApplyLock) -> list[str]:
     """The lock's recorded paths, each one this module writes; anything else is refused (a lock
     naming another file must not make revert delete it)."""
-    from codegen.render.workspace import RENDER_INPUTS  # CLI start-up: revert imports this module; these load when used
-
     allowed = {SPEC_COPY} | {_results_rel(lock.arch, n) for n in RENDER_INPUTS}
     foreign = sorted(set(lock.recorded) - allowed)
     if foreign:
@@ -79,7 +77,8 @@ def _hint(tree: Path) -> str:
 
 
 def _check_recorded(tree: Path, lock: ApplyLock) -> None:
-    from codegen.formats.spec import MAX_SPEC_BYTES  # CLI start-up: revert imports this module; these load when used
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import MAX_SPEC_BYTES
 
     for rel in recorded_paths(tree, lock):
         limit = MAX_SPEC_BYTES if rel == SPEC_COPY else RESULTS_LIMIT
@@ -96,7 +95,8 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     """The spec recorded at apply time, None for a lock written before specs were recorded.
     Refuses (UserError naming the file) recorded files that are missing, not regular files, too
     large or not the bytes the lock names, and a recorded spec that is not valid."""
-    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import load_spec
 
     if SPEC_COPY not in lock.recorded:
         return None
@@ -112,21 +112,31 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     return replace(loaded, display=f"{loaded.display} (the spec applied to this tree)")
 
 
-def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec":
-    """The spec a stage working on `tree` uses: the one apply recorded, else `explicit`, else the
-    embedded default. An `explicit` spec that means another spec than the applied one is
-    refused, naming both."""
-    from codegen.formats.spec import load_spec  # CLI start-up: revert imports this module; these load when used
+def resolve_spec(tree: Path | str | None = None, explicit: Path | None = None) -> "LoadedSpec":
+    """The spec a command works with: the one rule, for every command.
+
+    - With `tree` (the commands that read an applied tree: plan, precompile, bench, build, bundle
+      build, tune): the spec apply recorded in it; an `explicit` spec that means another one is
+      refused, naming both. A tree without a lock is taken as no tree (the stage's own check
+      then says it is not applied).
+    - Without a tree (render, spec check, validate, report, torch, tune import, and apply, which
+      records the spec it is given): `explicit`, else the embedded rules/mi100.yaml.
+
+    Whenever the embedded default is taken while the current folder holds a different
+    `rules/<same name>` (an installed tool run in an edited checkout), the spec's warnings end
+    with the note that says which one runs."""
+    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    from codegen.formats.spec import load_spec
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None
-    if lock is None:  # not applied: the stage's own check says so
-        return load_spec(explicit)
-    tree = Path(tree)
-    recorded = load_recorded(tree, lock)
-    if explicit is None and recorded is not None:
+    recorded = load_recorded(Path(tree), lock) if lock is not None else None
+    if recorded is not None and explicit is None:
         return recorded
     given = load_spec(explicit)
-    if given.sha256 == lock.spec_sha256:
+    note = _default_note(given) if explicit is None else None
+    if note:
+        given = replace(given, warnings=[*given.warnings, note])
+    if lock is None or given.sha256 == lock.spec_sha256:
         return given
     applied = recorded.display if recorded is not None else f"spec {lock.spec_name!r}"
     what = "--spec " + given.display if explicit is not None else f"the embedded default {given.display}"
@@ -136,6 +146,21 @@ def resolve_spec(tree: Path | str | None, explicit: Path | None) -> "LoadedSpec"
         hint=("leave out --spec to use the applied one, or re-apply: "
               if recorded is not None else "pass the spec it was applied from, or re-apply: ")
         + f"mi100-codegen apply {tree} --spec {given.display if explicit is not None else 'SPEC'}")
+
+
+def _default_note(loaded: "LoadedSpec") -> str | None:
+    """The note for the embedded default taken while the current folder holds a different
+    `rules/<same name>`."""
+    local = Path("rules") / Path(loaded.path).name
+    try:
+        if local.resolve() == Path(loaded.path).resolve() or not local.is_file():
+            return None
+        if local.read_bytes() == Path(loaded.path).read_bytes():
+            return None
+    except OSError:
+        return None
+    return (f"note: {local} here differs from the spec embedded in this install ({loaded.display}), "
+            f"which is what runs without --spec; pass --spec {local} to use yours")
 
 
 __all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec", "sha256"]

@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from codegen.cli import SpecOpt
+
 from codegen.core.preflight import finite, path_option
 
 # one wording for every compiling stage (build's options say the same; docs/toolchain.md)
@@ -23,7 +25,7 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def precompile(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
+        spec: Optional[Path] = SpecOpt,
         sample: int = typer.Option(0, "--sample", min=0, help="Compile a deterministic stratified sample of N kernels (0: all)."),
         jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Warm compile workers (0: one per usable CPU)."),
         json_out: Optional[Path] = typer.Option(None, "--json", parser=path_option, metavar="PATH", help="Write the full report (JSON) here."),
@@ -45,7 +47,7 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
         resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."""
-        from codegen.compile.precompile import PrecompileOptions, run_precompile  # CLI start-up: the stage loads when it runs
+        from codegen.compile.precompile import PrecompileOptions, run_precompile  # CLI start-up: the stage (~370 ms) loads when it runs
 
         run_precompile(PrecompileOptions(
             aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,
@@ -55,7 +57,7 @@ def register(app: typer.Typer, guarded) -> None:
     @guarded
     def bench(
         aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree; must match it when given)."),
+        spec: Optional[Path] = SpecOpt,
         sample: int = typer.Option(12, "--sample", min=1, help="Stratified sample size."),
         jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Parallel compiles on each side (0: one per usable CPU)."),
         timeout: float = typer.Option(600.0, "--timeout", min=0.001, callback=finite,
@@ -66,6 +68,6 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Throughput of precompile vs. the tree's own compiler (one process per kernel, as its
         build runs it) on the same stratified sample; prints kernels/min and the ratio."""
-        from codegen.compile.precompile import BenchOptions, run_bench_command  # CLI start-up: the stage loads when it runs
+        from codegen.compile.precompile import BenchOptions, run_bench_command  # CLI start-up: the stage (~370 ms) loads when it runs
 
         run_bench_command(BenchOptions(aotriton_dir, spec, sample, jobs, timeout, as_json, python, triton_version))

@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
+from codegen.cli import SpecOpt
 from codegen.core.preflight import finite, iso_date, path_option
 
 
@@ -49,7 +50,7 @@ def run_cmd(
     out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>/ in the spec's home, docs/workspace.md)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List grid entries and candidate configs; touch no GPU."),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON on stdout."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the one apply recorded in the tree, else the embedded one; must match the recorded one)."),
+    spec: Optional[Path] = SpecOpt,
     batch: int = typer.Option(4, "--batch", min=1, help="Batch of the timed problem."),
     heads: int = typer.Option(16, "--heads", min=1, help="Heads of the timed problem."),
     warmup_ms: int = typer.Option(10, "--warmup-ms", min=0, help="do_bench warm-up (excluded from the timing)."),
@@ -57,7 +58,7 @@ def run_cmd(
     compile_jobs: int = typer.Option(-1, "--compile-jobs", min=-1, help="Processes that warm Triton's compile cache first (0: off; default: cores-1, at most 8)."),
 ) -> None:
     """Measure every candidate config of the spec's space for each tuning-grid entry."""
-    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage loads when the command runs
+    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage (~210 ms) loads when the command runs
 
     run_tuning(TuneOptions(aotriton_dir, device, tuple(family), tuple(head_dim), tuple(dtype), tuple(seqlen),
                            square, causal, dropout, bias, budget_min, resume, out, dry_run, as_json, spec,
@@ -68,12 +69,12 @@ def run_cmd(
 def import_cmd(
     file: Path = typer.Argument(..., help="JSON lines from upstream's test/tune_flash.py --json_file."),
     out: Optional[Path] = typer.Option(None, "--out", parser=path_option, metavar="PATH", help="Results folder (default: tuning/<arch>/ in the spec's home, docs/workspace.md)."),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded one)."),
+    spec: Optional[Path] = SpecOpt,
     proxy: bool = typer.Option(False, "--proxy", help="Also import records of other archs, labelled as proxies."),
     date: Optional[str] = typer.Option(None, "--date", callback=iso_date, help="Date to record (YYYY-MM-DD; default: today, UTC)."),
 ) -> None:
     """Ingest upstream tuning logs (JSON lines) as measurements and winners."""
-    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage loads when the command runs
+    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage (~210 ms) loads when the command runs
 
     run_import(ImportOptions(file, out, spec, proxy, date))
 

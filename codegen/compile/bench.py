@@ -103,8 +103,8 @@ def run_upstream(info: TreeInfo, entries: list[KernelEntry], jobs: int, python: 
                        "--num_warps", str(e.config.num_warps), "--num_stages", str(e.config.num_stages),
                        "--waves_per_eu", str(e.config.waves_per_eu), "--target", e.config.arch,
                        "--signature", e.signature, "--timeout", f"{timeout_s / 60:g}"]
-                proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, text=True, start_new_session=True)
+                proc = processes.start(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                       text=True)
                 running.append((proc, e, time.perf_counter()))
             time.sleep(0.02)
             for item in list(running):

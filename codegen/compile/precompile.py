@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
 from codegen.core.fsutil import atomic_write
 from codegen.models.rows import splits_backward
@@ -21,6 +20,7 @@ from codegen.plan.reach import check_mode
 from codegen.plan.run import PlanOptions, run_plan
 from codegen.plan.tree import check_registered, release_of
 from codegen.apply.applied_spec import resolve_spec
+from codegen.formats.spec import LoadedSpec
 from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
@@ -89,34 +89,20 @@ class BenchOptions:
 
 
 def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton: str | None, stage: str,
-                 err: Console) -> CompilerPython:
+                 err: Console) -> tuple[LoadedSpec, CompilerPython]:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
-    the build venv (created on first use) or --python after its Triton check."""
-    spec = resolve_spec(tree, spec_path).spec
+    the build venv (created on first use) or --python after its Triton check; with the spec."""
+    loaded = resolve_spec(tree, spec_path)
+    spec = loaded.spec
     check_registered(release_of(tree), list(spec.gpus), spec.arch)
     compiler = compiler_python(spec, stage, python=python, triton=triton,
                                requirements=generator_requirements(tree), console=err, same_python=True)
     err.print(f"compiler: {compiler.describe()}")
-    return compiler
+    return loaded, compiler
 
 
 class BenchFailed(CodegenError):
     exit_code = EXIT_UPSTREAM
-
-
-def _console(stderr: bool = False) -> Console:
-    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
-    if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, soft_wrap=True, width=160)  # logs: no truncated columns
-    return out
-
-
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        console=console, transient=False,
-    )
 
 
 def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Table:
@@ -167,7 +153,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
             progress.update(bar, advance=1)
 
         try:
-            with _progress(err) as progress:
+            with ui.progress(err, detail="{task.fields[status]}") as progress:
                 bar = progress.add_task(f"descend {rnd}", total=len(plan.entries), status="")
                 sub = engine.compile_entries(tree, plan.entries, spec, jobs=jobs, timeout_s=timeout, cache=cache,
                                              on_progress=lambda r: tick(r, progress, bar), compiler=compiler)
@@ -203,10 +189,10 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
 def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
+    err = ui.console()
+    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
     loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
-                                                                kernels=opts.kernels), console=err)
+                                                                kernels=opts.kernels), console=err, loaded=loaded)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
@@ -244,7 +230,7 @@ def mark_not_dispatched(results: list, spec, release: Adapter) -> list:
 def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err: Console,
              compiler: CompilerPython):
     counts = {"ok": 0, "failed": 0, "cached": 0, "spills": 0}
-    with _progress(err) as progress:
+    with ui.progress(err, detail="{task.fields[status]}") as progress:
         bar = progress.add_task("precompile", total=len(chosen), status="")
 
         def tick(r):
@@ -259,7 +245,7 @@ def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err:
 
 
 def _print_report(report: dict, info: RunInfo, run, rows: int, err: Console) -> None:
-    out = _console()
+    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
     for axis, title in (("by_family", "by family"), ("by_head_dim", "by head dim"), ("by_dtype", "by dtype")):
         out.print(_summary_table(report, axis, title))
     out.print(_summary_table(report, "by_config", f"by config ({len(report['by_config'])})", rows))
@@ -308,13 +294,14 @@ def run_bench_command(opts: BenchOptions) -> None:
         preflight.interpreter(opts.python)
     else:
         preflight.cache_folder("toolchain")  # the build venv
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
-    compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False))
+    err = ui.console()
+    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
+    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False),
+                                                     loaded=loaded)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
     err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")
-    with _progress(err) as progress:
+    with ui.progress(err, detail="{task.fields[status]}") as progress:
         bars = {"upstream": progress.add_task("upstream compile.py", total=len(chosen), status=""),
                 "precompile": progress.add_task("precompile", total=len(chosen), status="", start=False)}
 
@@ -342,6 +329,6 @@ def _print_bench(res, err: Console) -> None:
     for side in (res.upstream, res.precompile):
         t.add_row(side.name, f"{side.ok}/{side.kernels}", f"{side.wall_s:.1f}", f"{side.kernels_per_min:.1f}",
                   f"{side.cpu_s:.1f}", f"{side.kernels_per_cpu_min:.1f}")
-    Console(highlight=False, soft_wrap=True).print(t)
+    ui.console(stderr=False).print(t)
     err.print(f"ratio precompile/upstream: [bold]{res.ratio:.2f}x[/] wall clock, "
               f"[bold]{res.cpu_ratio:.2f}x[/] per CPU-second")

@@ -32,6 +32,8 @@ from pathlib import Path
 from codegen.core.fsutil import write_if_changed
 from codegen.compile.cache import CACHE_ENV, CompileCache, cache_key
 from codegen.compile.client import POOL_ENV, _recv_exact  # one framing reader, the client's (stdlib only)
+from codegen.compile.engine import worker_env
+from codegen.compile.pool import WorkerPool
 
 HOOK_MODULE = "_mi100_codegen_compile_hook"
 HOOK_PTH = "_mi100_codegen_compile_hook.pth"
@@ -176,10 +178,6 @@ class CompileService:
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def _start_local(self) -> None:
-        # the precompile stage's warm workers load only for a local pool (never for --dask)
-        from codegen.compile.engine import worker_env
-        from codegen.compile.pool import WorkerPool
-
         scratch = self._dir / "triton-cache"
         pool = WorkerPool(self.jobs, worker_env(scratch), float("inf"), python=self.python, triton=self.triton)
         feed_r, self._feed_w = Pipe(duplex=False)

@@ -39,7 +39,8 @@ def _kernel(source: str, name: str):
 
 def compile_kernel(task: dict) -> dict:
     """Compile one kernel; return resources' raw material (assembly, image, shared bytes)."""
-    # optional heavy dependency: Triton, imported once per worker process
+    # import-time dependency: Triton (~160 ms) is the worker's interpreter's, not the parent's, which
+    # imports this module too; imported once per worker process
     import triton
     from triton.backends.compiler import GPUTarget
 
@@ -117,9 +118,10 @@ def serve(conn, env: dict[str, str], own_site: bool = False) -> None:
     sys.dont_write_bytecode = True
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
     global parse_resources
-    from codegen.compile.resources import parse_resources  # after the worker's environment is set
+    # import-time dependency: these load after the worker's site-packages and environment are set
+    from codegen.compile.resources import parse_resources
     try:
-        import triton  # (warm import, once per worker)
+        import triton  # import-time dependency (after the environment): the warm import, once per worker
     except BaseException as exc:  # pragma: no cover - reported to the parent
         conn.send({"fatal": first_error_line(exc)})
         return

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from codegen.core.errors import UserError
+
 _PKG = Path(__file__).resolve().parent.parent  # codegen/ (this module is codegen/core/resources.py)
 ENV_CACHE = "MI100_CODEGEN_CACHE"
 
@@ -32,8 +34,6 @@ def data_dir(name: str) -> Path:
     for candidate in (_PKG / "_data" / name, _PKG.parent / name):
         if candidate.is_dir():
             return candidate
-    from codegen.core.errors import UserError  # only on this error path: resources.py stays import-free
-
     raise UserError(f"mi100-codegen data folder '{name}' is missing from this install",
                     hint="reinstall mi100-codegen (pip install .)")
 

@@ -1,9 +1,10 @@
-"""The root commands' messages: one line each, verbatim text with a coloured verdict word.
+"""The one console factory: the root commands' one-line messages (`say`), and the rich Console
+(`console`) and progress bars (`progress`) every later stage prints with.
 
-`render`, `spec check`, warnings, errors and "interrupted" print only such lines, so they go
-through click's styling (bundled with typer, which is loaded anyway) and never import rich: rich
-costs ~40 ms of start-up, a tenth of `render` (docs/bench.md). Tables and progress bars of the
-later stages stay rich (their modules import it when they run).
+`render`, `spec check`, warnings, errors and "interrupted" print only one-line messages, so they
+go through click's styling (bundled with typer, which is loaded anyway) and never import rich:
+rich costs ~40 ms of start-up, a tenth of `render` (docs/bench.md). `console` and `progress`
+import it when a stage first asks for them.
 
 Colour follows the conventions rich follows: NO_COLOR turns it off, and so does TERM=dumb (or
 unknown) even when forced; FORCE_COLOR turns it on; otherwise a terminal gets colour and a pipe
@@ -14,8 +15,13 @@ prints as it is.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Iterable
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 # the styles a part may name -> click.style arguments
 STYLES: dict[str, dict] = {
@@ -42,4 +48,39 @@ def say(*parts: str | tuple[str, str]) -> None:
     typer.echo(text, err=True, color=use_color())
 
 
-__all__ = ["STYLES", "say", "use_color"]
+def warn(lines: Iterable[str]) -> None:
+    """Each of `lines` (a spec's warnings and notes) as one yellow line on stderr."""
+    for line in lines:
+        say((line, "yellow"))
+
+
+def console(*, stderr: bool = True, log_width: int | None = None) -> "Console":
+    """A rich Console on stderr (or stdout): no highlighting of numbers and paths, long lines
+    soft-wrapped rather than cut. `log_width`: its width when the output is not a terminal (a log
+    or a pipe), so that tables keep their columns whole."""
+    from rich.console import Console  # CLI start-up: rich (~20 ms) loads only when a stage prints with it
+
+    out = Console(stderr=stderr, highlight=False, soft_wrap=True)
+    if log_width is not None and not out.is_terminal:
+        out.width = log_width
+    return out
+
+
+def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: str = "", tail: str = "",
+             spinner: bool = False, remaining: bool = True, disable: bool = False) -> "Progress":
+    """The stages' progress bar (build, precompile, bench, tune), kept on screen when done:
+    `[spinner] LABEL bar done/total DETAIL elapsed [remaining] TAIL`; LABEL, DETAIL and TAIL are
+    rich format strings over the task (`{task.description}`, `{task.fields[NAME]}`)."""
+    # CLI start-up: rich.progress (~10 ms beyond the console) loads only when a bar is drawn
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    columns = [SpinnerColumn()] if spinner else []
+    columns += [TextColumn(label), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn(detail)] if detail else []
+    columns += [TimeElapsedColumn()] + ([TimeRemainingColumn()] if remaining else [])
+    columns += [TextColumn(tail)] if tail else []
+    return Progress(*columns, console=on, transient=False, disable=disable)
+
+
+__all__ = ["STYLES", "console", "progress", "say", "use_color", "warn"]

@@ -6,23 +6,24 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 
 from codegen.core.errors import UpstreamError, UserError
 from codegen.formats.compile_list import count_compiled
+from codegen.formats.spec import LoadedSpec
 from codegen.compile.cache import CompileCache, default_cache_dir
 from codegen.render.inputs import render_overlay
 from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import compiler_python
-from codegen.upstream import detect
-from codegen.upstream.layouts import DEFAULT_LAYOUT
+from codegen.upstream import Adapter, detect
 from codegen.imagebuild.aiter import place_stand_in, refuse_stand_in
 from codegen.imagebuild.configure import (SUPPORT_DIR, BuildRequest, check_generator, configure_env, configure_inputs,
                         configured_fingerprint, plan_configure, prepare_venv, record_fingerprint, write_support_files)
-from codegen.apply import applied_spec
+from codegen.apply.applied_spec import resolve_spec
 from codegen.apply.lock import read_lock
-from codegen.imagebuild.overlay import check_overlay
+from codegen.imagebuild.overlay import OverlayState, check_overlay
 from codegen.imagebuild.prereq import check_prerequisites
 from codegen.plan.reach import check_mode
 from codegen.imagebuild.reach import REACH_FILE, forget, is_current, read_reach, record_in_prefix, remove_from_prefix
@@ -81,9 +82,6 @@ class BuildReport:
         return d
 
 
-def resolve_spec(tree: Path, explicit: Path | None, layout: str = DEFAULT_LAYOUT):
-    """The spec to build: the one apply recorded in the tree (`codegen.apply.applied_spec`)."""
-    return applied_spec.resolve_spec(tree, explicit)
 
 
 @dataclass(frozen=True)
@@ -158,19 +156,36 @@ def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
                  "or build a 0.11b+ tree")
 
 
-def build_tree(opts: BuildOptions, console: Console) -> BuildReport:
-    """The `build` command's whole job: checks, configure (when needed), ninja install, verify."""
+class CheckedTree(NamedTuple):
+    """What `check_tree` found: the tree's release record, the spec it builds, the overlay's state."""
+
+    adapter: Adapter
+    loaded: LoadedSpec
+    state: OverlayState
+
+
+def check_tree(opts: BuildOptions) -> CheckedTree:
+    """The refusals before any work, in this order: the tree's release, the spec
+    (`codegen.apply.applied_spec.resolve_spec`), the request's combinations, then the overlay,
+    rendered once and compared with the tree."""
+    tree = opts.tree.resolve()
+    adapter = detect(tree)
+    loaded = resolve_spec(tree, opts.spec_path)
+    _refuse_request(opts, tree, loaded, adapter)
+    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
+    state = check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
+                          manifest_sha256=manifest, spec_display=loaded.display)
+    return CheckedTree(adapter, loaded, state)
+
+
+def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None = None) -> BuildReport:
+    """The `build` command's whole job: checks (`check_tree`, unless the caller made them for
+    these options), configure (when needed), ninja install, verify."""
     t_start = time.monotonic()
     tree, prefix = opts.tree.resolve(), opts.prefix.resolve()
     build_dir = (opts.build_dir or tree / "build").resolve()
-    adapter = detect(tree)
-    loaded = resolve_spec(tree, opts.spec_path, adapter.layout)
+    adapter, loaded, state = checked or check_tree(opts)
     spec = loaded.spec
-    _refuse_request(opts, tree, loaded, adapter)
-    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
-    state = check_overlay(tree, gpus=list(spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
-                          manifest_sha256=manifest,
-                          spec_display=loaded.display)
     tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
                              python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang,
                              hip_prefix=opts.hip_prefix)
@@ -320,4 +335,4 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     return read_reach(build_dir) if leaves_out else None   # again: ninja may have configured again
 
 
-__all__ = ["BuildOptions", "BuildReport", "build_tree", "resolve_spec"]
+__all__ = ["BuildOptions", "BuildReport", "CheckedTree", "build_tree", "check_tree"]

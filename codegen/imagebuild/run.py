@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -15,14 +13,14 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn)
 
+from codegen.core import processes, ui
 from codegen.core.errors import UpstreamError
 
 STATUS_RE = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 KERNEL_RE = re.compile(r"\.hsaco\b")
 NINJA_STATUS = "[%f/%t] "
+INTERRUPT_GRACE_S = 120.0  # after Ctrl-C, for ninja to stop its running steps and remove their outputs
 
 
 class BuildFailed(UpstreamError):
@@ -44,29 +42,20 @@ def _short(desc: str, width: int = 60) -> str:
     return text if len(text) <= width else "…" + text[-(width - 1):]
 
 
-def _stream(cmd: list[str], *, cwd: Path | None, env: dict[str, str], log: TextIO,
-            on_line: Callable[[str], None]) -> tuple[int, deque]:
-    """Run `cmd`, every output line to `log` and `on_line`; SIGINT is passed on and re-raised."""
+def _stream(cmd: list[str], *, env: dict[str, str], log: TextIO, on_line: Callable[[str], None]) -> tuple[int, deque]:
+    """Run `cmd`, every output line to `log` and `on_line`; on Ctrl-C the command gets SIGINT and
+    INTERRUPT_GRACE_S to stop (ninja keeps every finished step), then the interrupt goes on."""
     tail: deque = deque(maxlen=60)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace", bufsize=1)
+
+    def line(text: str) -> None:
+        log.write(text)
+        text = text.rstrip("\n")
+        tail.append(text)
+        on_line(text)
+
     try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            line = line.rstrip("\n")
-            tail.append(line)
-            on_line(line)
-        return proc.wait(), tail
+        return processes.stream(cmd, line, env=env, interrupt_grace=INTERRUPT_GRACE_S), tail
     except KeyboardInterrupt:
-        # The terminal's Ctrl-C reaches the child too; a signal sent to us alone must be forwarded.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
         log.write("\n[mi100-codegen] interrupted: re-run the same command to resume\n")
         raise
 
@@ -86,7 +75,7 @@ def run_cmake(args: list[str], *, env: dict[str, str], log_path: Path, console: 
         log.write(f"\n[mi100-codegen] configure: cmake {' '.join(args)}\n")
         log.flush()
         with console.status("configuring (CMake runs the kernel generator)…"):
-            rc, tail = _stream([cmake, *args], cwd=None, env=env, log=log, on_line=lambda _l: None)
+            rc, tail = _stream([cmake, *args], env=env, log=log, on_line=lambda _l: None)
     if rc != 0:
         raise BuildFailed(_fail_message("CMake configure", tail, log_path))
     return time.monotonic() - t0
@@ -102,10 +91,8 @@ def run_ninja(build_dir: Path, *, jobs: int, target: str, env: dict[str, str], l
     env["NINJA_STATUS"] = NINJA_STATUS
     cmd = [ninja, "-C", str(build_dir), "-j", str(jobs), target]
     t0 = time.monotonic()
-    progress = Progress(SpinnerColumn(), TextColumn("[bold]build[/]"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("kernels {task.fields[kernels]}"), TimeElapsedColumn(),
-                        TimeRemainingColumn(), TextColumn("[dim]{task.fields[what]}"),
-                        console=console, transient=False, disable=not show_progress)
+    progress = ui.progress(console, label="[bold]build[/]", detail="kernels {task.fields[kernels]}",
+                           tail="[dim]{task.fields[what]}", spinner=True, disable=not show_progress)
     with open(log_path, "a", encoding="utf-8", buffering=1) as log, progress:
         log.write(f"\n[mi100-codegen] build: {' '.join(cmd)}\n")
         log.flush()
@@ -126,7 +113,7 @@ def run_ninja(build_dir: Path, *, jobs: int, target: str, env: dict[str, str], l
             elif line.startswith("ninja: no work to do"):
                 res.no_work = True
 
-        rc, tail = _stream(cmd, cwd=None, env=env, log=log, on_line=on_line)
+        rc, tail = _stream(cmd, env=env, log=log, on_line=on_line)
     res.seconds = time.monotonic() - t0
     if rc != 0:
         raise BuildFailed(_fail_message("ninja", tail, log_path),

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple
 from rich.console import Console
 from rich.table import Table
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.apply.applied_spec import resolve_spec
+from codegen.formats.spec import LoadedSpec
 from codegen.upstream.knobs import ENABLE_FP32_ENV
 from codegen.plan.reach import dispatched_entries
 from codegen.plan.kernel_list import generate_kernel_list
@@ -60,7 +61,7 @@ def generator_python(tree: Path, spec, python: str | None, console: Console | No
     first use), so a plain `pip install mi100-codegen` is enough to plan."""
     if python is not None:
         return preflight.interpreter(python)
-    # CLI start-up: the toolchain loads only when plan needs the build venv
+    # CLI start-up: the toolchain (~60 ms) loads only when plan needs the build venv
     from codegen.toolchain import generator_requirements
     from codegen.toolchain.interpreter import compiler_python
 
@@ -78,13 +79,15 @@ class PlanRun(NamedTuple):
     python: str
 
 
-def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None) -> PlanRun:
+def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None,
+             loaded: LoadedSpec | None = None) -> PlanRun:
     """The spec, kernels, summary, release record and generator python (`PlanRun`). Refusals (bad interpreter, bad spec,
     unknown release, a target the tree does not register) come before the build venv is made and
-    upstream's generator runs. `timing` receives `upstream_s`."""
+    upstream's generator runs. `timing` receives `upstream_s`; `loaded`: the spec, when the caller
+    resolved it for `opts` already (precompile, bench)."""
     if opts.python is not None:
         preflight.interpreter(opts.python)
-    loaded = resolve_spec(opts.tree, opts.spec)
+    loaded = loaded or resolve_spec(opts.tree, opts.spec)
     spec = loaded.spec
     info = release_of(opts.tree)
     check_registered(info, list(spec.gpus), spec.arch)
@@ -121,7 +124,7 @@ def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, c
 
 def show_plan(opts: PlanOptions) -> None:
     """`plan`: the counts as tables (or JSON) on stdout; the time split on stderr."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = ui.console()
     if os.environ.get(HEAD_DIM_ENV):
         err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
                   "tree's head dims, as it would for cmake")
@@ -139,9 +142,7 @@ def show_plan(opts: PlanOptions) -> None:
 
 
 def _print_tables(entries, summary: PlanSummary, configs: int) -> None:
-    out = Console(highlight=False, soft_wrap=True)
-    if not out.is_terminal:
-        out = Console(highlight=False, soft_wrap=True, width=160)  # logs: no truncated columns
+    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
     title = (f"AOTriton {summary.release}, {summary.build} build for {', '.join(summary.gpus)}: "
              f"{summary.total} kernels, head dims {summary.head_dims}")
     out.print(family_table(entries, title))

@@ -135,23 +135,6 @@ def writable_results_dir(loaded: "LoadedSpec", option: str = "--out") -> Path:
     return results_dir(loaded)
 
 
-def default_spec_note(loaded: "LoadedSpec", explicit: Path | None) -> str | None:
-    """A note when the embedded default is used while the current folder holds a different
-    `rules/<same name>` (an installed tool run in an edited checkout renders its own copy)."""
-    if explicit is not None:
-        return None
-    local = Path("rules") / Path(loaded.path).name
-    try:
-        if local.resolve() == Path(loaded.path).resolve() or not local.is_file():
-            return None
-        if local.read_bytes() == Path(loaded.path).read_bytes():
-            return None
-    except OSError:
-        return None
-    return (f"note: {local} here differs from the spec embedded in this install ({loaded.display}), "
-            f"which is what runs without --spec; pass --spec {local} to use yours")
-
-
-__all__ = ["COMPILE_REPORT", "ENV_HOME", "RENDER_INPUTS", "WINNERS", "default_spec_note", "is_shipped",
+__all__ = ["COMPILE_REPORT", "ENV_HOME", "RENDER_INPUTS", "WINNERS", "is_shipped",
            "overlay_results", "result_file", "results_dir", "shipped_dir", "spec_home", "user_home",
            "writable_results_dir"]

@@ -22,17 +22,19 @@ import platform
 import shutil
 import tempfile
 import time
+from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from rich.console import Console
 
-from codegen.imagebuild.aiter import refuse_stand_in
 from codegen.formats.elf import read_dynamic
 from codegen.core.errors import UpstreamError, UserError
+from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
+from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES, tag_line
 from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR
@@ -89,25 +91,25 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
                  progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
     """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
     no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from codegen.imagebuild.builder import BuildOptions, build_tree
+    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
+    from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
     tree = tree.resolve()
-    adapter = detect(tree)
-    loaded = _refuse_unapplied(tree, spec_path, adapter)  # exit 2 before anything is fetched or built
-    spec = loaded.spec
-    rows = rows_member(tree, spec.gpus)                  # and a tree without a tuning database
-    if (compile_opts or {}).get("aiter_stand_in") and images is None:
-        refuse_stand_in(adapter, spec.arch)              # and a stand-in that replaces nothing
-    sysroot = ensure_sysroot(hip, progress=progress)
-    t_sysroot = time.monotonic() - t0
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
     prefix = bdir / "mi100-codegen" / "bundle-prefix"
+    opts = BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
+                        **{"show_progress": False, **(compile_opts or {})})
+    # exit 2 before anything is fetched or built: the build stage's own checks, made once (the spec
+    # resolved, the overlay rendered and compared), and a tree without a tuning database
+    checked = check_tree(opts)
+    adapter, loaded, _state = checked
+    spec = loaded.spec
+    rows = rows_member(tree, spec.gpus)
+    sysroot = ensure_sysroot(hip, progress=progress)
+    t_sysroot = time.monotonic() - t0
     with _prefix_path(sysroot.prefix):
-        opts = {"show_progress": False, **(compile_opts or {}), "hip_prefix": sysroot.prefix}
-        rep = build_tree(BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
-                                      **opts), console)
+        rep = build_tree(replace(opts, hip_prefix=sysroot.prefix), console, checked)
     kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
     t_build = time.monotonic() - t0 - t_sysroot
     lib = Path(rep.verification["library"])
@@ -144,7 +146,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
 def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
     """The kernel summary of the build (with `images`: of the prefix those images are copied into,
     verified again); a build with problems is a BundleBuildError."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
     from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach
     from codegen.imagebuild.verify import verify_install
 
@@ -202,9 +204,6 @@ def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
     """A bundle made before bundles carried tuning rows, written again to `dest` with the rows of
     the applied tree it was built from (the same `rows_member` as `bundle build`); the tree must
     hold the spec the bundle was built from (its lock's spec sha256, exit 2 otherwise)."""
-    # CLI start-up: the apply stage loads when rows are added
-    from codegen.apply.lock import read_lock
-
     b = open_bundle(bundle)
     lock = read_lock(tree)
     if lock is None or lock.spec_sha256 != b.manifest.get("spec", {}).get("sha256"):
@@ -258,30 +257,12 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
     }
 
 
-def _refuse_unapplied(tree: Path, spec_path: Path | None, adapter):
-    """The build stage's own overlay check (it runs again inside the build); the loaded spec."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from codegen.apply.lock import read_lock
-    from codegen.imagebuild.builder import resolve_spec
-    from codegen.imagebuild.overlay import check_overlay
-    from codegen.render.inputs import render_overlay
-
-    loaded = resolve_spec(tree, spec_path, adapter.layout)
-    manifest = render_overlay(loaded, adapter.layout).manifest_sha256 if read_lock(tree) else None
-    check_overlay(tree, gpus=list(loaded.spec.gpus), layout=adapter.layout, spec_sha256=loaded.sha256,
-                  manifest_sha256=manifest, spec_display=loaded.display)
-    return loaded
-
-
 def _compile_report(loaded) -> dict | None:
     """The summary of the compile report the overlay was rendered with (`precompile
     --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
     read through its one reader from where render takes it for the tree's spec; None without one."""
-    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
-    from collections import Counter
-
+    # CLI start-up: `bundle check` loads this module too; render's inputs (~40 ms) load when a bundle is built
     from codegen.render.inputs import read_compile_report
-    from codegen.render.workspace import COMPILE_REPORT, overlay_results
 
     path = overlay_results(loaded).get(COMPILE_REPORT)
     data = read_compile_report(path) if path is not None else None

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from codegen.core import processes
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError
 from codegen.ship.layout import (TORCH_LINES, TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, inspect_prefix,
                      tag_line, unsupported_line_message)
@@ -172,7 +172,7 @@ def run_recipe(r: Recipe, workdir: Path, log=print) -> None:
             continue
         log(f"run  {s.name}: {' '.join(s.argv)}")
         cwd = workdir if s.cwd == "." else workdir / s.cwd
-        rc = subprocess.call(list(s.argv), cwd=cwd, env=env)
+        rc = processes.run(list(s.argv), cwd=cwd, env=env, timeout=None).returncode  # hours: no limit
         if rc != 0:
             raise RecipeError(f"step {s.name} failed (exit {rc}) in {cwd}",
                               hint="fix the cause and rerun the same command: finished steps are skipped")

@@ -29,6 +29,7 @@ from typing import Callable
 
 from filelock import FileLock
 
+from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.fsutil import move_into_place
 from codegen.core.resources import user_cache_dir
@@ -180,7 +181,7 @@ def _offline(src: HipSource, why: str, entry: Path) -> EnvironmentMissing:
 
 def _run(cmd: list[str], env: dict, src: HipSource, entry: Path, cwd: Path | None = None) -> str:
     try:
-        r = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
+        r = processes.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=900)
     except FileNotFoundError:
         raise EnvironmentMissing(f"{cmd[0]} is not installed: the HIP sysroot is made with Debian's apt and dpkg",
                                  hint="run this on Debian or a Debian derivative (apt-get, dpkg)") from None

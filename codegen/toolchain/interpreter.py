@@ -12,8 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from codegen.core import preflight
-from codegen.core import processes
+from codegen.core import preflight, processes, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.models import TargetSpec
 from codegen.render.inputs import committed_report
@@ -114,7 +113,7 @@ def measured_triton(spec: TargetSpec) -> str | None:
 
 def _warn_unmeasured(spec: TargetSpec, used: str | None, measured: str | None, console: Console | None) -> None:
     if measured and used and used != measured:
-        (console or Console(stderr=True, highlight=False, soft_wrap=True)).print(
+        (console or ui.console()).print(
             f"warning: compiling with Triton {used}, but tuning/{spec.arch}/compile_report.json (which caps the "
             f"seeded rows' waves_per_eu) was measured with {measured}: configs clean there may spill here; "
             f"re-measure with `precompile --tuning-report` or use Triton {measured}", style="yellow", markup=False)

@@ -31,7 +31,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 from rich.console import Console
 
-from codegen.core import processes
+from codegen.core import processes, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.resources import user_cache_dir
 from codegen.core.fsutil import move_into_place
@@ -258,7 +258,7 @@ def ensure_venv(specifier: str, requirements, *, triton: str | None = None, root
                 console: Console | None = None) -> BuildVenv:
     """The cached build venv for the spec's Triton (`triton`: exactly that one), created when absent."""
     root = Path(root) if root is not None else default_root()
-    console = console or Console(stderr=True, highlight=False, soft_wrap=True)
+    console = console or ui.console()
     if triton is not None and not _triton_allowed(triton, specifier):
         raise UserError(f"--triton-version {triton}: outside the spec's toolchain.triton '{specifier}'")
     found = find_venv(root, specifier, requirements, triton)

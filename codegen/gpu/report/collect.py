@@ -16,15 +16,18 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from codegen import __version__
-from codegen.core import preflight
-from codegen.core.errors import EnvironmentMissing
+from codegen.core import preflight, processes, ui
+from codegen.core.errors import CodegenError, EnvironmentMissing
 from codegen.core.fsutil import atomic_write
+from codegen.apply.applied_spec import resolve_spec
+from codegen.ship.layout import inspect_torch
+from codegen.ship.status import format_status, torch_status
 from codegen.gpu.report.privacy import scrub
+from codegen.gpu.validate.report import render_markdown
+from codegen.gpu.validate import run as validate
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 DEFAULT_OUT = Path("mi100-codegen-report.md")
 ISSUE_FORM = "the project's \"Card report\" issue form (.github/ISSUE_TEMPLATE/card-report.yml)"
 
@@ -47,7 +50,7 @@ def _read_first_line(path: str) -> str | None:
 
 def _command(cmd: list[str]) -> str | None:
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+        proc = processes.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError):
         return None
     out = proc.stdout.strip().splitlines()
@@ -81,7 +84,8 @@ def environment(plat=None) -> dict:
         if plat.kind == "cuda":
             env["nvidia_driver"] = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     try:
-        import triton  # the Triton torch brought (ROCm wheels: pytorch-triton-rocm)
+        # import-time dependency: Triton (~160 ms), optional, the one torch brought (ROCm: pytorch-triton-rocm)
+        import triton
 
         env["triton"] = triton.__version__
     except Exception:
@@ -90,11 +94,6 @@ def environment(plat=None) -> dict:
 
 
 def _torch_status() -> tuple[dict | None, str]:
-    # CLI start-up: the torch stage loads only when a report is collected
-    from codegen.core.errors import CodegenError
-    from codegen.ship.layout import inspect_torch
-    from codegen.ship.status import format_status, torch_status
-
     try:
         status = torch_status(inspect_torch(None))
     except CodegenError as exc:
@@ -125,30 +124,26 @@ def render_report(env: dict, status_text: str, validate_md: str, validate: dict 
 
 def run_report(opts: ReportOptions) -> Path:
     """Collect, scrub and write the report; exit 3 (ValidationFailed) after writing when validate failed."""
-    # CLI start-up: validate (and torch) load only when the command runs
-    from codegen.formats.spec import load_spec
-    from codegen.gpu.validate.report import render_markdown
-    from codegen.gpu.validate.run import ValidateOptions, _run_mode, _verdict, build_report
-
     preflight.output_file(opts.out, "--out")
-    loaded = load_spec(opts.spec)
+    loaded = resolve_spec(None, opts.spec)
+    ui.warn(loaded.warnings)
     if importlib.util.find_spec("torch") is None:
         raise EnvironmentMissing("report runs validate, which needs torch: it is not installed in this Python "
                                  "environment", hint="run it in the environment of the ROCm PyTorch you installed "
                                  "our build into")
-    from codegen.gpu.validate.gpu import detect_platform  # imports torch
+    from codegen.gpu.validate.gpu import detect_platform  # import-time dependency: torch (~1.2 s), optional
 
     plat = detect_platform()  # no GPU: exit 3, nothing written
     stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}", markup=False)
     status, status_text = _torch_status()
     with stderr.status("validating…") as progress:
-        res, label = _run_mode(ValidateOptions(spec=opts.spec, no_perf=opts.no_perf, seed=opts.seed), loaded, plat,
-                               progress.update)
-    report = build_report(loaded, res, plat, label)
+        vopts = validate.ValidateOptions(spec=opts.spec, no_perf=opts.no_perf, seed=opts.seed)
+        res, label = validate._run_mode(vopts, loaded, plat, progress.update)
+    report = validate.build_report(loaded, res, plat, label)
     text = scrub(render_report(environment(plat), status_text, render_markdown(report), report, status))
     atomic_write(opts.out, text)
     stderr.print(f"wrote {opts.out}: attach it to {ISSUE_FORM}", markup=False)
-    _verdict(report, True)
+    validate._verdict(report, True)
     return opts.out
 
 

@@ -11,13 +11,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
-from codegen.core import preflight
+from codegen.core import preflight, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.apply.applied_spec import resolve_spec
-from codegen.formats.spec import load_spec
 from codegen.render.workspace import writable_results_dir
 from codegen.toolchain import installed_triton_version, require_triton, tune_fix
 from codegen.gpu.tune import runner
@@ -26,7 +24,7 @@ from codegen.gpu.tune.importer import parse_records
 from codegen.gpu.tune.store import ResultStore
 from codegen.upstream import kernel_dirs_text, kernel_source_dir
 
-stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+stderr = ui.console()
 
 
 @dataclass(frozen=True)
@@ -69,9 +67,8 @@ class ImportOptions:
 
 def _spec(spec: Path | None, tree: Path | None = None):
     """The spec: for a tree mi100-codegen applied, the one it recorded (`--spec` must match it)."""
-    loaded = resolve_spec(tree, spec) if tree is not None else load_spec(spec)
-    for w in loaded.warnings:
-        stderr.print(w, markup=False, style="yellow")
+    loaded = resolve_spec(tree, spec)
+    ui.warn(loaded.warnings)
     return loaded
 
 
@@ -180,8 +177,7 @@ def _measure(opts: TuneOptions, sp, plan, todo: list, store: ResultStore, n_gpus
     settings = runner.Settings(batch=opts.batch, heads=opts.heads, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
     deadline = time.monotonic() + opts.budget_min * 60 if opts.budget_min else None
     stats = {"winners": 0, "failed": 0, "budget_hit": False}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=stderr, transient=False) as prog:
+    with ui.progress(stderr, label="{task.description}", remaining=False) as prog:
         if _compile_jobs(opts.compile_jobs) > 0:
             _warm(opts, plan, todo, settings, prog)
         tm = prog.add_task(f"measuring on {n_gpus} GPU(s)", total=len(todo))

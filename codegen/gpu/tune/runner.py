@@ -4,6 +4,7 @@ cache in parallel first. Imports torch/triton lazily (through `.kernels`)."""
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import math
 import multiprocessing as mp
 import os
@@ -34,7 +35,7 @@ def _short(exc: BaseException) -> str:
 
 
 def provenance(target_arch: str) -> Provenance:
-    # optional heavy dependencies: torch, triton (and .kernels, which imports both)
+    # import-time dependency: torch (~1.2 s) and triton, optional, GPU machines only (.kernels imports both)
     import torch
     import triton
 
@@ -48,7 +49,7 @@ def provenance(target_arch: str) -> Provenance:
 
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
                   prov: Provenance) -> list[dict]:
-    # optional heavy dependencies: torch (and .kernels, which imports triton)
+    # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import bench, check, make_problem, reference, seed_of
 
@@ -117,7 +118,7 @@ def _warm_one(aotriton_dir: str, family: str, dtype: str, head_dim: int, causal:
     The small problem keeps every specialisation of the real one (ints multiple of 16, none 1;
     bwd_kernel_fuse takes heads and seqlens as constexprs: those are the real ones)."""
     try:
-        # optional heavy dependencies: torch (and .kernels, which imports triton)
+        # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
         import torch
         from codegen.gpu.tune.kernels import TreeKernels, make_problem
 
@@ -181,7 +182,7 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
 # ---- measuring: in-process (one GPU) or one worker process per GPU -----------------------
 def _gpu_worker(device_index: int, aotriton_dir: str, target_arch: str, gpu: str, s: Settings,
                 tasks, results) -> None:
-    # optional heavy dependencies: torch (and .kernels, which imports triton)
+    # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import TreeKernels
 
@@ -202,19 +203,17 @@ def _gpu_worker(device_index: int, aotriton_dir: str, target_arch: str, gpu: str
 
 
 def missing_gpu_stack() -> list[str]:
-    import importlib.util  # only here: tells whether torch and triton are installed
-
     return [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
 
 
 def backend_name() -> str:
-    from codegen.gpu.tune.kernels import backend  # optional heavy dependency: imports torch and triton
+    from codegen.gpu.tune.kernels import backend  # import-time dependency: torch (~1.2 s), triton, optional
 
     return backend()
 
 
 def visible_gpus() -> int:
-    import torch  # optional heavy dependency
+    import torch  # import-time dependency: torch (~1.2 s), optional
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -235,7 +234,7 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
 def _run_in_process(aotriton_dir: Path, target_arch: str, gpu: str,
                     work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings,
                     on_result: Callable[[GridEntry, list[dict], str], None]) -> None:
-    from codegen.gpu.tune.kernels import TreeKernels  # optional heavy dependency: imports torch and triton
+    from codegen.gpu.tune.kernels import TreeKernels  # import-time dependency: torch (~1.2 s), triton, optional
 
     tk = TreeKernels(aotriton_dir)
     prov = provenance(target_arch)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
 from codegen.core.errors import EnvironmentMissing
 from codegen.models.dtypes import DTYPE_INFO
@@ -171,10 +173,6 @@ def aotriton_proof(arch: str) -> dict:
 
 def profile_kernels(fn) -> list[str]:
     """Names of the GPU kernels `fn` launches, as torch's profiler sees them."""
-    # optional heavy dependency: torch's profiler, loaded only for the proof
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
