@@ -18,70 +18,24 @@ dispatched` list the same kernels (`dispatched_entries`).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from codegen.core.contain import RelPath
+from pydantic import ValidationError
+
+from codegen.core.contain import Escape
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.reach import KERNEL_MODES, LeftOut, Reach
+from codegen.models.records import describe
 from codegen.plan.kernel_list import COMPILE_LIST, KernelEntry, kernel_arg_names, parse_compile_list
 from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.formats.op_table import FUSED_FAMILY, FUSED_FUNCTIONAL, IFACE, BwdOpTable, read_bwd_op_table
 
-KERNEL_MODES = ("dispatched", "all")  # build --kernels
-REACH_FORMAT = 2                      # of reach.json; another: the build configures again
 CLUSTER_LIST = "Bare.cluster"
 FLATZIP_LIST = "Bare.flatzip"
 AKS2_DIR = "aks2"                     # 0.13b+: the .aks2 clusters before they are zipped
 _BOOL = {"True": "true", "False": "false", "1": "true", "0": "false"}
-
-
-@dataclass
-class LeftOut:
-    """One image package left out: `image` below aotriton.images/ (an .aks2 file, or from 0.13b
-    the image zip it would be a member of), `member` (0.13b: the zip member, the functional), and
-    how many kernels it would have held."""
-
-    image: RelPath                          # checked when read (codegen.core.contain): hostile-input rule
-    member: str | None
-    kernels: int
-    functional: dict[str, str] = field(default_factory=dict)  # fused_functional() of its kernels
-
-
-@dataclass
-class Reach:
-    """`reach.json`, one typed model: validated by pydantic when read (`read_reach`, as possibly
-    hostile), plain when this module makes one."""
-
-    format: int = REACH_FORMAT              # records of the first format had no such field (read_reach)
-    mode: str = "dispatched"
-    proven_by: str | None = None            # the op table read, relative to the build dir
-    reason: str | None = None               # why nothing was left out, when nothing was
-    fused_kernels: int = 0                  # the fused backward kernels of the compile list
-    kernels_left_out: int = 0
-    packages_left_out: list[LeftOut] = field(default_factory=list)
-    held: dict[str, str] | None = None      # the functional of one fused package kept (None: all left out)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    def summary(self) -> dict:
-        """What build --json and a bundle's manifest carry (`left_out`: the packages, for bundle
-        check's forced-backend probe)."""
-        return {"mode": self.mode, "proven_by": self.proven_by, "reason": self.reason,
-                "fused_kernels": self.fused_kernels, "kernels_left_out": self.kernels_left_out,
-                "packages_left_out": len(self.packages_left_out),
-                "left_out": [asdict(p) for p in self.packages_left_out], "held": self.held}
-
-    def left_out_packages(self) -> set[str]:
-        """aks2 packages (relative to aotriton.images/, without .aks2), as dispatch tables name them."""
-        return {p.image.removesuffix(".aks2") for p in self.packages_left_out if p.member is None}
-
-    def left_out_members(self) -> set[tuple[str, str]]:
-        """(image zip, member) pairs, 0.13b+."""
-        return {(p.image, p.member) for p in self.packages_left_out if p.member is not None}
-
 
 
 def check_mode(kernels: str) -> None:
@@ -175,28 +129,36 @@ def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[s
         drop_lines.add(i)
         drop_kernels.update(hsacos)
         left.append((f[0], f[1], f[2], f[3], len(hsacos), functional[hsacos[0]]))
-    reach = Reach(proven_by=proven, fused_kernels=len(functional), kernels_left_out=len(drop_kernels),
+    counts = dict(proven_by=proven, fused_kernels=len(functional), kernels_left_out=len(drop_kernels),
                   held=min(held, key=lambda d: sorted(d.items())) if held else None)
     if not left:
-        reach.reason = "the backward op table can select every fused kernel"
-        return reach, {}, []
+        return Reach(reason="the backward op table can select every fused kernel", **counts), {}, []
     out = {CLUSTER_LIST: "".join(ln + "\n" for i, ln in enumerate(clusters) if i not in drop_lines).encode()}
     compile_lines = _lines(v3src / COMPILE_LIST)
     out[COMPILE_LIST] = "".join(
         ln + "\n" for ln in compile_lines
         if not any(x.endswith(".hsaco") and _key(x, base) in drop_kernels for x in ln.split(";"))).encode()
     stale: list[str] = []
+    packages: list[LeftOut] = []
     if (v3src / FLATZIP_LIST).is_file():
-        _plan_zips(v3src, left, reach, out, stale)
+        _plan_zips(v3src, left, packages, out, stale)
     else:
         for arch, family, kernel, name, n, func in left:
             image = f"{arch}/{family}/{kernel}/{name}.aks2"
-            reach.packages_left_out.append(LeftOut(image, None, n, func))
+            packages.append(_left_out(v3src, image, None, n, func))
             stale.append(f"{IMAGES_DIR}/{image}")
-    return reach, out, stale
+    return Reach(packages_left_out=packages, **counts), out, stale
 
 
-def _plan_zips(v3src: Path, left, reach: Reach, out: dict[str, bytes], stale: list[str]) -> None:
+def _left_out(v3src: Path, image: str, member: str | None, kernels: int, functional: dict) -> LeftOut:
+    try:
+        return LeftOut(image=image, member=member, kernels=kernels, functional=functional)
+    except ValidationError as exc:   # a path out of the images folder (the containment rule), or a huge name
+        raise Escape(f"{v3src}: the generator's lists name an image package the reach record cannot hold "
+                     f"({describe(exc.errors()[0])})") from None
+
+
+def _plan_zips(v3src: Path, left, packages: list[LeftOut], out: dict[str, bytes], stale: list[str]) -> None:
     """0.13b+: drop the left-out .aks2 clusters from each zip's inputs and member list."""
     base = str(v3src)
     gone = {f"{AKS2_DIR}/{a}/{fam}/{k}/{name}.aks2": (n, func) for a, fam, k, name, n, func in left}
@@ -214,7 +176,8 @@ def _plan_zips(v3src: Path, left, reach: Reach, out: dict[str, bytes], stale: li
         for ml in (_lines(path) if path.is_file() else []):
             aks2, _, member = ml.partition("\0")  # NUL-separated: the .aks2 path, the member name
             if _key(aks2, base) in gone:
-                reach.packages_left_out.append(LeftOut(zip_rel, member.rstrip("\0"), *gone[_key(aks2, base)]))
+                n, func = gone[_key(aks2, base)]
+                packages.append(_left_out(v3src, zip_rel, member.rstrip("\0"), n, func))
             else:
                 members.append(ml)
         if kept:
@@ -223,7 +186,7 @@ def _plan_zips(v3src: Path, left, reach: Reach, out: dict[str, bytes], stale: li
         else:  # no member left: no zip at all
             stale += [manifest, f"{IMAGES_DIR}/{zip_rel}"]
     out[FLATZIP_LIST] = "".join(r + "\n" for r in rows).encode()
-    named = {p.member for p in reach.packages_left_out}
+    named = {p.member for p in packages}
     if len(named) != len(gone):
         raise UpstreamError(f"{v3src}: {len(gone)} image packages to leave out, but the zip member lists "
                             f"name {len(named)} of them (unknown generator output)")
