@@ -64,8 +64,8 @@ class RecordError(UserError):
 def clip(text: str, limit: int = _CLIP) -> str:
     """Text from an input, fit for a one-line message: control characters escaped, at most
     `limit` characters (then an ellipsis and the full length)."""
-    text = printable(text)
-    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+    shown = printable(text[:limit])
+    return shown if len(text) <= limit else f"{shown[:limit]}… ({len(text):,} characters)"
 
 
 def _kind(value: Any) -> str:
@@ -76,7 +76,7 @@ def _kind(value: Any) -> str:
 def describe(err: dict) -> str:
     """One pydantic error as `FIELD.SUBFIELD: what is wrong` (the located line of a message; a
     rule over several fields names them itself)."""
-    where = ".".join(clip(str(p), 60) for p in err["loc"])
+    where = ".".join(clip(str(p), 60) for p in err["loc"] if p != "[key]")   # a mapping's key: named once
     kind = err["type"]
     if kind == "missing":
         why = "required field is missing"
@@ -151,7 +151,7 @@ Text = Annotated[str, Field(max_length=4096)]
 
 def _printable(value: str) -> str:
     if not value.isprintable():
-        raise ValueError(f"{clip(value)!r} holds a control character")
+        raise ValueError(f"'{clip(value)}' holds a control character")
     return value
 
 
