@@ -290,3 +290,33 @@ def test_the_writer_refuses_what_no_reader_would_read(tmp_path):
     data["arch"] = "gfx908/../.."
     with pytest.raises(RecordError, match=r"b.zip: arch: .gfx908/../... is not an AMDGPU processor"):
         manifest_of(data, "b.zip")
+
+
+# ---------------------------------------------------------------- the records of our own folders --
+
+@pytest.mark.parametrize("content", [b"[" * 100_000, b'{"fingerprint": 1}', b"\xff", b'{"fingerprint": "' + b"a" * 64
+                                     + b'", "release": "0.11b", "cache": [["X", "BOOL", "ON", "4th"]], "knobs": []}'])
+def test_a_configure_record_that_is_not_the_model_means_configure_again(tmp_path, content):
+    from codegen.imagebuild.configure import SUPPORT_DIR, configured_fingerprint
+
+    for name in ("CMakeCache.txt", "build.ninja"):
+        (tmp_path / name).write_text("x")
+    (tmp_path / SUPPORT_DIR).mkdir(parents=True)
+    (tmp_path / SUPPORT_DIR / "configure.json").write_bytes(content)
+    assert configured_fingerprint(tmp_path) is None
+
+
+@pytest.mark.parametrize("output", [{"id": "x", "path": "../outside.txt", "sha256": "0" * 64, "template": "t"},
+                                    {"id": "x", "path": "a.txt", "sha256": "0" * 64}])
+def test_an_overlay_manifest_that_is_not_the_model_is_not_ours(tmp_path, output):
+    from codegen.render.overlay_dir import _previous_outputs
+
+    out = tmp_path / "overlay"
+    out.mkdir()
+    doc = {"toolkit": "mi100-codegen", "toolkit_version": "0", "spec_name": "s", "spec_sha256": "0" * 64,
+           "layout": "v3", "outputs": [{"id": "y", "path": "b.txt", "sha256": "0" * 64, "template": "t"}], "edits": []}
+    (out / "MANIFEST.json").write_text(json.dumps(doc))
+    assert _previous_outputs(out) == {"b.txt": "0" * 64}
+    doc["outputs"].append(output)
+    (out / "MANIFEST.json").write_text(json.dumps(doc))
+    assert _previous_outputs(out) is None
