@@ -151,7 +151,8 @@ def test_a_17_mib_manifest_is_refused_before_it_is_parsed(tmp_path):
 
 @pytest.mark.parametrize("case", ["hip_major six", "hip_major NaN", "no arch", "nested 100,000 deep",
                                   "library a string", "library.needs a string", "arch 10 MB",
-                                  "GLIBC_ and 5,000 digits", "arch a path", "label with a newline"])
+                                  "GLIBC_ and 5,000 digits", "arch a path", "label with a newline",
+                                  "label of 1 MB"])
 def test_torch_install_refuses_a_bad_manifest_and_touches_nothing(site, tmp_path, case):
     manifest, words = BAD_MANIFESTS[case]
     b = _bundle(tmp_path / "b.mi100-bundle.zip", manifest)
