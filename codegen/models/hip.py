@@ -40,7 +40,7 @@ def _known_major(value: int) -> int:
     return value
 
 
-HipMajor = Annotated[StrictInt, AfterValidator(_known_major)]
+HipMajor = Annotated[StrictInt, Field(ge=0, le=999), AfterValidator(_known_major)]
 """A HIP major of `HIP_SOURCES` (an integer: never a string, a float or a bool)."""
 
 SYSROOT_FORMAT = 2

@@ -1,7 +1,9 @@
 """The one reader of the records and state files mi100-codegen keeps or is handed: a tree's lock
 and journal, the reach records, a bundle's manifest, the HIP sysroot record, kernel-cache
-records, a torch backup manifest. Each is a frozen model (`Record`: `extra="forbid"`) beside
-this module; this module turns bytes into one of them, or into one error.
+records, a torch backup manifest, a build venv's and a build folder's records, an overlay's
+manifest. Each is a frozen model (`Record`: `extra="forbid"`) beside this module; this module
+turns bytes into one of them, or into one error (the compile report's reader uses its parser and
+its located lines too).
 
 Every record is read as possibly hostile (a tree, a bundle, a cache or a torch folder made
 elsewhere): a bounded regular file (`codegen.core.fsutil.read_input`: never a FIFO, a device or a
@@ -16,9 +18,9 @@ exit 2) that locates the problem:
 with the reader's hint. Keys and messages taken from the input are clipped and their control
 characters escaped (a 10 MB key or a newline in one cannot flood or forge a message).
 
-Shared field types of the records live here too: `Sha256`, `Text` (bounded, printable), `Count`
-(a bounded non-negative integer, never a float or a bool) and `Finite` (a float that is neither
-NaN nor infinite)."""
+Shared field types of the records live here too: `Sha256`, `Text` (at most 4,096 characters),
+`Name` (at most 200 printable characters) and `Count` (a bounded non-negative integer, never a
+float or a bool)."""
 
 from __future__ import annotations
 
@@ -159,9 +161,7 @@ Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_print
 """A short printable name or label (at most 200 characters)."""
 Count = Annotated[StrictInt, Field(ge=0, le=1 << 40)]
 """A count or size: an integer (never a float or a bool), 0 .. 2**40."""
-Finite = Annotated[float, Field(allow_inf_nan=False, ge=-1e15, le=1e15)]
-"""A measured number: finite and bounded."""
 
 
-__all__ = ["Count", "Finite", "M", "Name", "RECORD_LIMIT", "Record", "RecordError", "Sha256", "Text", "clip",
+__all__ = ["Count", "M", "Name", "RECORD_LIMIT", "Record", "RecordError", "Sha256", "Text", "clip",
            "describe", "parse_json", "parse_record", "read_record", "validate_record", "write_json"]
