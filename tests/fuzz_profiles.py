@@ -7,6 +7,7 @@ in the default run (well under a minute on 2 cores), >= 1,000 per input kind und
 | tuning CSVs (tests/test_fuzz_tuning_csv.py: cells, bytes) | 2 x 150 = 300 | 2 x 600 = 1,200 |
 | compile reports (tests/test_fuzz_data_files.py: reader, through the CLI) | 40 + 15 = 55 | 400 (reader) |
 | upstream tuning logs (tests/test_fuzz_data_files.py: `tune import`) | 40 | 400 |
+| records: bundle and backup manifests, reach and kernel-cache records (tests/test_fuzz_records.py) | 4 x 60 = 240 | 4 x 1,000 = 4,000 |
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from codegen.imagebuild import builder
 from codegen.compile import client as compile_client
 from codegen.imagebuild.builder import BuildOptions
 from codegen.imagebuild.reach import REACH_FILE, is_current, read_reach, remove_from_prefix
-from codegen.plan.reach import REACH_FORMAT, LeftOut, Reach, check_mode
+from codegen.models.reach import REACH_FORMAT, LeftOut, Reach
+from codegen.plan.reach import check_mode
 from codegen.core.contain import Escape
 from codegen.core.errors import UserError
 
@@ -79,8 +80,9 @@ def test_removing_left_out_images_from_a_prefix(tmp_path):
     images.mkdir(parents=True)
     (images / "A.aks2").write_bytes(b"x")
     (images / "B.aks2").write_bytes(b"y")
-    reach = Reach(packages_left_out=[LeftOut("amd-gfx908/flash/bwd_kernel_fuse/A.aks2", None, 3),
-                                     LeftOut("amd-gfx908/flash/bwd_kernel_fuse.zip", "Q=…", 2)])
+    reach = Reach(packages_left_out=[
+        LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/A.aks2", member=None, kernels=3),
+        LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse.zip", member="Q=…", kernels=2)])
     assert remove_from_prefix(tmp_path / "prefix", reach) == 1
     assert not (images / "A.aks2").exists() and (images / "B.aks2").is_file()
     assert remove_from_prefix(tmp_path / "prefix", reach) == 0 and remove_from_prefix(tmp_path / "prefix", None) == 0
@@ -93,7 +95,7 @@ def test_a_link_on_the_way_out_of_the_prefix_is_refused(tmp_path):
     root = tmp_path / "prefix" / "lib" / "aotriton.images"
     root.mkdir(parents=True)
     (root / "amd-gfx908").symlink_to(tmp_path / "outside")
-    reach = Reach(packages_left_out=[LeftOut("amd-gfx908/flash/A.aks2", None, 1)])
+    reach = Reach(packages_left_out=[LeftOut(image="amd-gfx908/flash/A.aks2", member=None, kernels=1)])
     with pytest.raises(Escape):
         remove_from_prefix(tmp_path / "prefix", reach)
     assert (outside / "A.aks2").read_bytes() == b"keep"
@@ -116,9 +118,12 @@ def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp
     from test_upstream_op_table import _flash
 
     flash = _flash(tmp_path / "b")         # fused picked for (fp16, unpadded) and (bf16, padded) only
-    never = LeftOut("amd-gfx908/flash/bwd_kernel_fuse/A.aks2", None, 2, {"Q": "fp16", "PADDED_HEAD": "True"})
-    picked = LeftOut("amd-gfx908/flash/bwd_kernel_fuse/B.aks2", None, 3, {"Q": "fp16", "PADDED_HEAD": "False"})
-    odd = LeftOut("amd-gfx908/flash/bwd_kernel_fuse.zip", "Q=…", 1, {"Q": "fp8", "PADDED_HEAD": "False"})
+    never = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/A.aks2", member=None, kernels=2,
+                    functional={"Q": "fp16", "PADDED_HEAD": "True"})
+    picked = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/B.aks2", member=None, kernels=3,
+                     functional={"Q": "fp16", "PADDED_HEAD": "False"})
+    odd = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse.zip", member="Q=…", kernels=1,
+                  functional={"Q": "fp8", "PADDED_HEAD": "False"})
     prefix = tmp_path / "prefix"
     record_in_prefix(prefix, Reach(kernels_left_out=6, packages_left_out=[never, picked, odd]))
     reach = read_prefix_reach(prefix)

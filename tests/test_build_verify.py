@@ -164,15 +164,16 @@ def test_tables_of_an_earlier_configuration_are_not_counted(install):
 
 def test_a_left_out_package_is_counted_apart_not_missing(install):
     """A package the build left out (codegen.imagebuild.reach) is not a missing one; any other still is."""
-    from codegen.plan.reach import LeftOut, Reach
+    from codegen.models.reach import LeftOut, Reach
 
     build, prefix, pkg, _ = install
     reach = Reach(proven_by="v3src/flash/iface.op_attn_bwd.cc", fused_kernels=2, kernels_left_out=2,
-                  packages_left_out=[LeftOut(f"{PKG}.aks2", None, 2)])
+                  packages_left_out=[LeftOut(image=f"{PKG}.aks2", member=None, kernels=2)])
     v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True, reach=reach)
     assert v.ok, v.problems
     assert (v.kernels_referenced, v.kernels_packed, v.left_out, v.packages) == (2, 0, 2, 0)
     assert v.summary()["kernels_left_out"] == 2
-    other = Reach(packages_left_out=[LeftOut("amd-gfx908/flash/bwd_kernel_fuse/FONLY__other.aks2", None, 1)])
+    other = Reach(packages_left_out=[
+        LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/FONLY__other.aks2", member=None, kernels=1)])
     v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True, reach=other)
     assert not v.ok and v.left_out == 0 and len(v.missing) == 2

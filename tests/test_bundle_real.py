@@ -187,15 +187,15 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     from test_torch_install import _cc, build_torch, cli
 
     b = open_bundle(bundle)
-    lib_bytes = b.members[b.manifest["library"]["file"]]
+    lib_bytes = b.members[b.manifest.library.file]
     defined = parse_dynamic(lib_bytes).defined
     wanted = [s for s in sorted(defined) if s.startswith(("_ZN8aotriton2v25flash9check_gpu", "_ZN8aotriton2v35flash8attn_fwd",
                                                           "_ZN8aotriton2v35flash8attn_bwd"))]
     assert len(wanted) >= 3, wanted
     site = tmp_path / "site"
     hip = _hip(bundle)
-    aot = b.manifest["version"]                     # the wheel of the bundle's first torch line links it
-    root = build_torch(site, version=f"{b.manifest['torch_lines'][0]}.0+rocm{hip}.4", hip=f"{hip}.4.43484",
+    aot = b.manifest.version                     # the wheel of the bundle's first torch line links it
+    root = build_torch(site, version=f"{b.manifest.torch_lines[0]}.0+rocm{hip}.4", hip=f"{hip}.4.43484",
                        aot_version=aot, images=False)
     lib = root / "lib"
     sysroot = ensure_sysroot(hip)

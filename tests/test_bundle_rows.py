@@ -272,14 +272,17 @@ def test_read_rows_from_a_tree_the_carried_rows_or_none(tmp_path):
 def _report(tmp_path: Path):
     """A CheckReport of the smoke spec whose dispatch launched, for q97k211, the config of the
     gfx908 row its bins select (row 2: BLOCK_M 64, BLOCK_N 64)."""
+    from codegen.formats.bundle_zip import manifest_of
     from codegen.ship.check import CheckReport
     from codegen.ship.dispatch import CaseResult, DispatchReport
+    from test_bundle_units import minimal_manifest
 
     root = tmp_path / "bundle"
     root.mkdir(parents=True)
     shutil.copy(SMOKE, root / "spec.yaml")
     res = CaseResult("fp16.d64.full.b2h4k4.q97k211", 0, 0, {"fwd": [_stem(64, 64, 1)], "bwd": []})
-    return root, CheckReport("b.zip", {}, dispatch=DispatchReport("gfx908", 6, 0, [res], 1))
+    manifest = manifest_of(minimal_manifest({"lib/libaotriton_v2.so.0.11.0": b"x"}), "b.zip")
+    return root, CheckReport("b.zip", manifest, dispatch=DispatchReport("gfx908", 6, 0, [res], 1))
 
 
 def test_check_rows_from_each_source(tmp_path):

@@ -68,7 +68,7 @@ def test_real_sysroot(major, tmp_path_factory):
     lines: list[str] = []
     s = ensure_sysroot(major, progress=lines.append)
     assert s.root == default_root() / f"hip{major}"
-    assert s.record["packages"]["libamdhip64-dev"]["version"].startswith(f"{major}.")
+    assert s.record.packages["libamdhip64-dev"].version.startswith(f"{major}.")
     assert read_dynamic(s.runtime).soname == f"libamdhip64.so.{major}"
     assert ensure_sysroot(major, progress=lines.append) == s
     cc = shutil.which("gcc")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.formats.bundle_zip import FORMAT, BundleError, extract, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import FORMAT, BundleError, extract, manifest_of, open_bundle, sha256, write_bundle
 from codegen.formats.aks2 import read_aks2_images, read_zip_images
 from codegen.formats.elf import elf_extent
 from codegen.ship.dispatch import ImageIndex, dispatch_cases, fnv1a64, remove_image
@@ -96,12 +96,20 @@ def test_image_index_reads_0_13b_zips_and_removes_one_image(tmp_path):
         ImageIndex(images)
 
 
-def _raw_bundle(path: Path, members: dict[str, bytes], listed: dict[str, bytes] | None = None) -> Path:
+def minimal_manifest(listed: dict[str, bytes], library: str | None = None, **over) -> dict:
+    """The fields every bundle manifest has (codegen.models.bundle), for `listed` members."""
+    return {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
+            "arch": "gfx908", "hip_major": 6, "spec": {"sha256": "0" * 64},
+            "library": {"file": library or next(iter(listed), "lib/x")},
+            "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in listed.items()}, **over}
+
+
+def _raw_bundle(path: Path, members: dict[str, bytes], listed: dict[str, bytes] | None = None,
+                manifest: dict | bytes | None = None) -> Path:
     listed = members if listed is None else listed
-    manifest = {"format": FORMAT, "library": {"file": next(iter(listed), "lib/x")},
-                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in listed.items()}}
+    manifest = minimal_manifest(listed) if manifest is None else manifest
     with zipfile.ZipFile(path, "w") as z:
-        z.writestr("manifest.json", json.dumps(manifest))
+        z.writestr("manifest.json", manifest if isinstance(manifest, bytes) else json.dumps(manifest))
         for n, b in members.items():
             z.writestr(n, b)
     return path
@@ -139,9 +147,7 @@ def test_reader_refusals(tmp_path):
 def test_writer_is_atomic_and_readable(tmp_path):
     dest = tmp_path / "b.zip"
     files = {"lib/libaotriton_v2.so.0.11.0": b"lib", "lib/aotriton.images/amd-gfx908/flash/x.aks2": b"img"}
-    manifest = {"format": FORMAT, "library": {"file": "lib/libaotriton_v2.so.0.11.0"},
-                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
-    write_bundle(dest, manifest, files)
+    write_bundle(dest, manifest_of(minimal_manifest(files, "lib/libaotriton_v2.so.0.11.0"), "b.zip"), files)
     assert sorted(open_bundle(dest).members) == sorted(files)
     assert [p.name for p in tmp_path.iterdir()] == ["b.zip"]
 

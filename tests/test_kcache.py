@@ -52,6 +52,35 @@ def test_hostile_entries_are_refused(tmp_path):
     assert c.get(k3) is None
 
 
+@pytest.mark.parametrize("change,corrupt", [
+    ({"format": 4}, False),                              # another format's record: a miss, left alone
+    ({"ok": "yes"}, True),                               # not a boolean
+    ({"compile_s": float("nan")}, True),
+    ({"resources": {"vgprs": -1}}, True),
+    ({"resources": "many"}, True),
+    ({"error": "x" * 100_000}, True),                    # longer than any first error line
+    ({"planted": True}, True),                           # a key the model does not know
+    ({"hsaco_sha256": "0" * 64}, True),                  # a code object that is not the one it names
+])
+def test_a_record_that_is_not_the_model_is_a_miss(tmp_path, change, corrupt):
+    import json
+
+    c = CompileCache(tmp_path)
+    k = _key(5)
+    c.put(k, {"ok": True, "id": "k5", "compile_s": 1.5}, b"image")
+    rec = tmp_path / k[:2] / f"{k}.json"
+    rec.write_text(json.dumps({**json.loads(rec.read_text()), **change}))
+    assert c.get(k) is None
+    assert c.stats["corrupt"] == int(corrupt) and rec.exists() == (not corrupt)
+
+
+def test_a_record_put_that_the_model_refuses_is_not_written(tmp_path):
+    c = CompileCache(tmp_path)
+    k = _key(6)
+    c.put(k, {"ok": True, "resources": {"vgprs": 1}}, b"image")   # resources without its counts
+    assert not (tmp_path / k[:2]).exists() and c.get(k) is None
+
+
 def test_evict_keeps_the_most_recently_used(tmp_path):
     c = CompileCache(tmp_path, max_bytes=10**9)
     for i in range(6):
@@ -73,7 +102,7 @@ def test_evict_keeps_the_most_recently_used(tmp_path):
 def _writer(root: str, n: int) -> None:
     c = CompileCache(root, max_bytes=40_000)
     for i in range(n):
-        c.put(_key(i), {"ok": True, "i": i}, bytes([i % 256]) * 2000)
+        c.put(_key(i), {"ok": True, "id": f"k{i}"}, bytes([i % 256]) * 2000)
         c.get(_key((i * 7) % n))
     c.evict()
 
@@ -92,7 +121,7 @@ def test_two_concurrent_writers(tmp_path):
     for rec in records:  # whatever survived eviction is whole, or detected and dropped: never wrong bytes
         got = c.get(rec.stem)
         if got is not None:
-            assert got["_hsaco"] == bytes([got["i"] % 256]) * 2000
+            assert got["_hsaco"] == bytes([int(got["id"][1:]) % 256]) * 2000
             whole += 1
     assert records and whole >= len(records) - 2
     assert c.size() <= 40_000 + 2 * 2100 * 2  # bounded (each writer may add an entry after its last evict)

@@ -238,8 +238,9 @@ def test_cache_key_and_roundtrip(tmp_path):
         assert cache_key(**{**kw, **change}) != key
     cache = CompileCache(tmp_path / "cache")
     assert cache.get(key) is None
-    cache.put(key, {"ok": True, "id": "k", "resources": {}}, b"\x7fELF")
-    assert cache.get(key)["id"] == "k" and cache.hsaco(key) == b"\x7fELF"
+    res = _res().model_dump()
+    cache.put(key, {"ok": True, "id": "k", "resources": res}, b"\x7fELF")
+    assert cache.get(key)["id"] == "k" and cache.get(key)["resources"] == res and cache.hsaco(key) == b"\x7fELF"
 
 
 def test_source_hash_covers_the_import_closure_only(tmp_path):

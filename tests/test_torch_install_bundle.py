@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from codegen.formats.bundle_zip import FORMAT, bundle_name, sha256, write_bundle
+from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
 from codegen.formats.elf import read_dynamic
 from codegen.ship.install import machine_glibc
 from test_torch_install import build_prefix, cli, load_which, site, snapshot  # noqa: F401 (site: the fixture)
@@ -27,7 +27,7 @@ def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) 
                 "library": {"file": f"lib/{lib.name}", "needs": {"glibc": glibc or dyn.highest("GLIBC"), "glibcxx": None}},
                 "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
     out = tmp_path / bundle_name("0.11b", arch, 6)
-    write_bundle(out, manifest, files)
+    write_bundle(out, manifest_of(manifest, str(out)), files)
     return out
 
 

@@ -51,20 +51,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
-from codegen.core.contain import Escape, RelPath, inside, perm_bits
+from codegen.core.contain import Escape, inside, perm_bits
 from codegen.core.errors import UserError, os_reason
-from codegen.core.fsutil import read_input
-
-STATE_DIR = ".mi100-codegen"
-TXN_DIR = f"{STATE_DIR}/txn"
-
-Digits = Annotated[str, Field(pattern=r"^[0-9]{1,9}$")]
-Sha = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-PreState = Annotated[str, Field(pattern=r"^(absent|dir|link|other|[0-9a-f]{64})$")]
+from codegen.models.journal import STATE_DIR, TXN_DIR, Journal, JournalOp
+from codegen.models.records import RecordError, read_record
 
 
 class StateDamaged(UserError):
@@ -86,37 +77,6 @@ class RollbackIncomplete(Exception):
     def __init__(self, cause: OSError | Escape | None, left: list[str]):
         super().__init__("; ".join(left))
         self.cause, self.left = cause, left
-
-
-class JournalOp(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    op: Literal["mkdir", "write", "delete", "rmdir"]
-    path: RelPath
-    stage: Digits | None = None      # write: txn/new/<stage>
-    old: Digits | None = None        # write/delete of an existing file: txn/old/<old>
-    pre: PreState = "absent"         # the path's state before the transaction
-    new: Sha | None = None           # write: sha256 of the staged content
-    mode: int | None = None          # write: permission bits
-
-    @model_validator(mode="after")
-    def _shape(self):
-        if self.path == TXN_DIR or self.path.startswith(TXN_DIR + "/"):
-            raise ValueError(f"{self.path!r} is inside the transaction's own folder")
-        if self.op == "write" and (self.stage is None or self.new is None):
-            raise ValueError("a write without its staged content")
-        if self.op != "write" and (self.stage is not None or self.new is not None):
-            raise ValueError(f"a {self.op} with staged content")
-        if self.old is not None and self.op not in ("write", "delete"):
-            raise ValueError(f"a {self.op} with an old copy")
-        return self
-
-
-class Journal(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    version: Literal[1]
-    ops: list[JournalOp]
 
 
 def fsync_dir(path: Path) -> None:
@@ -418,22 +378,17 @@ RECOVERY = ("remove {txn} (rm -r), then run `mi100-codegen revert --force {tree}
 def _read_journal(tree: Path, name: str) -> list[JournalOp]:
     """The journal's operations, every path checked; StateDamaged otherwise (nothing done)."""
     path = tree / TXN_DIR / name
+    hint = "an earlier command was interrupted and its record cannot be trusted: " + \
+        RECOVERY.format(txn=tree / TXN_DIR, tree=tree)
     try:
         _txn_dir(tree)
-        data = json.loads(read_input(path, what="journal", limit=16 << 20))
-        entries = Journal.model_validate(data).ops
+        entries = read_record(Journal, path, what="journal", hint=hint).ops
         for ent in entries:
             inside(tree, ent.path, final_link=True)
-    except (UserError, ValueError, RecursionError) as exc:
-        if isinstance(exc, ValidationError):
-            first = exc.errors()[0]
-            where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-            why = f"{where}: {first['msg']}"
-        else:
-            why = str(exc) if not isinstance(exc, RecursionError) else "nested too deeply"
+    except UserError as exc:   # RecordError and Escape included
+        why = exc.problem if isinstance(exc, RecordError) else str(exc)
         raise StateDamaged(f"{path}: this tree's state file is damaged ({why}); nothing was changed",
-                           hint="an earlier command was interrupted and its record cannot be trusted: " +
-                           RECOVERY.format(txn=tree / TXN_DIR, tree=tree)) from None
+                           hint=hint) from None
     return entries
 
 

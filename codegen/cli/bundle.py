@@ -89,7 +89,7 @@ def build(
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,
-                                     "manifest": res.manifest}, indent=2, sort_keys=True) + "\n")
+                                     "manifest": res.manifest.to_json()}, indent=2, sort_keys=True) + "\n")
     if res.path is None:
         raise BundleBuildError("the bundle's checks failed; no file written (see above)")
     stderr.print(f"[green]bundle:[/] {res.path} ({res.path.stat().st_size / 1e6:.1f} MB)")

@@ -94,7 +94,7 @@ def install(
             stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
             return
         apply_install(plan, bdir)
-    what = f"bundle {record['file']} ({record['label']})" if record else p.lib.name
+    what = f"bundle {record.file} ({record.label})" if record else p.lib.name
     stderr.print(f"[green]installed:[/] {escape(what)} as lib/{t.aot_needed.name} + images for {a} "
                  f"into {escape(str(t.root))} ({plan.summary()}); backup {escape(str(bdir))}")
     stderr.print("next: mi100-codegen validate --json report.json --md report.md")
@@ -113,7 +113,7 @@ def restore_cmd(
     t = inspect_torch(torch_dir)
     bdir = backup_dir or default_backup_dir(t)
     m = restore(t, bdir, force=force)
-    stderr.print(f"[green]restored:[/] {len(m['entries'])} files in {t.root}; backup removed")
+    stderr.print(f"[green]restored:[/] {len(m.entries)} files in {t.root}; backup removed")
 
 @torch_app.command("rebuild-recipe")
 def rebuild_recipe(

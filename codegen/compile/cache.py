@@ -30,16 +30,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from pydantic import ValidationError
 
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.core.fsutil import atomic_write as _atomic_write
 from codegen.core.fsutil import read_input
 from codegen.core.resources import user_cache_dir
+from codegen.models.cache import CACHE_FORMAT, CacheRecord
+from codegen.models.records import RecordError, parse_json, validate_record, write_json
 
-CACHE_FORMAT = 5  # 2: resources read from the metadata note, waves-per-eu bound; 3: dot-instruction counts;
-#                  4: sources = the kernel file's import closure; 5: Triton's metadata sidecar (what
-#                  build writes beside the image), the code object's sha256, shared with build
 CACHE_ENV = {"TRITON_F32_DEFAULT": "ieee"}  # the compile environment the tree's build sets (part of the key)
 DEFAULT_MAX_BYTES = 4 * 1024**3  # a default gfx908 image set is ~3,000 code objects of 20-200 KB
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -178,17 +178,20 @@ class CompileCache:
         if raw is None:
             self.stats["misses"] += 1
             return None
+        where = str(self._path(key, ".json"))
         try:
-            record = json.loads(raw)
-        except ValueError:
+            data = parse_json(raw, where=where, what="kernel cache record")
+            if not isinstance(data, dict) or data.get("format") != CACHE_FORMAT:
+                self.stats["misses"] += 1   # another format's record: compiled again, not corrupt
+                return None
+            rec = validate_record(CacheRecord, data, where=where, what="kernel cache record")
+        except RecordError:
             self._drop(key)
             return None
-        if not isinstance(record, dict) or record.get("format") != CACHE_FORMAT:
-            self.stats["misses"] += 1
-            return None
-        if record.get("key") not in (None, key):
+        if rec.key != key:
             self._drop(key)
             return None
+        record = rec.to_json()
         if record.get("ok"):
             data = _read_entry(self.root, self._rel(key, ".hsaco"), limit=256 * 1024**2)
             if data is None or hashlib.sha256(data).hexdigest() != record.get("hsaco_sha256"):
@@ -213,8 +216,13 @@ class CompileCache:
         clean.update(format=CACHE_FORMAT, key=key)
         if hsaco is not None:
             clean["hsaco_sha256"] = hashlib.sha256(hsaco).hexdigest()
+        try:   # only what `get` reads back is written
+            rec = CacheRecord.model_validate(clean)
+        except ValidationError:
+            return
+        if hsaco is not None:
             _atomic_write(self._path(key, ".hsaco"), hsaco)
-        _atomic_write(path, json.dumps(clean, sort_keys=True, indent=1).encode())
+        _atomic_write(path, write_json(rec, indent=1))
         if hsaco is not None and not self._path(key, ".hsaco").is_file():
             # another build evicted or dropped this key between our two writes: put the code object back
             _atomic_write(self._path(key, ".hsaco"), hsaco)

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict
-
 from codegen.formats.elf import ElfError, amdgpu_metadata, text_size
+from codegen.models.kernel import Resources
 from codegen.models.target import Hardware
 
 _NOTE_KEYS = {
@@ -40,36 +39,8 @@ _DOT_RES = {
     "dot2": re.compile(r"^\s*v_dot2\w*", re.M),
     "fma": re.compile(r"^\s*v_(?:pk_)?fmac?_\w*", re.M),
 }
-DOT_KINDS = ("mfma", "wmma", "dot2", "fma")
 _OCC_RE = re.compile(r"; Kernel info:.*?; Occupancy: (\d+)", re.S)
 _WPE_ATTR_RE = re.compile(r'"amdgpu-waves-per-eu"="\s*(\d+)\s*(?:,\s*(\d+)\s*)?"')
-
-
-class Resources(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    vgprs: int
-    agprs: int
-    sgprs: int
-    lds_bytes: int
-    scratch_bytes: int
-    vgpr_spills: int
-    sgpr_spills: int
-    mfma: int
-    code_bytes: int
-    wmma: int = 0
-    dot2: int = 0
-    fma: int = 0
-    llvm_occupancy: int | None = None
-    # the upper bound of the kernel's `amdgpu-waves-per-eu` attribute (None: no upper bound)
-    max_waves_per_eu: int | None = None
-    wavefront_size: int | None = None
-
-    @property
-    def dot_instruction(self) -> str:
-        """The instruction kind the kernel's products run on: the first of mfma, wmma, dot2, fma
-        it uses (matrix cores first), or 'none'."""
-        return next((k for k in DOT_KINDS if getattr(self, k)), "none")
 
 
 def code_object_metadata(image: bytes, kernel_name: str | None = None) -> dict:

@@ -9,15 +9,18 @@ manifest lists every other member with its sha256 and size.
 A bundle is hostile input. `open_bundle` reads only a bounded regular file; every member name
 goes through `codegen.core.contain.rel_path`; links, directories posing as files, duplicates, members
 the manifest does not list (or listed ones that are missing) and any sha256 or size that differs
-are refused with one message (exit 2) before anything is extracted. `extract` then writes each
-member below one new folder through `codegen.core.contain.inside`.
+are refused with one message (exit 2) before anything is extracted. The manifest is one model
+(`codegen.models.bundle.BundleManifest`, every field checked: the arch a processor name, the
+release one of `codegen.upstream`'s, the HIP major a known one, every path clean), read through
+the records' one reader (`codegen.models.records`): anything else is one located message
+(`BUNDLE: manifest.json: FIELD: what is wrong`, exit 2). `extract` then writes each member below
+one new folder through `codegen.core.contain.inside`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import stat
 import zipfile
 from dataclasses import dataclass
@@ -26,8 +29,11 @@ from pathlib import Path
 from codegen.core.contain import Escape, inside, rel_path
 from codegen.core.errors import UserError
 from codegen.core.fsutil import move_into_place, read_input, stage_write
+from codegen.models.bundle import MANIFEST_FORMAT, MANIFEST_LIMIT, BundleManifest
+from codegen.models.records import parse_record, validate_record, write_json
+from codegen.upstream.releases import SUPPORTED, version_text
 
-FORMAT = 1
+FORMAT = MANIFEST_FORMAT
 MANIFEST = "manifest.json"
 SPEC = "spec.yaml"
 BUNDLE_LIMIT = 2 << 30          # bytes of one bundle file
@@ -48,24 +54,38 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_HINT = "the bundle was changed after it was built, or made by something else: download or build it again"
+
+
+def _context() -> dict:
+    """What a manifest's release is checked against: the releases upstream's records know."""
+    return {"releases": {r.release: version_text(r.version) for r in SUPPORTED}}
+
+
+def manifest_of(data: dict, where: str) -> BundleManifest:
+    """A manifest the writer made (`bundle build`, `add_rows`) as the model every reader reads:
+    what it cannot read back is never written (one located message, exit 2)."""
+    return validate_record(BundleManifest, data, where=where, what="bundle manifest", context=_context())
+
+
 @dataclass(frozen=True)
 class Bundle:
     path: Path
-    manifest: dict
+    manifest: BundleManifest
     members: dict[str, bytes]     # every member but manifest.json, verified
 
     @property
     def library(self) -> str:
-        return self.manifest["library"]["file"]
+        return self.manifest.library.file
 
 
-def write_bundle(dest: Path, manifest: dict, files: dict[str, bytes]) -> None:
+def write_bundle(dest: Path, manifest: BundleManifest, files: dict[str, bytes]) -> None:
     """Write the zip to `dest` atomically (a temporary file beside it, then one rename)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         info = zipfile.ZipInfo(MANIFEST, (2026, 1, 1, 0, 0, 0))
         info.external_attr = (stat.S_IFREG | 0o644) << 16
-        z.writestr(info, json.dumps(manifest, indent=2, sort_keys=True) + "\n", compress_type=zipfile.ZIP_DEFLATED)
+        z.writestr(info, write_json(manifest), compress_type=zipfile.ZIP_DEFLATED)
         for name in sorted(files):
             info = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
             info.external_attr = (stat.S_IFREG | 0o644) << 16
@@ -111,39 +131,26 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
         raise BundleError(f"{path}: members add up to more than {TOTAL_LIMIT:,} bytes")
     if MANIFEST not in infos:
         raise BundleError(f"{path}: no {MANIFEST}: not an mi100-codegen bundle")
-    try:
-        manifest = json.loads(z.read(MANIFEST))
-    except ValueError as exc:
-        raise BundleError(f"{path}: unreadable {MANIFEST} ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
-        raise BundleError(f"{path}: {MANIFEST} is not a bundle manifest of format {FORMAT}")
-    listed: dict = manifest["files"]
-    for name, rec in listed.items():
-        try:
-            rel_path(name, (".git",))
-        except ValueError as exc:
-            raise BundleError(f"{path}: the manifest lists {name!r}: {exc}") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or not isinstance(rec.get("size"), int):
-            raise BundleError(f"{path}: the manifest's entry for {name} has no sha256 and size")
+    if infos[MANIFEST].file_size > MANIFEST_LIMIT:
+        raise BundleError(f"{path}: {MANIFEST} is larger than {MANIFEST_LIMIT:,} bytes", hint=_HINT)
+    manifest = parse_record(BundleManifest, z.read(MANIFEST), where=f"{path}: {MANIFEST}", what="bundle manifest",
+                            hint=_HINT, context=_context())
+    listed = manifest.files
     extra = sorted(set(infos) - set(listed) - {MANIFEST})
     missing = sorted(set(listed) - set(infos))
     if extra or missing:
         raise BundleError(f"{path}: members and manifest differ ("
                           + "; ".join(x for x in (f"not listed: {', '.join(extra[:5])}" if extra else "",
                                                   f"missing: {', '.join(missing[:5])}" if missing else "") if x) + ")",
-                          hint="the bundle was changed after it was built: download or build it again")
+                          hint=_HINT)
     members: dict[str, bytes] = {}
     for name, rec in sorted(listed.items()):
         blob = z.read(name)
-        if len(blob) != rec["size"] or sha256(blob) != rec["sha256"]:
+        if len(blob) != rec.size or sha256(blob) != rec.sha256:
             raise BundleError(f"{path}: member {name} does not match the manifest (sha256 {sha256(blob)[:12]}…, "
-                              f"manifest {rec['sha256'][:12]}…)",
-                              hint="the bundle was changed after it was built: download or build it again")
+                              f"manifest {rec.sha256[:12]}…)", hint=_HINT)
         members[name] = blob
-    lib = manifest.get("library", {}).get("file")
-    if not isinstance(lib, str) or lib not in members:
-        raise BundleError(f"{path}: the manifest names no library among its members")
-    return Bundle(path, manifest, members)
+    return Bundle(path, manifest, members)   # the library and the spec are listed members (the model)
 
 
 def extract(bundle: Bundle, dest: Path) -> Path:
@@ -160,4 +167,4 @@ def extract(bundle: Bundle, dest: Path) -> Path:
 
 
 __all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "SPEC", "bundle_name", "extract",
-           "open_bundle", "sha256", "write_bundle"]
+           "manifest_of", "open_bundle", "sha256", "write_bundle"]

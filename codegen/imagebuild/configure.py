@@ -22,6 +22,8 @@ from pathlib import Path
 from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
 from codegen.core.fsutil import write_if_changed
+from codegen.models.configure import ConfigureRecord
+from codegen.models.records import read_record, write_json
 from codegen.upstream import Adapter
 from codegen.upstream.knobs import COMMIT_ENV, HEAD_DIMS_ENV, TREE_SHA_ENV
 from codegen.compile.client import REACH_ENV
@@ -230,8 +232,8 @@ def configured_fingerprint(build_dir: Path) -> str | None:
     if not (build_dir / "CMakeCache.txt").is_file() or not (build_dir / "build.ninja").is_file():
         return None
     try:
-        return json.loads(p.read_text())["fingerprint"]
-    except (OSError, ValueError, KeyError):
+        return read_record(ConfigureRecord, p, what="configure record").fingerprint
+    except UserError:   # codegen.models.records.RecordError: configure again
         return None
 
 
@@ -245,10 +247,9 @@ def check_generator(build_dir: Path) -> None:
 
 
 def record_fingerprint(plan: ConfigurePlan, build_dir: Path) -> None:
-    data = {"fingerprint": plan.fingerprint, "release": plan.release,
-            "cache": [list(c) for c in plan.cache], "knobs": [list(k) for k in plan.knobs]}
-    _atomic_write(build_dir / SUPPORT_DIR / "configure.json",
-                  (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+    record = ConfigureRecord(fingerprint=plan.fingerprint, release=plan.release, cache=list(plan.cache),
+                             knobs=list(plan.knobs))
+    _atomic_write(build_dir / SUPPORT_DIR / "configure.json", write_json(record))
 
 
 def configure_env(plan: ConfigurePlan) -> dict[str, str]:

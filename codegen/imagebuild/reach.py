@@ -27,50 +27,33 @@ from the launch, as upstream's own builds do for a kernel that failed to compile
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
-from pydantic import TypeAdapter, ValidationError
-
 from codegen.core.contain import inside
 from codegen.core.errors import UpstreamError, UserError
-from codegen.core.fsutil import atomic_write, read_input
+from codegen.core.fsutil import atomic_write
 from codegen.formats.op_table import read_bwd_op_table
 from codegen.formats.compile_list import COMPILE_LIST
-from codegen.plan.reach import REACH_FORMAT, Reach, op_values, plan_reach
+from codegen.models.reach import REACH_FORMAT, Reach
+from codegen.models.records import read_record, write_json
+from codegen.plan.reach import op_values, plan_reach
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.compile.client import REACH_ENV  # noqa: F401  (the knob; its owner is the stdlib-only client)
 
 REACH_FILE = "mi100-codegen/reach.json"  # below the build dir, and below an install prefix
-RECORD_LIMIT = 16 << 20               # bytes: a reach record is a few kB
-_RECORD = TypeAdapter(Reach)
 
 
 def read_reach(build_dir: Path) -> Reach | None:
     """What the last configure left out (None: no record, everything was built). The record is
-    read as possibly hostile: a bounded regular file (codegen.core.fsutil.read_input), one typed model,
-    every image a clean relative path (codegen.core.contain.RelPath)."""
+    read as possibly hostile (codegen.models.records.read_record: a bounded regular file, one typed
+    model, every image a clean relative path)."""
     path = Path(build_dir) / REACH_FILE
     if not path.exists() and not path.is_symlink():
         return None
-    hint = "re-run `mi100-codegen build` with --reconfigure"
-    try:
-        data = json.loads(read_input(path, what="reach record", limit=RECORD_LIMIT))
-    except ValueError as exc:
-        raise UserError(f"{path}: unreadable ({exc})", hint=hint) from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: not a reach record", hint=hint)
-    try:
-        return _RECORD.validate_python({"format": 1, **data})
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        if err["loc"][-1:] == ("image",):
-            raise UserError(f"{path}: image {err.get('input')!r} is not a path inside {IMAGES_DIR}/",
-                            hint=hint) from None
-        raise UserError(f"{path}: not a reach record ({'.'.join(map(str, err['loc']))}: {err['msg']})",
-                        hint=hint) from None
+    return read_record(Reach, path, what="reach record",
+                       hint="re-run `mi100-codegen build` with --reconfigure", defaults={"format": 1})
 
 
 def prune(v3src: Path, tree: Path) -> Reach:
@@ -92,7 +75,7 @@ def prune(v3src: Path, tree: Path) -> Reach:
 def _write(folder: Path, reach: Reach) -> None:
     path = Path(folder) / REACH_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(reach.to_json(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(path, write_json(reach))
 
 
 def is_current(build_dir: Path) -> bool:

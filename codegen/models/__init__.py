@@ -1,4 +1,5 @@
-"""Pure data models of mi100-codegen (no I/O)."""
+"""Data models of mi100-codegen: the spec, and every record and state file we read (frozen, pure;
+the one I/O is `records.read_record`, the single reader of one bounded record file)."""
 
 from codegen.models.checks import Diagnostic, check_target
 from codegen.models.space import KernelConfig, expand_family, expand_space

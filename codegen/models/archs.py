@@ -1,7 +1,12 @@
 """AMDGPU processors LLVM knows (`-mcpu=`/`--offload-arch=` names, GCN and later): data, so a
-spec's arch can be checked before anything is generated for it. Extend when LLVM adds one."""
+spec's arch can be checked before anything is generated for it. Extend when LLVM adds one.
+`Arch`: a record's field holding one of them."""
 
 from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
 
 LLVM_AMDGPU_TARGETS: tuple[str, ...] = (
     "gfx600", "gfx601", "gfx602",
@@ -15,4 +20,14 @@ LLVM_AMDGPU_TARGETS: tuple[str, ...] = (
     "gfx1200", "gfx1201", "gfx1250",
 )
 
-__all__ = ["LLVM_AMDGPU_TARGETS"]
+
+def _known(value: str) -> str:
+    if value not in LLVM_AMDGPU_TARGETS:
+        raise ValueError(f"{ascii(value)} is not an AMDGPU processor LLVM knows (e.g. gfx908, gfx90a)")
+    return value
+
+
+Arch = Annotated[str, Field(max_length=16), AfterValidator(_known)]
+"""One of LLVM_AMDGPU_TARGETS (a name, never a path)."""
+
+__all__ = ["Arch", "LLVM_AMDGPU_TARGETS"]

@@ -23,13 +23,15 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
+from pydantic import ValidationError
 
 from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models import KernelConfig
 from codegen.models.dtypes import by_signature
 from codegen.formats.compile_list import COMPILE_LIST, CompileLine, read_compile_list, rel
+from codegen.models.kernel import KernelEntry
+from codegen.models.records import describe
 from codegen.upstream import parse_constexpr as _constexpr
 from codegen.plan.database import compose_database
 from codegen.plan.database import last_line as _last_line
@@ -43,43 +45,9 @@ from codegen.plan.tree import (
 
 # <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
 _HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
-_CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
 GENERATOR_TIMEOUT_S = 1800.0  # upstream's generator lists a whole build in well under a minute
-
-
-class KernelEntry(BaseModel):
-    """One GPU kernel of the compile list: its config (every axis, parsed once) and what
-    upstream's compiler needs besides. In JSON the config is its procedural name."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
-
-    id: str                  # upstream's image name (hsaco file name without suffix): unique
-    config: KernelConfig     # family (= Triton kernel name), arch, dtype, head dim, tile, waves_per_eu,
-                             # num_warps, num_stages, pre_load_v; e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
-    hsaco: str               # path of the image relative to the build dir (v3src/ of a CMake build)
-    source: str              # Triton source relative to the tree root (e.g. tritonsrc/flash.py)
-    kernel_name: str
-    signature: str           # Triton AOT signature, as the tree's compile.py takes it
-    perf: str                # upstream's perf tokens (tuned_kernel values) of the image name
-    functional: str          # upstream's functional tokens of the image name
-
-    @field_validator("config", mode="before")
-    @classmethod
-    def _parse_config(cls, value):
-        return KernelConfig.parse(value) if isinstance(value, str) else value
-
-    @field_serializer("config")
-    def _config_name(self, config: KernelConfig) -> str:
-        return config.name
-
-    def with_waves(self, w: int) -> "KernelEntry":
-        """The same kernel compiled with another waves_per_eu (config and image name follow)."""
-        co = f"__CO__wave{w}_"
-        return self.model_copy(update={
-            "config": self.config.with_waves(w),
-            "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
 
 
 def generate_kernel_list(
@@ -150,7 +118,10 @@ def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEn
     build_dir = Path(build_dir).resolve()
     tree = Path(tree).resolve()
     for lineno, line in read_compile_list(path):
-        entry = _entry(tree, build_dir, line)
+        try:
+            entry = _entry(tree, build_dir, line)
+        except ValidationError as exc:  # e.g. an image or a source outside its folder
+            raise UpstreamError(f"{path}:{lineno}: unexpected compile-list line ({describe(exc.errors()[0])})") from None
         if entry.id in entries:
             raise UpstreamError(f"{path}:{lineno}: kernel image {entry.id} listed twice")
         entries[entry.id] = entry

@@ -17,12 +17,15 @@ dispatched` list the same kernels (`dispatched_entries`).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from codegen.core.contain import RelPath
+from pydantic import ValidationError
+
+from codegen.core.contain import Escape
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.reach import KERNEL_MODES, LeftOut, Reach
+from codegen.models.records import describe
 from codegen.formats.compile_list import (CLUSTER_LIST, COMPILE_LIST, FLATZIP_LIST, Cluster,
                                           clusters_without, compile_list_without, image_names, read_clusters,
                                           zips_without)
@@ -31,56 +34,7 @@ from codegen.plan.kernel_list import KernelEntry, kernel_arg_names, parse_compil
 from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR
 
-KERNEL_MODES = ("dispatched", "all")  # build --kernels
-REACH_FORMAT = 2                      # of the reach record; another: the build configures again
 _BOOL = {"True": "true", "False": "false", "1": "true", "0": "false"}
-
-
-@dataclass
-class LeftOut:
-    """One image package left out: `image` below aotriton.images/ (an .aks2 file, or from 0.13b
-    the image zip it would be a member of), `member` (0.13b: the zip member, the functional), and
-    how many kernels it would have held."""
-
-    image: RelPath                          # checked when read (codegen.core.contain): hostile-input rule
-    member: str | None
-    kernels: int
-    functional: dict[str, str] = field(default_factory=dict)  # fused_functional() of its kernels
-
-
-@dataclass
-class Reach:
-    """The reach record (codegen.imagebuild.reach writes and reads it), one typed model: validated by pydantic when read (`read_reach`, as possibly
-    hostile), plain when this module makes one."""
-
-    format: int = REACH_FORMAT              # records of the first format had no such field (read_reach)
-    mode: str = "dispatched"
-    proven_by: str | None = None            # the op table read, relative to the build dir
-    reason: str | None = None               # why nothing was left out, when nothing was
-    fused_kernels: int = 0                  # the fused backward kernels of the compile list
-    kernels_left_out: int = 0
-    packages_left_out: list[LeftOut] = field(default_factory=list)
-    held: dict[str, str] | None = None      # the functional of one fused package kept (None: all left out)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    def summary(self) -> dict:
-        """What build --json and a bundle's manifest carry (`left_out`: the packages, for bundle
-        check's forced-backend probe)."""
-        return {"mode": self.mode, "proven_by": self.proven_by, "reason": self.reason,
-                "fused_kernels": self.fused_kernels, "kernels_left_out": self.kernels_left_out,
-                "packages_left_out": len(self.packages_left_out),
-                "left_out": [asdict(p) for p in self.packages_left_out], "held": self.held}
-
-    def left_out_packages(self) -> set[str]:
-        """aks2 packages (relative to aotriton.images/, without .aks2), as dispatch tables name them."""
-        return {p.image.removesuffix(".aks2") for p in self.packages_left_out if p.member is None}
-
-    def left_out_members(self) -> set[tuple[str, str]]:
-        """(image zip, member) pairs, 0.13b+."""
-        return {(p.image, p.member) for p in self.packages_left_out if p.member is not None}
-
 
 
 def check_mode(kernels: str) -> None:
@@ -162,32 +116,40 @@ def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[s
         drop_lines.add(i)
         drop_kernels.update(c.images)
         left.append(c)
-    reach = Reach(proven_by=proven, fused_kernels=len(functional), kernels_left_out=len(drop_kernels),
+    counts = dict(proven_by=proven, fused_kernels=len(functional), kernels_left_out=len(drop_kernels),
                   held=min(held, key=lambda d: sorted(d.items())) if held else None)
     if not left:
-        reach.reason = "the backward op table can select every fused kernel"
-        return reach, {}, []
+        return Reach(reason="the backward op table can select every fused kernel", **counts), {}, []
     out = {CLUSTER_LIST: clusters_without(clusters, drop_lines), COMPILE_LIST: compile_list_without(v3src, drop_kernels)}
     stale: list[str] = []
+    packages: list[LeftOut] = []
     if (v3src / FLATZIP_LIST).is_file():
-        _plan_zips(v3src, left, functional, reach, out, stale)
+        _plan_zips(v3src, left, functional, packages, out, stale)
     else:
         for c in left:
-            reach.packages_left_out.append(LeftOut(c.aks2, None, len(c.images), functional[c.images[0]]))
+            packages.append(_left_out(v3src, c.aks2, None, len(c.images), functional[c.images[0]]))
             stale.append(f"{IMAGES_DIR}/{c.aks2}")
-    return reach, out, stale
+    return Reach(packages_left_out=packages, **counts), out, stale
 
 
-def _plan_zips(v3src: Path, left: list[Cluster], functional: dict[str, dict], reach: Reach,
+def _left_out(v3src: Path, image: str, member: str | None, kernels: int, functional: dict) -> LeftOut:
+    try:
+        return LeftOut(image=image, member=member, kernels=kernels, functional=functional)
+    except ValidationError as exc:   # a path out of the images folder (the containment rule), or a huge name
+        raise Escape(f"{v3src}: the generator's lists name an image package the reach record cannot hold "
+                     f"({describe(exc.errors()[0])})") from None
+
+
+def _plan_zips(v3src: Path, left: list[Cluster], functional: dict[str, dict], packages: list[LeftOut],
                out: dict[str, bytes], stale: list[str]) -> None:
     """0.13b+: drop the left-out .aks2 clusters from each zip's inputs and member list."""
     gone = {c.cluster_file: (len(c.images), functional[c.images[0]]) for c in left}
     rewrite = zips_without(v3src, set(gone))
     for zip_rel, member, cluster in rewrite.dropped:
-        reach.packages_left_out.append(LeftOut(zip_rel, member, *gone[cluster]))
+        packages.append(_left_out(v3src, zip_rel, member, *gone[cluster]))
     out.update(rewrite.files)
     stale += rewrite.stale
-    named = {p.member for p in reach.packages_left_out}
+    named = {p.member for p in packages}
     if len(named) != len(gone):
         raise UpstreamError(f"{v3src}: {len(gone)} image packages to leave out, but the zip member lists "
                             f"name {len(named)} of them (unknown generator output)")

@@ -6,12 +6,12 @@ call this, then pass the result to the pure `codegen.render.overlay.plan_overlay
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from codegen.core.errors import DataFileError, printable
+from codegen.models.records import RecordError, describe, parse_json
 from codegen.core.fsutil import read_input
 from codegen.models import TargetSpec
 from codegen.models.limits import CompileReport, waves_per_eu_limits
@@ -39,28 +39,17 @@ def read_compile_report(path: Path, display: str | None = None) -> dict | None:
     if not path.exists() and not path.is_symlink():
         return None
     raw = read_input(path, what="compile report", limit=REPORT_LIMIT)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise DataFileError([f"{display}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"]) from None
-    except json.JSONDecodeError as exc:
-        raise DataFileError([f"{display}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}"]) from None
-    except RecursionError:
-        raise DataFileError([f"{display}: not a compile report: nested too deeply"]) from None
+    try:   # the records' one parser and error text (codegen.models.records), every line `file: ...`
+        data = parse_json(raw, where=display, what="compile report")
+    except RecordError as exc:
+        raise DataFileError([str(exc)]) from None
     if not isinstance(data, dict):
         raise DataFileError([f"{display}: not a compile report: expected a JSON object with "
                              f"'configs', found {type(data).__name__}"])
     try:
         report = CompileReport.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for e in exc.errors(include_url=False):
-            loc = ".".join(printable(str(p)) for p in e["loc"]) or "(top level)"
-            msg = ("required field is missing" if e["type"] == "missing" else
-                   "unknown key" if e["type"] == "extra_forbidden" else
-                   "expected a mapping (JSON object)" if e["type"] in ("model_type", "dict_type") else
-                   e["msg"].removeprefix("Value error, "))
-            lines.append(f"{display}: {loc}: {msg}")
+        lines = [f"{display}: {describe(e)}" for e in exc.errors(include_url=False)]
         more = len(lines) - _MAX_SHOWN
         raise DataFileError(lines[:_MAX_SHOWN] + ([f"{display}: ... and {more} more"] if more > 0 else [])) from None
     return report.model_dump(mode="json")

@@ -19,6 +19,7 @@ import jinja2.bccache
 from codegen import __version__
 from codegen.models import FAMILIES, TargetSpec, expand_family
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.overlay import OVERLAY_TOOLKIT, OverlayManifest
 from codegen.models.rows import OverlayInputs, RowsPlan
 from codegen.core.resources import data_dir, user_cache_dir
 from codegen.formats.spec import LoadedSpec
@@ -145,8 +146,8 @@ def _space_file(space: list, sha: str) -> RenderedFile:
 
 
 def _manifest(ov: Overlay, edits_json: list[dict]) -> RenderedFile:
-    manifest = {
-        "toolkit": "mi100-codegen",
+    manifest = OverlayManifest.model_validate({
+        "toolkit": OVERLAY_TOOLKIT,
         "toolkit_version": __version__,
         "spec_name": ov.spec.name,
         "spec_sha256": ov.spec_sha256,
@@ -156,8 +157,8 @@ def _manifest(ov: Overlay, edits_json: list[dict]) -> RenderedFile:
         "edits": [{"id": e["id"], "path": e["path"], "op": e["op"],
                    "sha256": hashlib.sha256(json.dumps(e, sort_keys=True).encode()).hexdigest()}
                   for e in edits_json],
-    }
-    return RenderedFile("manifest", "MANIFEST.json", "(manifest)", _json_bytes(manifest))
+    })
+    return RenderedFile("manifest", "MANIFEST.json", "(manifest)", _json_bytes(manifest.to_json()))
 
 
 def plan_overlay(loaded: LoadedSpec, layout: str | Layout, inputs: OverlayInputs) -> Overlay:

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-import json
 import os
 import stat
 from pathlib import Path
 
-from codegen.core.contain import Escape, inside, is_rel_path
+from codegen.core.contain import Escape, inside
 from codegen.core.errors import CodegenError, SystemFailure, UserError, os_failure
-from codegen.core.fsutil import move_into_place, read_input, stage_write
+from codegen.core.fsutil import move_into_place, stage_write
+from codegen.models.overlay import OVERLAY_TOOLKIT, OverlayManifest
+from codegen.models.records import read_record
 from codegen.render.overlay import Overlay
 
 MARKER = "MANIFEST.json"
-TOOLKIT = "mi100-codegen"
 
 
 def _os_error(action: str, exc: OSError, out: Path) -> CodegenError:
@@ -45,18 +45,12 @@ def _previous_outputs(out: Path) -> dict[str, str] | None:
     if not os.path.lexists(out / MARKER):
         return None
     try:
-        data = json.loads(read_input(inside(out, MARKER), what="manifest", limit=8 << 20))
-    except (UserError, ValueError, RecursionError):
+        manifest = read_record(OverlayManifest, inside(out, MARKER), what="overlay manifest", limit=8 << 20)
+    except UserError:   # Escape and codegen.models.records.RecordError included
         return None
-    outputs = data.get("outputs") if isinstance(data, dict) and data.get("toolkit") == TOOLKIT else None
-    if not isinstance(outputs, list):
+    if manifest.toolkit != OVERLAY_TOOLKIT:
         return None
-    listed = {}
-    for o in outputs:
-        if not (isinstance(o, dict) and is_rel_path(o.get("path")) and isinstance(o.get("sha256"), str)):
-            return None
-        listed[o["path"]] = o["sha256"]
-    return listed
+    return {o.path: o.sha256 for o in manifest.outputs}
 
 
 def _read_ours(out: Path, path: str) -> bytes | None:

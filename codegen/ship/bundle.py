@@ -38,7 +38,9 @@ from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES, tag_line
 from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR
-from codegen.formats.bundle_zip import FORMAT, SPEC, bundle_name, extract, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
+                                       write_bundle)
+from codegen.models.bundle import BundleManifest
 from codegen.ship.check import CheckReport, check_extracted
 from codegen.ship.dispatch import LABEL
 from codegen.ship.rows import ROWS, carry_rows, read_rows, tree_database
@@ -65,7 +67,7 @@ def _prefix_path(first: Path) -> Iterator[None]:
 @dataclass
 class BundleResult:
     path: Path | None
-    manifest: dict
+    manifest: BundleManifest
     check: CheckReport
     seconds: dict
 
@@ -116,15 +118,16 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     dyn = read_dynamic(lib)
     stage = bdir / "mi100-codegen" / "bundle-stage"
     files = _stage_files(stage, lib, prefix, loaded.path, rows)
-    manifest = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files)
-    manifest["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
-    manifest["compile_report"] = _compile_report(loaded)
+    data = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files)
+    data["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
+    data["compile_report"] = _compile_report(loaded)
+    where = f"{out_dir / bundle_name(adapter.release, rep.arch, hip)}: {MANIFEST}"
     progress(f"checking the staged bundle ({len(files)} files)")
     t1 = time.monotonic()
     source = read_rows(tree=tree, carried=rows)   # the tree's rows, compared with the staged ones
-    check = check_extracted(stage, manifest, progress=progress, rows=source)
+    check = check_extracted(stage, manifest_of(data, where), progress=progress, rows=source)
     t_check = time.monotonic() - t1
-    manifest["verified"] = {
+    data["verified"] = {
         "where": "CPU-only machine: ELF read with codegen.formats.elf, dispatch emulated by the stub HIP runtime",
         "link_identity": [c.as_json() for c in check.claims],
         "dispatch": check.dispatch.summary() if check.dispatch else None,
@@ -132,6 +135,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
         "forced_fused": check.forced.as_json() if check.forced else None,
     }
+    manifest = manifest_of(data, where)
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
     if not check.ok or source.differ:   # differ: the tree's database changed during the build
         return BundleResult(None, manifest, check, seconds)
@@ -206,23 +210,24 @@ def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
     hold the spec the bundle was built from (its lock's spec sha256, exit 2 otherwise)."""
     b = open_bundle(bundle)
     lock = read_lock(tree)
-    if lock is None or lock.spec_sha256 != b.manifest.get("spec", {}).get("sha256"):
+    if lock is None or lock.spec_sha256 != b.manifest.spec.sha256:
         raise UserError(f"{tree}: not the applied tree {bundle.name} was built from (its spec sha256 "
-                        f"{(b.manifest.get('spec', {}).get('sha256') or '?')[:12]}…, the tree's "
+                        f"{b.manifest.spec.sha256[:12]}…, the tree's "
                         f"{lock.spec_sha256[:12] + '…' if lock else 'none: not applied'})")
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         stage = extract(b, Path(td) / "stage")
         (stage / ROWS).write_bytes(rows_member(tree, load_spec(stage / SPEC).spec.gpus))
         files = _staged(stage)
-    manifest = dict(b.manifest, files=_files_record(files),
-                    rows_added={"to": bundle.name, "from_tree": Path(tree).resolve().name})
+    manifest = manifest_of(dict(b.manifest.to_json(), files=_files_record(files),
+                                rows_added={"to": bundle.name, "from_tree": Path(tree).resolve().name}),
+                           f"{dest}: {MANIFEST}")
     write_bundle(dest, manifest, files)
     return dest
 
 
 def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
               files: dict[str, bytes]) -> dict:
-    """The bundle's manifest, before its `verified` record."""
+    """The bundle's manifest as data, before its `verified` record (`manifest_of` makes it the model)."""
     hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
     return {
         "format": FORMAT,
@@ -241,8 +246,8 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
             "hip_imports": dict(x for x in dyn.import_versions if x[0].startswith("hip")),
         },
         "built_with": {
-            "hip_headers": {k: v["version"] for k, v in sysroot.record["packages"].items()},
-            "hip_suite": sysroot.record["suite"], "toolchain": rep.toolchain, "machine": platform.machine(),
+            "hip_headers": {k: v.version for k, v in sysroot.record.packages.items()},
+            "hip_suite": sysroot.record.suite, "toolchain": rep.toolchain, "machine": platform.machine(),
             "build_log": rep.log,
             # this run's kernel compiles (codegen.compile.cache): 0 compiled when the images came from --images
             "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,

@@ -38,6 +38,7 @@ from codegen.formats.elf import AMDGPU_MACH, DynamicInfo, read_dynamic
 from codegen.core.resources import user_cache_dir
 from codegen.formats.spec import load_spec
 from codegen.formats.bundle_zip import SPEC, Bundle, extract, open_bundle
+from codegen.models.bundle import BundleManifest
 from codegen.models.dtypes import DTYPE_INFO
 from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.models.cases import SHAPES
@@ -97,7 +98,7 @@ def link_identity(dyn: DynamicInfo, hip: int, hip_nodes: set[str], stated: dict 
 @dataclass
 class CheckReport:
     bundle: str
-    manifest: dict
+    manifest: BundleManifest
     claims: list[Claim] = field(default_factory=list)
     dispatch: DispatchReport | None = None
     controls: list[Claim] = field(default_factory=list)
@@ -116,8 +117,8 @@ class CheckReport:
         d = self.dispatch
         return {
             "bundle": self.bundle, "label": LABEL, "ok": self.ok,
-            "release": self.manifest.get("release"), "arch": self.manifest.get("arch"),
-            "hip_major": self.manifest.get("hip_major"),
+            "release": self.manifest.release, "arch": self.manifest.arch,
+            "hip_major": self.manifest.hip_major,
             "link_identity": [c.as_json() for c in self.claims],
             "dispatch": None if d is None else {
                 **d.summary(),
@@ -132,14 +133,15 @@ class CheckReport:
         }
 
 
-def _dispatch(root: Path, manifest: dict, hip: int, *, mach_arch: str | None = None, stub_major: int | None = None,
-              cache: Path, progress: Callable[[str], None], cases: list[DispatchCase] | None = None) -> DispatchReport:
-    arch = manifest["arch"]
+def _dispatch(root: Path, manifest: BundleManifest, hip: int, *, mach_arch: str | None = None,
+              stub_major: int | None = None, cache: Path, progress: Callable[[str], None],
+              cases: list[DispatchCase] | None = None) -> DispatchReport:
+    arch = manifest.arch
     spec = load_spec(root / SPEC).spec
     sysroot = ensure_sysroot(stub_major or hip, progress=progress)
     headers = ensure_sysroot(hip, progress=progress)
     stub = build_stub(sysroot.include, sysroot.runtime, cache / "stub")
-    lib = root / manifest["library"]["file"]
+    lib = root / manifest.library.file
     return run_dispatch(lib=lib, prefix=root, images=root / "lib" / IMAGES_DIR, hip_include=headers.include,
                         stub=stub, arch=mach_arch or arch, cases=cases or dispatch_cases(spec), cache=cache / "driver",
                         target=spec.target_string, wave=spec.warp_size)
@@ -162,16 +164,15 @@ def _label(f: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in f.items())
 
 
-def check_forced(rep: CheckReport, root: Path, manifest: dict, hip: int, cache: Path,
+def check_forced(rep: CheckReport, root: Path, manifest: BundleManifest, hip: int, cache: Path,
                  progress: Callable[[str], None]) -> None:
     """Forcing the fused backend on a held and on a left-out functional (module doc, item 4)."""
-    reach = (manifest.get("built_with") or {}).get("reach") or {}
-    left = reach.get("left_out") if isinstance(reach, dict) else None
-    if not left or not isinstance(left, list):
+    reach = manifest.built_with.reach if manifest.built_with else None
+    if reach is None or not reach.left_out:
         return
     where = "CPU: emulated dispatch, attn_options.force_backend_index set (not a PyTorch call)"
-    gone = left[0].get("functional") if isinstance(left[0], dict) else None
-    held = reach.get("held")
+    gone = reach.left_out[0].functional
+    held = reach.held
     lost_case = _forced_case("forced.fused.left-out", gone)
     kept_case = _forced_case("forced.fused.held", held) if held is not None else None
     if lost_case is None or (held is not None and kept_case is None):
@@ -222,7 +223,7 @@ def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
     rep.rows_claim = Claim(f"tuned kernels from the {gpu} rows of {tdb.origin}", ok, line, where)
 
 
-def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], None] = lambda s: None,
+def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[[str], None] = lambda s: None,
                     controls: bool = True, name: str = "", tree: Path | None = None,
                     rows: RowsSource | None = None) -> CheckReport:
     """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
@@ -232,14 +233,15 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
         carried = root / ROWS
         rows = read_rows(tree=tree, carried=carried.read_bytes() if carried.is_file() else None,
                          name=f"{name or root}: {ROWS}")
-    hip = int(manifest["hip_major"])
+    hip = manifest.hip_major
     cache = user_cache_dir("bundle-check")
     rep = CheckReport(name or str(root), manifest)
     sysroot = ensure_sysroot(hip, progress=progress)
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
-    dyn = read_dynamic(root / manifest["library"]["file"])
-    rep.claims = link_identity(dyn, hip, nodes, manifest.get("library", {}).get("needs"))
-    progress(f"emulated dispatch: {manifest['arch']} ({load_spec(root / SPEC).spec.target_string}), "
+    dyn = read_dynamic(root / manifest.library.file)
+    needs = manifest.library.needs
+    rep.claims = link_identity(dyn, hip, nodes, needs.model_dump() if needs is not None else None)
+    progress(f"emulated dispatch: {manifest.arch} ({load_spec(root / SPEC).spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
     check_rows(rep, root, rows)
@@ -260,7 +262,7 @@ def check_extracted(root: Path, manifest: dict, *, progress: Callable[[str], Non
                                   (f"without {gone}: {r.summary()['cases_ok']} of "
                                    f"{len(r.cases)} cases pass (must fail)") if used else "no kernel was launched",
                                   "CPU: emulated dispatch"))
-    other = next(a for a in AMDGPU_MACH if a != manifest["arch"] and a in ("gfx90a", "gfx908"))
+    other = next(a for a in AMDGPU_MACH if a != manifest.arch and a in ("gfx90a", "gfx908"))
     r = _dispatch(root, manifest, hip, mach_arch=other, cache=cache, progress=progress)
     rep.controls.append(Claim("negative control: a code object of another arch", not r.ok and r.loads == 0,
                               f"device mach set to {other}'s: {r.loads} code objects accepted, "

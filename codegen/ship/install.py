@@ -12,22 +12,21 @@ not inside it, so that after `restore` the torch folder is byte-identical to bef
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from codegen.core.contain import RelPath, inside
+from codegen.core.contain import inside
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError
-from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, read_input
+from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place
 from codegen.formats.bundle_zip import extract, open_bundle, sha256
 from codegen.formats.elf import ElfError, read_dynamic, version_key
+from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
+from codegen.models.records import RecordError, read_record, validate_record, write_json
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
 from codegen.ship.layout import (
     inspect_prefix,
@@ -40,7 +39,7 @@ from codegen.ship.layout import (
 )
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = BACKUP_SCHEMA
 TOOL = "mi100-codegen torch install"
 
 
@@ -72,7 +71,7 @@ class InstallPlan:
     created_dirs: list[str]
     notes: list[str] = field(default_factory=list)
     identical: bool = False
-    bundle: dict | None = None      # what the backup manifest records of an installed bundle
+    bundle: BundleRecord | None = None      # what the backup manifest records of an installed bundle
 
     def summary(self) -> str:
         counts = {k: sum(1 for a in self.actions if a.kind == k) for k in ("add", "replace", "remove")}
@@ -196,27 +195,25 @@ def machine_glibc() -> str | None:
 
 
 def open_bundle_prefix(path: Path, work: Path, arch: str | None,
-                       glibc: str | None = None) -> tuple[PrefixInstall, str, dict]:
+                       glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
     """A bundle file, verified (every member against its manifest) and checked against this
     machine (its glibc against the library's needs), extracted below `work` as an install prefix.
     Returns the prefix, the arch and what the backup manifest records of the bundle. Every
     refusal is one message (exit 2) before anything of torch is touched."""
     b = open_bundle(path)
     m = b.manifest
-    if arch is not None and arch != m.get("arch"):
-        _refuse(f"{path}: a bundle for {m.get('arch')}, not {arch}", hint="install the bundle built for your card")
-    needs = (m.get("library") or {}).get("needs") or {}
+    if arch is not None and arch != m.arch:
+        _refuse(f"{path}: a bundle for {m.arch}, not {arch}", hint="install the bundle built for your card")
     have = glibc or machine_glibc()
-    want = needs.get("glibc")
+    want = m.library.needs.glibc if m.library.needs else None
     if want and have and version_key(have) < version_key(want):
         _refuse(f"{path}: its library needs {want}, this machine has {have}",
                 hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build")
     root = extract(b, work)
     prefix = inspect_prefix(root)
-    record = {"file": path.name, "sha256": sha256(path.read_bytes()), "release": m.get("release"),
-              "arch": m.get("arch"), "hip_major": m.get("hip_major"), "label": m.get("label"),
-              "spec_sha256": (m.get("spec") or {}).get("sha256")}
-    return prefix, str(m.get("arch")), record
+    record = BundleRecord(file=path.name, sha256=sha256(path.read_bytes()), release=m.release, arch=m.arch,
+                          hip_major=m.hip_major, label=m.label, spec_sha256=m.spec.sha256)
+    return prefix, m.arch, record
 
 
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path) -> InstallPlan:
@@ -283,14 +280,30 @@ def _locked(torch: TorchInstall):
             pass
 
 
-def _write_json_atomic(path: Path, data: dict) -> None:
-    atomic_write(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+def _backup_manifest(plan: InstallPlan, where: Path) -> BackupManifest:
+    """What restore will read back, checked before anything is copied (one message, exit 2)."""
+    torch = plan.torch
+    return validate_record(BackupManifest, {
+        "schema": MANIFEST_SCHEMA,
+        "tool": TOOL,
+        "torch_version": torch.version,
+        "arch": plan.arch,
+        "library": f"lib/{torch.aot_needed.name}",
+        "prefix_library": plan.prefix.lib.name,
+        "bundle": plan.bundle.to_json() if plan.bundle is not None else None,
+        "created_dirs": plan.created_dirs,
+        "entries": [
+            {"path": a.rel, "action": a.kind, "sha256_before": a.sha_before, "sha256_after": a.sha_after}
+            for a in plan.actions
+        ],
+    }, where=str(where), what="backup manifest")
 
 
 def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
     torch = plan.torch
     if plan.identical:
         return
+    manifest = _backup_manifest(plan, backup_dir / MANIFEST)
     with _locked(torch):
         staging = backup_dir.with_name(backup_dir.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
@@ -303,21 +316,7 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
                 if sha256_file(dest) != a.sha_before:
                     shutil.rmtree(staging, ignore_errors=True)
                     raise InstallError(f"{torch.root / a.rel} changed while it was backed up; nothing was changed")
-        manifest = {
-            "schema": MANIFEST_SCHEMA,
-            "tool": TOOL,
-            "torch_version": torch.version,
-            "arch": plan.arch,
-            "library": f"lib/{torch.aot_needed.name}",
-            "prefix_library": plan.prefix.lib.name,
-            "bundle": plan.bundle,
-            "created_dirs": plan.created_dirs,
-            "entries": [
-                {"path": a.rel, "action": a.kind, "sha256_before": a.sha_before, "sha256_after": a.sha_after}
-                for a in plan.actions
-            ],
-        }
-        _write_json_atomic(staging / MANIFEST, manifest)
+        atomic_write(staging / MANIFEST, write_json(manifest))
         move_into_place(staging, backup_dir)  # from here on the original files are safe
         done: list[Action] = []
         try:
@@ -345,80 +344,59 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
 
 
 # --- restore -------------------------------------------------------------------------------------
-class _BackupEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    path: RelPath
-    action: Literal["add", "replace", "remove"]
-    sha256_before: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None
-    sha256_after: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None
-
-
-class _BackupManifest(BaseModel):
-    """The backup's manifest, read as possibly hostile: every path stays inside the torch folder
-    (codegen.core.contain), so a damaged or planted manifest cannot make restore touch anything else."""
-
-    model_config = ConfigDict(frozen=True, extra="allow")
-    schema_: Literal[1] = Field(alias="schema")
-    torch_version: str | None = None
-    library: RelPath | None = None
-    created_dirs: list[RelPath] = []
-    entries: list[_BackupEntry]
-
-
-def read_manifest(backup_dir: Path) -> dict:
+def read_manifest(backup_dir: Path) -> BackupManifest:
+    """The backup's manifest, read as possibly hostile (codegen.models.records): every path stays
+    inside the torch folder, so a damaged or planted manifest cannot make restore touch anything else."""
     path = backup_dir / MANIFEST
     if not os.path.lexists(path):
         raise UserError(f"nothing to restore: no backup at {backup_dir}",
                         hint="`mi100-codegen torch status` shows what is installed")
+    hint = f"the original files are in {backup_dir / 'files'}; reinstall torch to start over"
     try:
-        data = json.loads(read_input(path, what="backup manifest", limit=16 << 20))
-        return _BackupManifest.model_validate(data).model_dump(by_alias=True)
-    except (UserError, ValueError, RecursionError) as exc:
-        why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc) or type(exc).__name__
-        raise UserError(f"{path}: damaged backup manifest ({why}); nothing was changed",
-                        hint=f"the original files are in {backup_dir / 'files'}; reinstall torch to start over") \
-            from None
+        return read_record(BackupManifest, path, what="backup manifest", hint=hint)
+    except RecordError as exc:
+        raise UserError(f"{path}: damaged backup manifest ({exc.problem}); nothing was changed", hint=hint) from None
 
 
-def _current_problems(torch: TorchInstall, manifest: dict) -> list[str]:
+def _current_problems(torch: TorchInstall, manifest: BackupManifest) -> list[str]:
     """What changed since install; every path of the manifest is checked against the containment
     rule here, before restore touches anything (Escape, exit 2)."""
-    for d in manifest.get("created_dirs", []):
+    for d in manifest.created_dirs:
         inside(torch.root, d)
     problems = []
-    for e in manifest["entries"]:
-        p = inside(torch.root, e["path"])
-        if e["action"] in ("add", "replace"):
+    for e in manifest.entries:
+        p = inside(torch.root, e.path)
+        if e.action in ("add", "replace"):
             if not p.is_file():
-                problems.append(f"{e['path']}: missing (we installed it)")
-            elif sha256_file(p) != e["sha256_after"]:
-                problems.append(f"{e['path']}: changed since install")
+                problems.append(f"{e.path}: missing (we installed it)")
+            elif sha256_file(p) != e.sha256_after:
+                problems.append(f"{e.path}: changed since install")
         elif p.exists():
-            problems.append(f"{e['path']}: exists again (we removed it)")
+            problems.append(f"{e.path}: exists again (we removed it)")
     return problems
 
 
-def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: dict, force: bool,
+def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: BackupManifest, force: bool,
                   only: list[Action] | None = None) -> None:
-    entries = manifest["entries"]
+    entries = manifest.entries
     if only is not None:
         done = {a.rel for a in only}
-        entries = [e for e in entries if e["path"] in done]
+        entries = [e for e in entries if e.path in done]
     # the library first: torch stops using our build before its images go
-    lib = manifest.get("library")
-    entries = sorted(entries, key=lambda e: (e["path"] != lib, e["path"]))
+    lib = manifest.library
+    entries = sorted(entries, key=lambda e: (e.path != lib, e.path))
     for e in entries:
-        dest = inside(torch.root, e["path"])
-        if e["action"] == "add":
+        dest = inside(torch.root, e.path)
+        if e.action == "add":
             if dest.is_file() or dest.is_symlink():
                 dest.unlink()
         else:
-            src = inside(backup_dir / "files", e["path"])
-            if sha256_file(src) != e["sha256_before"]:
+            src = inside(backup_dir / "files", e.path)
+            if sha256_file(src) != e.sha256_before:
                 raise UserError(f"{src}: the backup copy is damaged (sha256 differs from the manifest)")
             dest.parent.mkdir(parents=True, exist_ok=True)
             atomic_copy(src, dest)
-    for d in sorted(manifest.get("created_dirs", []), key=lambda d: (-d.count("/"), d)):
+    for d in sorted(manifest.created_dirs, key=lambda d: (-d.count("/"), d)):
         p = inside(torch.root, d)
         try:
             p.rmdir()
@@ -430,11 +408,11 @@ def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: dict, force: 
     shutil.rmtree(backup_dir)
 
 
-def restore(torch: TorchInstall, backup_dir: Path, force: bool = False) -> dict:
+def restore(torch: TorchInstall, backup_dir: Path, force: bool = False) -> BackupManifest:
     manifest = read_manifest(backup_dir)
-    if manifest.get("torch_version") != torch.version and not force:
+    if manifest.torch_version != torch.version and not force:
         raise UserError(
-            f"the backup at {backup_dir} was made for torch {manifest.get('torch_version')}, "
+            f"the backup at {backup_dir} was made for torch {manifest.torch_version}, "
             f"this is torch {torch.version} (reinstalled since?)",
             hint="restoring would put old files into a newer torch; delete the backup, or use --force",
         )

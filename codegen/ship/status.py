@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from codegen.core.errors import UserError
 from codegen.formats.elf import ElfError, read_dynamic
 from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
@@ -55,20 +56,20 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
     if (backup_dir / MANIFEST).is_file():
         try:
             m = read_manifest(backup_dir)
-        except Exception as exc:  # a damaged backup is reported, not fatal
+        except UserError as exc:  # a damaged backup is reported, not fatal
             out["problems"].append(str(exc))
         else:
-            lib_entry = next((e for e in m["entries"] if e["path"] == m.get("library")), None)
+            lib_entry = next((e for e in m.entries if e.path == m.library), None)
             current = out["aotriton_file"] or {}
-            matches = lib_entry is not None and current.get("sha256") == lib_entry["sha256_after"]
+            matches = lib_entry is not None and current.get("sha256") == lib_entry.sha256_after
             out["ours_installed"] = True
             out["ours"] = {
                 "backup_dir": str(backup_dir),
-                "arch": m.get("arch"),
-                "prefix_library": m.get("prefix_library"),
-                "files": len(m["entries"]),
+                "arch": m.arch,
+                "prefix_library": m.prefix_library,
+                "files": len(m.entries),
                 "library_matches_install": matches,
-                "bundle": m.get("bundle"),
+                "bundle": m.bundle.to_json() if m.bundle is not None else None,
             }
             if not matches:
                 out["problems"].append("the AOTriton file changed since our install (torch reinstalled?)")

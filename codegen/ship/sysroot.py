@@ -17,7 +17,6 @@ under a lock and renamed into place: a folder under its final name is complete.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -30,30 +29,13 @@ from typing import Callable
 from filelock import FileLock
 
 from codegen.core import processes
+from codegen.core.contain import inside
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.fsutil import move_into_place
 from codegen.core.resources import user_cache_dir
+from codegen.models.hip import HIP_SOURCES, SYSROOT_FORMAT, SYSROOT_RECORD, HipSource, SysrootRecord
+from codegen.models.records import read_record, write_json
 
-FORMAT = 2
-RECORD = "sysroot.json"
-
-
-@dataclass(frozen=True)
-class HipSource:
-    """Where Debian keeps one HIP major."""
-
-    major: int
-    suite: str
-    packages: tuple[str, ...]   # the first one's version must start with f"{major}."
-
-
-# the runtime and its headers, and the two packages its CMake config loads (find_dependency):
-# AOTriton's CMake finds HIP through that config
-_CMAKE_DEPS = ("libamd-comgr-dev", "libamd-comgr3", "libhsa-runtime-dev", "libhsa-runtime64-1")
-HIP_SOURCES: dict[int, HipSource] = {
-    6: HipSource(6, "sid", ("libamdhip64-dev", "libamdhip64-6", *_CMAKE_DEPS)),
-    7: HipSource(7, "experimental", ("libamdhip64-dev", "libamdhip64-7", *_CMAKE_DEPS)),
-}
 
 
 @dataclass(frozen=True)
@@ -68,7 +50,7 @@ class Mirror:
 class Sysroot:
     major: int
     root: Path
-    record: dict
+    record: SysrootRecord
 
     @property
     def include(self) -> Path:
@@ -82,7 +64,7 @@ class Sysroot:
     @property
     def runtime(self) -> Path:
         """The real `libamdhip64.so.<major>` (a link in the package, resolved inside the root)."""
-        return self.root / self.record["runtime"]
+        return self.root / self.record.runtime
 
 
 # --- the machine's Debian mirror ------------------------------------------------------------------
@@ -155,11 +137,15 @@ def default_root() -> Path:
 
 
 def _load(entry: Path, major: int) -> Sysroot | None:
+    """The sysroot in `entry`, None when it is absent, incomplete or its record is not ours (it is
+    made again). The record is read as possibly hostile (codegen.models.records), its runtime
+    checked inside the sysroot (codegen.core.contain)."""
     try:
-        rec = json.loads((entry / RECORD).read_text())
-    except (OSError, ValueError):
+        rec = read_record(SysrootRecord, entry / SYSROOT_RECORD, what="HIP sysroot record")
+        inside(entry, rec.runtime)
+    except UserError:   # RecordError and Escape included
         return None
-    if not isinstance(rec, dict) or rec.get("format") != FORMAT or rec.get("major") != major:
+    if rec.major != major:
         return None
     s = Sysroot(major, entry, rec)
     if not (s.include / "hip" / "hip_runtime_api.h").is_file() or not s.runtime.is_file():
@@ -225,7 +211,7 @@ def _fill(tmp: Path, major: int, src: HipSource, env: dict, entry: Path,
     debs.mkdir()
     progress(f"HIP {major} sysroot: apt-get download {' '.join(src.packages)}")
     _run(["apt-get", "download", *src.packages], env, src, entry, cwd=debs)
-    record: dict = {"format": FORMAT, "major": major, "suite": src.suite, "packages": {}}
+    record: dict = {"format": SYSROOT_FORMAT, "major": major, "suite": src.suite, "packages": {}}
     for deb in sorted(debs.glob("*.deb")):
         name, version, _arch = deb.stem.split("_", 2)
         record["packages"][name] = {"version": version.replace("%3a", ":"), "file": deb.name,
@@ -250,7 +236,7 @@ def _fill(tmp: Path, major: int, src: HipSource, env: dict, entry: Path,
     # hip-config.cmake checks that its bin folder exists (hipcc's, from another package);
     # the runtime build uses the host compiler, so an empty one does
     (tmp / "usr" / "bin").mkdir(exist_ok=True)
-    (tmp / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    (tmp / SYSROOT_RECORD).write_bytes(write_json(SysrootRecord.model_validate(record)))
 
 
 def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path("/etc/apt"),

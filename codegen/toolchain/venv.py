@@ -12,7 +12,6 @@ URLs, find-links, constraints, offline wheel directories); never in the running 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -35,10 +34,11 @@ from codegen.core import processes, ui
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.resources import user_cache_dir
 from codegen.core.fsutil import move_into_place
+from codegen.models.records import read_record
+from codegen.models.toolchain import TOOLCHAIN_RECORD, VenvKey
 from codegen.toolchain import DOCS
 
-FORMAT = 1
-RECORD = "toolchain.json"
+RECORD = TOOLCHAIN_RECORD
 PIP_TIMEOUT_S = 3600.0  # one pip install of Triton and the generator requirements
 LOCK = ".lock"
 TMP_PREFIX = ".tmp-"
@@ -68,28 +68,6 @@ def normalise_requirements(names) -> tuple[str, ...]:
     return tuple(sorted({canonicalize_name(n) for n in names}))
 
 
-@dataclass(frozen=True)
-class VenvKey:
-    """What identifies a build venv; `digest` names its directory."""
-
-    python: str                       # python_id() of the interpreter it runs
-    base: str                         # the real path of that interpreter (a venv links to it)
-    triton: str                       # the Triton version it holds
-    requirements: tuple[str, ...]     # canonical names of the generator requirements it holds
-
-    def as_dict(self) -> dict:
-        return {"format": FORMAT, "python": self.python, "base": self.base, "triton": self.triton,
-                "requirements": list(self.requirements)}
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()
-
-    @property
-    def dirname(self) -> str:
-        return f"triton-{self.triton}-{self.python}-{self.digest[:12]}"
-
-
 def key_for(triton: str, requirements, python: str | None = None) -> VenvKey:
     py = python or base_python()
     return VenvKey(python=python_id(py), base=os.path.realpath(py), triton=triton,
@@ -115,12 +93,10 @@ def _read(entry: Path) -> BuildVenv | None:
     if entry.name.startswith(".") or not entry.is_dir():
         return None
     try:
-        rec = json.loads((entry / RECORD).read_text(encoding="utf-8"))
-        key = VenvKey(python=rec["python"], base=rec["base"], triton=rec["triton"],
-                      requirements=tuple(rec["requirements"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        key = read_record(VenvKey, entry / RECORD, what="build venv record")
+    except UserError:   # codegen.models.records.RecordError: not a venv of ours
         return None
-    if rec.get("format") != FORMAT or key.dirname != entry.name or not (entry / "bin" / "python").exists():
+    if key.dirname != entry.name or not (entry / "bin" / "python").exists():
         return None
     return BuildVenv(entry, key)
 

@@ -1,0 +1,154 @@
+"""Fuzzing the records we read (hypothesis), through their one reader (codegen.models.records):
+JSON-level mutations (any JSON value anywhere, keys dropped or added, the document wrapped or
+replaced) and byte-level ones (deep nesting, 5,000-digit numbers, inserted bytes, truncation) of
+
+- a bundle manifest as `bundle build` writes it (read by `open_bundle`, which bundle check and
+  torch install call),
+- a torch backup manifest as `torch install` writes it (read by restore and status),
+- a reach record (`BUILD/mi100-codegen/reach.json`, the prefix copy),
+- a kernel-cache record (`CompileCache.get`: a record it cannot read is a miss, never an error).
+
+Each case ends in the model, or in one UserError (exit 2) whose one-line message starts with the
+file it names; never another exception; nothing is written outside the case's folder.
+Default run: 4 properties x 60 cases; `-m slow`: 4 x 1,000 (tests/fuzz_profiles.py)."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+from fuzz_profiles import fast, slow
+from hypothesis import given
+from hypothesis import strategies as st
+
+from codegen.core.errors import EXIT_USER, UserError
+from codegen.formats.bundle_zip import MANIFEST, open_bundle
+from codegen.models.bundle import BundleManifest
+from codegen.models.reach import Reach
+from test_fuzz_data_files import _encode, _mutate
+from test_records import _writer_manifest
+
+WRITTEN, FILES = _writer_manifest()
+BACKUP = {"schema": 1, "tool": "mi100-codegen torch install", "torch_version": "2.9.0+rocm6.4", "arch": "gfx908",
+          "library": "lib/libaotriton_v2.so.0.11.0", "prefix_library": "libaotriton_v2.so.0.11.0",
+          "bundle": {"file": "b.zip", "sha256": "a" * 64, "release": "0.11b", "arch": "gfx908", "hip_major": 6,
+                     "label": "CPU-built", "spec_sha256": "b" * 64},
+          "created_dirs": ["lib/aotriton.images/amd-gfx908"],
+          "entries": [{"path": "lib/libaotriton_v2.so.0.11.0", "action": "replace", "sha256_before": "c" * 64,
+                       "sha256_after": "d" * 64}]}
+REACH = {"format": 2, "mode": "dispatched", "proven_by": "v3src/flash/iface.op_attn_bwd.cc", "reason": None,
+         "fused_kernels": 12, "kernels_left_out": 6, "packages_left_out": WRITTEN["built_with"]["reach"]["left_out"],
+         "held": WRITTEN["built_with"]["reach"]["held"]}
+CACHE = {"format": 5, "key": "e" * 64, "ok": False, "id": "k", "compile_s": 1.5, "error": "x"}
+
+
+@st.composite
+def documents(draw, doc):
+    return _encode(draw, _mutate(draw, doc))
+
+
+def _refused(exc: UserError, path: Path) -> None:
+    assert exc.exit_code == EXIT_USER
+    assert str(exc).startswith(str(path)) and "\n" not in str(exc), str(exc)
+
+
+def _manifest_case(content: bytes):
+    with tempfile.TemporaryDirectory() as d:
+        b = Path(d) / "b.mi100-bundle.zip"
+        with zipfile.ZipFile(b, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(MANIFEST, content)
+            for n, data in FILES.items():
+                z.writestr(n, data)
+        bundle = None
+        try:
+            bundle = open_bundle(b)
+        except UserError as exc:
+            _refused(exc, b)
+        else:
+            assert isinstance(bundle.manifest, BundleManifest) and bundle.manifest.library.file in bundle.members
+        assert sorted(p.name for p in Path(d).iterdir()) == [b.name]
+        return bundle
+
+
+def _backup_case(content: bytes):
+    from codegen.ship.install import read_manifest
+
+    with tempfile.TemporaryDirectory() as d:
+        backup = Path(d) / "torch.mi100-codegen-backup"
+        backup.mkdir()
+        (backup / "manifest.json").write_bytes(content)
+        try:
+            m = read_manifest(backup)
+        except UserError as exc:
+            _refused(exc, backup / "manifest.json")
+            return None
+        assert all(not e.path.startswith(("/", "..")) for e in m.entries)
+        return m
+
+
+def _reach_case(content: bytes):
+    from codegen.imagebuild.reach import REACH_FILE, read_reach
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / REACH_FILE
+        path.parent.mkdir(parents=True)
+        path.write_bytes(content)
+        try:
+            reach = read_reach(Path(d))
+        except UserError as exc:
+            _refused(exc, path)
+            return None
+        assert isinstance(reach, Reach) and all(".." not in p.image.split("/") for p in reach.packages_left_out)
+        return reach
+
+
+def _cache_case(content: bytes):
+    from codegen.compile.cache import CompileCache
+
+    with tempfile.TemporaryDirectory() as d:
+        c = CompileCache(Path(d))
+        key = "e" * 64
+        (Path(d) / key[:2]).mkdir()
+        (Path(d) / key[:2] / f"{key}.json").write_bytes(content)
+        got = c.get(key)
+        assert got is None or (got["key"] == key and isinstance(got["ok"], bool))
+        return got
+
+
+CASES = {"manifest": (WRITTEN, _manifest_case), "backup": (BACKUP, _backup_case), "reach": (REACH, _reach_case),
+         "cache": (CACHE, _cache_case)}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_fuzz_records(kind):
+    doc, case = CASES[kind]
+
+    @fast(60)
+    @given(documents(doc))
+    def run(content):
+        case(content)
+
+    run()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_fuzz_records_slow(kind):
+    doc, case = CASES[kind]
+
+    @slow(1000)
+    @given(documents(doc))
+    def run(content):
+        case(content)
+
+    run()
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+def test_the_unchanged_record_is_accepted(kind):
+    """The fuzzers start from records the readers accept (else every case would be a refusal)."""
+    doc, case = CASES[kind]
+    assert case(json.dumps(doc).encode()) is not None
