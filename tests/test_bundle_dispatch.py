@@ -182,19 +182,19 @@ def test_forcing_the_fused_backend_holds(bundle_root, monkeypatch):
     assert lost["violations"] == [": hipModuleLaunchKernel: NULL function"]
 
 
-@pytest.mark.parametrize("mode, fused_heads, broken", [
-    ("fused-anyway", "64", "left_out"),     # the left-out functional launched a fused kernel
-    ("success", "64", "left_out"),          # no error for a backward that cannot have run
-    ("crash", "64", "driver"),              # the driver died in the left-out backward
-    ("never-fused", "64", "held"),          # the held functional did not launch its fused kernel
+@pytest.mark.parametrize("mode, broken", [
+    ("fused-anyway", "left_out"),     # the left-out functional launched a fused kernel
+    ("success", "left_out"),          # no error for a backward that cannot have run
+    ("crash", "driver"),              # the driver died in the left-out backward
+    ("never-fused", "held"),          # the held functional did not launch its fused kernel
 ])
-def test_forcing_the_fused_backend_fails_on_what_happened(bundle_root, monkeypatch, mode, fused_heads, broken):
-    claim, js = _forced(bundle_root, monkeypatch, mode, fused_heads)
+def test_forcing_the_fused_backend_fails_on_what_happened(bundle_root, monkeypatch, mode, broken):
+    claim, js = _forced(bundle_root, monkeypatch, mode)
     seen = js["observed"]
     assert not claim.ok and not js["ok"], js
     if broken == "left_out":
         lost = seen["left_out"]
-        assert seen["driver_exit"] == 0 and (lost["backward"] == HIP_SUCCESS), lost
+        assert seen["driver_exit"] == 0 and lost["backward"] == HIP_SUCCESS, lost
         assert lost["fused_launches"] == (1 if mode == "fused-anyway" else 0)
     elif broken == "driver":
         assert seen["driver_exit"] != 0 and seen["left_out"]["backward"] is None, seen
