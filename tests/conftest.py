@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, UnsupportedTree
+from codegen.ship.sysroot import Sysroot, find_sysroot
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,6 +40,22 @@ NO_TREE = (
     "needs a real AOTriton tree: set AOTRITON_GIT to a git dir of ROCm/aotriton "
     "(or AOTRITON_SRC to an extracted release tree), or provide ../shared/upstream/aotriton-releases.tar.xz"
 )
+
+
+# The HIP majors whose private sysroot must be in the user cache (comma-separated): CI fetches the
+# HIP 6 one before pytest (.ci/run) and names it here, so the tests that need it cannot skip there.
+REQUIRED_SYSROOTS = "MI100_TEST_SYSROOTS"
+
+
+def cached_sysroot(major: int) -> Sysroot | None:
+    """The HIP `major` sysroot `bundle build` made in the user cache (codegen.ship.sysroot), None
+    when it was never made (tests that need it skip); a major that $MI100_TEST_SYSROOTS names must be
+    there: missing, it fails the run at collection instead of skipping."""
+    found = find_sysroot(major)
+    if found is None and str(major) in os.environ.get(REQUIRED_SYSROOTS, "").replace(" ", "").split(","):
+        pytest.fail(f"{REQUIRED_SYSROOTS} names HIP {major}, but no HIP {major} sysroot is in the cache "
+                    f"(codegen.ship.sysroot.ensure_sysroot({major}) makes it)", pytrace=False)
+    return found
 
 
 def release_archive() -> Path | None:

@@ -12,10 +12,10 @@ import pytest
 
 from codegen.ship.check import link_identity
 from codegen.ship.stub import build_stub
-from codegen.ship.sysroot import find_sysroot
 from codegen.formats.elf import read_dynamic
+from conftest import cached_sysroot
 
-SYS6 = find_sysroot(6)
+SYS6 = cached_sysroot(6)
 pytestmark = pytest.mark.skipif(SYS6 is None or shutil.which("gcc") is None,
                                 reason="needs gcc and the cached HIP 6 sysroot (tests/test_bundle_sysroot.py -m slow)")
 

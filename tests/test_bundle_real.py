@@ -92,11 +92,20 @@ def test_bundle_check_passes_with_named_controls(bundle):
                         "negative control: a code object of another arch": True,
                         "negative control: a library linked against another HIP major": True}
     assert "never run on a card" in r.stderr
-    # built with --kernels dispatched (the default): the forced-backend probe ran and held
+    # built with --kernels dispatched (the default): the forced-backend probe ran and held, as it
+    # observed it: the held functional's backward launched its fused kernel; the left-out one's
+    # returned a HIP error having launched nothing, and the driver ran on (no crash)
     reach = json.loads(zipfile.ZipFile(bundle).read("manifest.json"))["built_with"].get("reach") or {}
     if reach.get("left_out"):
         forced = rep["forced_fused"]
-        assert forced["ok"] and "must be an error" in forced["detail"], forced
+        seen = forced["observed"]
+        assert forced["ok"] and seen["driver_exit"] == 0, forced
+        lost, held = seen["left_out"], seen["held"]
+        assert lost["backward"] not in (None, 0) and lost["launches"] == lost["fused_launches"] == 0, forced
+        if reach.get("held") is not None:
+            assert held["backward"] == 0 and held["fused_launches"] > 0 and held["violations"] == [], forced
+    else:
+        assert rep["forced_fused"] is None, rep["forced_fused"]
 
 
 def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):

@@ -1,7 +1,8 @@
 """The stub HIP runtime (codegen/ship/stub/hip_stub.c), compiled here with gcc against HIP
 headers (a cached private sysroot when present, else the system's), called through ctypes on
 code objects built in Python: the device it reports, the checks on code objects and launches,
-each failing case named. The real library's dispatch: tests/test_bundle_dispatch.py."""
+each failing case named. The dispatch driver on a stand-in library: tests/test_bundle_dispatch.py;
+on a real library: tests/test_bundle_real.py."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ import pytest
 
 from codegen.imagebuild import gpu_check
 from codegen.imagebuild.gpu_check import GpuCheckError, run_gpu_check
+from conftest import cached_sysroot
 
 CHECK_GPU = "_ZN8aotriton2v25flash9check_gpuENS_14StreamTemplateIP12ihipStream_tEE"
 
@@ -115,10 +116,14 @@ def _cxx() -> str | None:
 def test_stand_in_device_answers_a_library_built_against_hip(tmp_path):
     from codegen.imagebuild.prereq import find_cmake_package
 
-    include = gpu_check.hip_include_dir(find_cmake_package("hip"))
+    # the system's HIP, else the private HIP 6 sysroot bundle build makes (CI fetches it)
+    sysroot = cached_sysroot(6)
+    hip_dir = find_cmake_package("hip") or (find_cmake_package("hip", [sysroot.prefix]) if sysroot else None)
+    include = gpu_check.hip_include_dir(hip_dir)
     cxx = _cxx()
     if include is None or cxx is None:
-        pytest.skip("needs HIP's headers (apt-get install -y libamdhip64-dev) and a C++ compiler, as `build` does")
+        pytest.skip("needs HIP's headers (apt-get install -y libamdhip64-dev, or the HIP 6 sysroot: "
+                    "tests/test_bundle_sysroot.py -m slow) and a C++ compiler, as `build` does")
     src = tmp_path / "fixture.cc"
     src.write_text(_FIXTURE_LIB)
     lib = tmp_path / "libfixture.so"
@@ -126,10 +131,10 @@ def test_stand_in_device_answers_a_library_built_against_hip(tmp_path):
                     "-o", str(lib)], check=True)
     assert gpu_check.check_symbol(lib) == CHECK_GPU
     check = run_gpu_check(lib, arch="gfx1030", like="gfx1100", compute_units=80, warp_size=32, cxx=cxx,
-                          hip_dir=find_cmake_package("hip"), work=tmp_path / "w")
+                          hip_dir=hip_dir, work=tmp_path / "w")
     assert check.summary()["check_gpu"] == {"gfx1030": 0, "gfx000": 209, "gfx1100": 209}, check.problems
     assert check.ok
     # the same library asked for an arch it does not know: a problem, not a pass
     check = run_gpu_check(lib, arch="gfx906", like="gfx90a", compute_units=80, warp_size=32, cxx=cxx,
-                          hip_dir=find_cmake_package("hip"), work=tmp_path / "w")
+                          hip_dir=hip_dir, work=tmp_path / "w")
     assert not check.ok and check.results["gfx906"] == 209

@@ -123,16 +123,20 @@ def _check_split_backward(tree: Path, tag: str, spec, applied: dict) -> None:
     if not rules or adapter.op_db is None:
         return
     rows = _op_rows(tree, adapter.op_db, spec.primary_gpu)
-    routed = [r for r in rows if splits_backward(rules, by_torch(r[0]).short, r[1])]
-    assert all(b != db.BWD_BACKEND_FUSED for _, _, b in routed), "a routed pass still picks the fused kernel"
     stats = applied["rows"][adapter.op_db][db.OP_ATTN_BWD_TABLE]
     donor = _op_rows(tree, adapter.op_db, spec.rows.donor_gpu)
+    if not donor:   # the donor has no op rows in this release (gfx1100 before 0.12b): none seeded, none routed
+        assert rows == [] and stats.get("split_routed", 0) == 0, stats
+        return
+    routed = [r for r in rows if splits_backward(rules, by_torch(r[0]).short, r[1])]
+    assert routed, f"no {spec.primary_gpu} op row for the passes rows.split_backward routes"
+    assert all(b != db.BWD_BACKEND_FUSED for _, _, b in routed), "a routed pass still picks the fused kernel"
     donor_fused = sum(1 for d, h, b in donor if b == db.BWD_BACKEND_FUSED
                       and splits_backward(rules, by_torch(d).short, h) and h in spec.head_dims)
-    assert stats.get("split_routed", 0) == donor_fused * len(spec.gpus)
+    assert donor_fused and stats.get("split_routed", 0) == donor_fused * len(spec.gpus), (donor_fused, stats)
     kept = {b for d, h, b in rows if not splits_backward(rules, by_torch(d).short, h)}
-    if any(b == db.BWD_BACKEND_FUSED for *_, b in donor):
-        assert db.BWD_BACKEND_FUSED in kept or not kept
+    donor_kept = {b for d, h, b in donor if not splits_backward(rules, by_torch(d).short, h) and h in spec.head_dims}
+    assert kept == donor_kept, (kept, donor_kept)
 
 
 @pytest.mark.parametrize("tag", [t for t in SUPPORTED_RELEASES if t != "0.10b"])

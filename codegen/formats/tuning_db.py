@@ -50,7 +50,7 @@ CAUSAL_TYPE_CAUSAL = 3
 # The op database (0.11b and later; 0.10b has none) picks a backend per backward pass: `op$backend`
 # is the backend's index in upstream's list, the same in 0.11b..0.13b (0.11b..0.12.1b: the order
 # of `OpAttnBwd([...])` in v3python/rules/flash/__init__.py; 0.13b: `@ati.backend(n, ...)` in
-# modules/flash/aot/__init__.py; tests/test_upstream_real.py reads both). A GPU without rows
+# modules/flash/aot/__init__.py; tests/test_targets_real.py reads both). A GPU without rows
 # gets the first backend, the split one.
 OP_ATTN_BWD_TABLE = TABLE_PREFIX + "op_attn_bwd"
 OP_BACKEND = "op$backend"

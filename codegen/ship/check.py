@@ -59,9 +59,11 @@ class Claim:
     ok: bool
     detail: str
     where: str = "CPU: ELF read with codegen.formats.elf"
+    observed: dict | None = None   # what the verdict was made from, as fields (the forced-backend probe)
 
     def as_json(self) -> dict:
-        return {"claim": self.name, "ok": self.ok, "detail": self.detail, "verified": self.where}
+        out = {"claim": self.name, "ok": self.ok, "detail": self.detail, "verified": self.where}
+        return out if self.observed is None else {**out, "observed": self.observed}
 
 
 def link_identity(dyn: DynamicInfo, hip: int, hip_nodes: set[str], stated: dict | None = None) -> list[Claim]:
@@ -186,16 +188,24 @@ def check_forced(rep: CheckReport, root: Path, manifest: BundleManifest, hip: in
     def fused(c) -> int:
         return sum(FUSED_FAMILY in k for k in c.kernels["bwd"])
 
+    def seen(c, functional: dict) -> dict:
+        """One forced backward as it ran: its HIP error code (None: the driver never reported it),
+        its launches, the fused kernels among them, the stub's violations."""
+        return {"functional": functional, "case": c.case, "backward": c.bwd, "launches": c.launches["bwd"],
+                "fused_launches": fused(c), "violations": c.violations}
+
     ok = r.returncode == 0 and lost.bwd not in (None, HIP_SUCCESS) and fused(lost) == 0
+    observed = {"driver_exit": r.returncode, "held": None, "left_out": seen(lost, gone)}
     detail = ""
     if kept_case is not None:   # every fused package left out (e.g. gfx1030 on 0.11b): no held half
         kept = r.cases[0]
         ok = ok and kept.bwd == HIP_SUCCESS and fused(kept) > 0 and not kept.violations
+        observed["held"] = seen(kept, held)
         detail = f"held ({_label(held)}): backward {kept.bwd}, {fused(kept)} fused kernel launched; "
     why = f", {lost.violations[0].lstrip(': ')}" if lost.violations else ""
     rep.forced = Claim("forcing the fused backend", ok,
                        f"{detail}left out ({_label(gone)}): backward {lost.bwd} (must be an error), {fused(lost)} "
-                       f"launched{why}; driver exit {r.returncode}", where)
+                       f"launched{why}; driver exit {r.returncode}", where, observed)
 
 
 def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
