@@ -1,8 +1,8 @@
-"""The docs (issue 22): the README is the front door (at most 1,000 words, its two commands are the
-ones CI runs), every kernel count a page quotes is the one the tool computes
-(docs/kernel-counts.json, written by scripts/kernel_counts.py), the release list is the adapter
-table's, and the site builds with `mkdocs build --strict` (when mkdocs is installed: the `docs`
-extra; CI builds it after the tests)."""
+"""The docs (issues 22 and 29): the README is the front door (at most 1,000 words, its two commands
+are the ones CI runs), README and docs together are at most 35,000 words, every kernel count a page
+quotes is the one the tool computes (docs/kernel-counts.json, written by scripts/kernel_counts.py),
+the release list is the adapter table's, and the site builds with `mkdocs build --strict` (when
+mkdocs is installed: the `docs` extra; CI builds it after the tests)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,15 @@ STALE = ("2,399", "3,353", "4,941", "3,055")  # counts of earlier specs the docs
 
 def test_readme_is_at_most_1000_words():
     assert len(README.split()) <= 1000, len(README.split())
+
+
+def test_readme_and_docs_are_at_most_35000_words():
+    """Issue 29 item 6: README plus every page under docs/ (in the nav or not) stay within 35,000
+    words, counted as `wc -w` counts them; a new page makes room by linking, not repeating."""
+    words = {page.relative_to(REPO).as_posix(): len(page.read_text(encoding="utf-8").split()) for page in PAGES}
+    assert "docs/measurements.md" in words and len(words) > 30, sorted(words)  # the glob found the site
+    total = sum(words.values())
+    assert total <= 35_000, (total, sorted(words.items(), key=lambda kv: -kv[1])[:5])
 
 
 def test_readme_commands_are_the_ones_ci_runs():
