@@ -1,6 +1,6 @@
 """One GPU kernel of a tree's compile list (`KernelEntry`): its config, every axis parsed once,
 and what upstream's compiler needs besides. `codegen.plan.kernel_list` builds it from the
-generator's `Bare.compile`; in JSON the config is its procedural name. Its two paths are
+generator's compile list (codegen.formats.compile_list); in JSON the config is its procedural name. Its two paths are
 relative and clean (`RelPath`): the image below the build dir, the source below the tree.
 
 `Resources`: what one compiled kernel uses (registers, LDS, scratch, spills, its dot

@@ -1,5 +1,5 @@
-"""`reach.json`: which image packages a build left out because no dispatch table selects their
-kernels (`BUILD/mi100-codegen/reach.json`, and a copy in an install prefix), and its summary in
+"""The reach record: which image packages a build left out because no dispatch table selects their
+kernels (below the build folder, and a copy in an install prefix: codegen.imagebuild.reach.REACH_FILE), and its summary in
 `build --json` and a bundle's manifest (`built_with.reach`). `codegen.plan.reach` computes it,
 `codegen.imagebuild.reach` writes and reads it (as possibly hostile: every image a clean path
 inside aotriton.images/)."""
@@ -14,7 +14,7 @@ from codegen.core.contain import RelPath, rel_path
 from codegen.models.records import Count, Name, Record, Text
 
 KERNEL_MODES = ("dispatched", "all")  # build --kernels
-REACH_FORMAT = 2                      # of reach.json; another: the build configures again
+REACH_FORMAT = 2                      # of the reach record; another: the build configures again
 Functional = dict[Name, Text]
 """A fused kernel's functional as its Triton signature spells it (codegen.plan.reach.fused_functional)."""
 
@@ -38,7 +38,7 @@ class LeftOut(Record):
 
 
 class Reach(Record):
-    """`reach.json`. A record of the first format had no `format` field (the reader reads it as 1)."""
+    """The reach record. A record of the first format had no `format` field (the reader reads it as 1)."""
 
     format: Count = REACH_FORMAT
     mode: Literal["dispatched", "all"] = "dispatched"
