@@ -18,7 +18,7 @@ from codegen.formats.tuning_csv import read_csv
 
 PROV = Provenance("Fake GPU", "nvidia-proxy", "3.6.0", "2.11.0", "2026-11-21")
 GRID = ["--family", "attn_fwd", "--dtype", "fp16", "--head-dim", "64", "--seqlen", "1024",
-        "--seqlen", "4096", "--square"]
+        "--seqlen", "4096", "--square", "--no-dropout", "--no-bias"]
 
 
 @pytest.fixture

@@ -103,8 +103,6 @@ def run_tuning(opts: TuneOptions) -> None:
     if errs:
         raise UserError("\n".join(errs))
     plan = plan_tuning(sp, opts.grid_filter())
-    for w in plan.warnings:
-        stderr.print(w, markup=False, style="yellow")
     folder = _out_dir(opts.out, loaded)
     stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     done = ResultStore(folder).done_entries() if (opts.resume and folder.exists()) else set()
@@ -217,7 +215,7 @@ def run_import(opts: ImportOptions) -> None:
     preflight.output_dir(opts.out, "--out")
     loaded = _spec(opts.spec)
     sp = loaded.spec
-    plan = plan_tuning(sp, measurable_only=False)
+    plan = plan_tuning(sp)
     space = {k: {c.name for c in v} for k, v in plan.candidates.items()}
     res = parse_records(opts.file, sp, opts.proxy, opts.date or _today(), space)
     for why, n in sorted(res.skipped.items()):

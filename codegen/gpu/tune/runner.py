@@ -26,6 +26,7 @@ class Settings:
     warmup_ms: int = 10
     rep_ms: int = 50
     fwd_for_bwd: tuple[int, int] = (64, 32)  # tile of the fwd run that feeds the bwd kernels
+    dropout_p: float = 0.5  # of dropout entries (upstream's tuner measures them at 0.5 too)
 
 
 def _short(exc: BaseException) -> str:
@@ -46,41 +47,41 @@ def provenance(target_arch: str) -> Provenance:
                       date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
 
 
+def entry_problem(entry: GridEntry, s: Settings, batch: int, heads: int, seqlens: tuple[int, int],
+                  seed: int, device: str = "cuda"):
+    """The problem of an entry (its dtype, head dim, causal, dropout and bias), sized as asked."""
+    from codegen.gpu.tune.kernels import make_problem  # optional heavy dependency: imports torch and triton
+
+    return make_problem(entry.dtype, batch, heads, seqlens[0], seqlens[1], entry.head_dim, entry.causal,
+                        seed, device=device, dropout_p=s.dropout_p if entry.dropout else 0.0,
+                        bias=entry.bias)
+
+
+def _row(entry: GridEntry, gpu: str, cfg: KernelConfig, rep: str, prov: Provenance, status: str,
+         t_ms, errs: str) -> dict:
+    return {**entry_columns(entry, gpu), **config_columns(cfg), "status": status,
+            "time_ms": t_ms if t_ms is not None else "", "errors": errs,
+            "same_kernel_as": "" if cfg.name == rep else rep, **prov.as_dict()}
+
+
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
                   prov: Provenance) -> list[dict]:
+    """Rows of every config: checked against fp64, timed when they pass."""
     # optional heavy dependencies: torch (and .kernels, which imports triton)
     import torch
-    from codegen.gpu.tune.kernels import bench, check, make_problem, reference, seed_of
+    from codegen.gpu.tune.kernels import bench, check, reference, seed_of
 
     fam = entry.family
-    p = make_problem(entry.dtype, s.batch, s.heads, entry.seqlen_q, entry.seqlen_k,
-                     entry.head_dim, entry.causal, seed_of(entry.name))
-    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd")
-    o = L = delta = None
-    if fam != "attn_fwd":
-        bm, bn = s.fwd_for_bwd
-        fwd, o, L = tk.fwd_launcher(p, bm, bn, False, tk.opts(4, 1, 1))
-        fwd()
-        delta = torch.empty_like(L)
-        tk.preprocess_launcher(o, p.do, delta)()
+    p = entry_problem(entry, s, s.batch, s.heads, (entry.seqlen_q, entry.seqlen_k), seed_of(entry.name))
+    keep = tk.dropout_keep(p, s.check_heads) if entry.dropout else None
+    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
+    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if fam != "attn_fwd" else (None, None, None)
     rows: list[dict] = []
     for group in group_effective(configs, tk.backend):
         rep = group[0]
         status, t_ms, errs = "error", None, ""
         try:
-            opts = tk.opts(rep.num_warps, rep.num_stages, rep.waves_per_eu)
-            if fam == "attn_fwd":
-                launch, out, _ = tk.fwd_launcher(p, rep.block_m, rep.block_n, rep.pre_load_v, opts)
-                outs = {"out": out}
-            elif fam == "bwd_kernel_dk_dv":
-                launch, (dk, dv) = tk.dkdv_launcher(p, L, delta, rep.block_m, rep.block_n, opts)
-                outs = {"dk": dk, "dv": dv}
-            elif fam == "bwd_kernel_dq":
-                launch, (dq,) = tk.dq_launcher(p, L, delta, rep.block_m, rep.block_n, opts)
-                outs = {"dq": dq}
-            else:
-                launch, (dk, dv, dq) = tk.fuse_launcher(p, o, L, rep.block_m, rep.block_n, opts)
-                outs = {"dk": dk, "dv": dv, "dq": dq}
+            launch, outs = tk.launcher(fam, p, rep, bwd)
             launch()
             torch.cuda.synchronize()
             ok, errs = check(outs, refs, s.check_heads, entry.dtype)
@@ -96,51 +97,33 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
             status, errs = "oom", _short(exc)
         except Exception as exc:  # compile failures, out of resources, launch errors
             status, errs = "error", _short(exc)
-        for c in group:
-            rows.append({
-                **entry_columns(entry, gpu), **config_columns(c), "status": status,
-                "time_ms": t_ms if t_ms is not None else "", "errors": errs,
-                "same_kernel_as": "" if c is rep else rep.name, **prov.as_dict(),
-            })
-    del p, refs, o, L, delta
+        rows += [_row(entry, gpu, c, rep.name, prov, status, t_ms, errs) for c in group]
+    del p, refs, keep, bwd
     torch.cuda.empty_cache()
     return rows
+
 
 
 # ---- parallel compile-cache warm-up ------------------------------------------------------
 _WARM_TK = {}
 
 
-def _warm_one(aotriton_dir: str, family: str, dtype: str, head_dim: int, causal: bool,
-              cfg: KernelConfig, seqlen_q: int, seqlen_k: int, s: Settings) -> tuple[str, str]:
+def _warm_one(aotriton_dir: str, entry: GridEntry, cfg: KernelConfig, s: Settings) -> tuple[str, str]:
     """Compile (and run once, small) one kernel so the main process hits Triton's disk cache.
     The small problem keeps every specialisation of the real one (ints multiple of 16, none 1;
     bwd_kernel_fuse takes heads and seqlens as constexprs: those are the real ones)."""
     try:
         # optional heavy dependencies: torch (and .kernels, which imports triton)
         import torch
-        from codegen.gpu.tune.kernels import TreeKernels, make_problem
+        from codegen.gpu.tune.kernels import TreeKernels
 
         tk = _WARM_TK.get(aotriton_dir) or _WARM_TK.setdefault(aotriton_dir, TreeKernels(Path(aotriton_dir)))
-        if family == "bwd_kernel_fuse":
-            p = make_problem(dtype, 1, s.heads, seqlen_q, seqlen_k, head_dim, causal, 0)
+        if entry.family == "bwd_kernel_fuse":
+            p = entry_problem(entry, s, 1, s.heads, (entry.seqlen_q, entry.seqlen_k), 0)
         else:
-            p = make_problem(dtype, 2, 2, 128, 128, head_dim, causal, 0)
-        opts = tk.opts(cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
-        if family == "attn_fwd":
-            tk.fwd_launcher(p, cfg.block_m, cfg.block_n, cfg.pre_load_v, opts)[0]()
-        else:
-            bm, bn = s.fwd_for_bwd
-            fwd, o, L = tk.fwd_launcher(p, bm, bn, False, tk.opts(4, 1, 1))
-            fwd()
-            delta = torch.empty_like(L)
-            tk.preprocess_launcher(o, p.do, delta)()
-            if family == "bwd_kernel_dk_dv":
-                tk.dkdv_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)[0]()
-            elif family == "bwd_kernel_dq":
-                tk.dq_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)[0]()
-            else:
-                tk.fuse_launcher(p, o, L, cfg.block_m, cfg.block_n, opts)[0]()
+            p = entry_problem(entry, s, 2, 2, (128, 128), 0)
+        bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if entry.family != "attn_fwd" else (None, None, None)
+        tk.launcher(entry.family, p, cfg, bwd)[0]()
         torch.cuda.synchronize()
         return cfg.name, ""
     except Exception as exc:  # the main run reports it per entry
@@ -148,14 +131,15 @@ def _warm_one(aotriton_dir: str, family: str, dtype: str, head_dim: int, causal:
 
 
 def warm_jobs(entries: Iterable[GridEntry], configs_for: Callable, backend: str) -> list[tuple]:
-    """Distinct (family, dtype, hd, causal, representative config, sq, sk) the entries will
-    compile; seqlens matter only for bwd_kernel_fuse (constexprs there), else 128."""
-    jobs = set()
+    """Distinct (entry standing for its kernels, representative config) the entries will compile;
+    seqlens matter only for bwd_kernel_fuse (constexprs there), else 128."""
+    jobs = {}
     for e in entries:
         sq, sk = (e.seqlen_q, e.seqlen_k) if e.family == "bwd_kernel_fuse" else (128, 128)
+        like = GridEntry(e.family, e.arch, e.dtype, e.head_dim, e.causal, e.dropout, e.bias, sq, sk)
         for group in group_effective(configs_for(e), backend):
-            jobs.add((e.family, e.dtype, e.head_dim, e.causal, group[0], sq, sk))
-    return sorted(jobs, key=lambda j: (j[0], j[1], j[2], j[3], j[4].name, j[5], j[6]))
+            jobs[(like, group[0].name)] = (like, group[0])
+    return [jobs[k] for k in sorted(jobs)]
 
 
 def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: int,
@@ -165,7 +149,7 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
     ctx = mp.get_context("spawn")
     ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
     try:
-        futs = [ex.submit(_warm_one, str(aotriton_dir), *job, s) for job in jobs]
+        futs = [ex.submit(_warm_one, str(aotriton_dir), like, cfg, s) for like, cfg in jobs]
         for f in as_completed(futs):
             try:
                 name, err = f.result()
