@@ -1,6 +1,7 @@
 """`mi100-codegen tune` without a GPU (CPU, CI): --dry-run plans, errors, and the run loop with
-a stand-in measurer: results flushed per entry, interruption, --resume, --budget-min, and the
-one-worker-per-GPU plumbing."""
+a stand-in measurer: results flushed per entry, interruption, --resume, --budget-min, the
+summary per device. The worker processes themselves (deadlines,
+crashes, several devices): tests/test_tune_workers.py."""
 
 from __future__ import annotations
 
@@ -43,21 +44,25 @@ def fake_rows(entry, configs, device="Fake GPU"):
 
 
 class FakeRunner:
-    def __init__(self, monkeypatch, interrupt_after=None):
+    def __init__(self, monkeypatch, interrupt_after=None, gpus=1, stats=()):
+        self.stats = list(stats)
         self.measured: list[str] = []
+        self.devices = None
         self.interrupt_after = interrupt_after
         monkeypatch.setattr(runner, "missing_gpu_stack", lambda: [])
-        monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+        monkeypatch.setattr(runner, "visible_gpus", lambda: gpus)
         monkeypatch.setattr(runner, "backend_name", lambda: "cuda")
         monkeypatch.setattr(runner, "warm_compile", lambda *a, **k: None)
         monkeypatch.setattr(runner, "run_entries", self.run_entries)
 
-    def run_entries(self, aotriton_dir, arch, gpu, work, settings, n_gpus, on_result):
+    def run_entries(self, aotriton_dir, arch, gpu, work, settings, devices, on_result):
+        self.devices = devices
         for entry, configs in work:
             if self.interrupt_after is not None and len(self.measured) == self.interrupt_after:
                 raise KeyboardInterrupt
             self.measured.append(entry.name)
-            on_result(entry, fake_rows(entry, configs), "")
+            on_result(entry, fake_rows(entry, configs), "", devices[len(self.measured) % len(devices)])
+        return self.stats
 
 
 def test_help_lists_run_and_import():
@@ -164,29 +169,19 @@ def test_budget_stops_handing_out_entries(tree, tmp_path, monkeypatch):
     assert "budget reached" in r.output and "--resume" in r.output
 
 
-def _fake_gpu_worker(device_index, aotriton_dir, target_arch, gpu, settings, tasks, results):
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
-        entry, configs = task
-        results.put((entry, fake_rows(entry, configs, device=f"fake{device_index}"), ""))
-    results.put(None)
+def test_the_summary_counts_lost_candidates_per_device(tree, tmp_path, monkeypatch):
+    from codegen.gpu.tune.workers import SlotStats
 
-
-def test_one_worker_process_per_gpu_plumbing(tmp_path):
-    from codegen.formats.spec import load_spec
-    from codegen.gpu.tune.grid import GridFilter, plan_tuning
-
-    plan = plan_tuning(load_spec(None).spec, GridFilter(families=("bwd_kernel_dq",), dtypes=("bf16",),
-                                                        head_dims=(32,), seqlens=(64, 128)))
-    got = []
-    runner.run_entries(tmp_path, "gfx908", "gfx908_mod0",
-                       ((e, plan.configs_for(e)) for e in plan.entries), runner.Settings(), 2,
-                       lambda entry, rows, err: got.append((entry.name, len(rows), err)),
-                       worker=_fake_gpu_worker)
-    assert sorted(n for n, _, _ in got) == sorted(e.name for e in plan.entries)
-    assert all(k == len(plan.configs_for(plan.entries[0])) and not err for _, k, err in got)
+    stats = [SlotStats(0, {"device": "Fake GPU"}, jobs=3, steps=17, busy_s=12.5, timeouts=2, crashes=1),
+             SlotStats(1, {"device": "Fake GPU"}, jobs=1, steps=6, busy_s=4.0)]
+    FakeRunner(monkeypatch, gpus=2, stats=stats)
+    r = invoke(tree, *GRID, "--out", tmp_path / "o", "--timeout-s", "30")
+    assert r.exit_code == 0, r.output
+    assert "2 candidate(s) timed out, 1 crashed their worker" in r.output
+    assert "device 0 (Fake GPU): 3 entries, 17 kernels timed or checked in 12.5 s" in r.output
+    assert "device 1 (Fake GPU): 1 entries, 6 kernels" in r.output
+    r = invoke(tree, *GRID, "--out", tmp_path / "o", "--timeout-s", "nan")
+    assert r.exit_code == 2 and "not a finite number" in r.output
 
 
 @pytest.mark.aotriton

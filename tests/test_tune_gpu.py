@@ -1,6 +1,7 @@
 """tune on a GPU: the tree's kernels run with a chosen config, pass the fp64 check (dropout and
 bias entries too, against the kernels' own dropout mask), wrong output or a wrong mask fails it,
-and a CLI run resumes without re-measuring. Needs torch + triton + a GPU and an
+a CLI run resumes without re-measuring, a planted hanging kernel and a killed worker cost one
+candidate each, and two workers measure what one does. Needs torch + triton + a GPU and an
 AOTriton source tree: AOTRITON_SRC when set (any release), else one tree per kernel-signature
 generation from AOTRITON_GIT or the shared release archive: 0.11.2b (the signatures of
 0.10b-0.11.2b), 0.12b (0.12b's, in tritonsrc/) and 0.13b (the same kernels in
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,110 @@ def test_wrong_dropout_mask_fails(tk):
     flipped = keep.clone()
     flipped[0, 1, 7] = ~flipped[0, 1, 7]  # one row of one head
     assert not check({"out": o}, reference(p, 2, False, keep=flipped), 2, "fp16")[0]
+
+
+# ---- a planted hang and a killed worker, on the GPU ----------------------------------------
+def _spin_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def spin(flag, out):
+        i = 0
+        while tl.load(flag, volatile=True) == 0:  # flag stays 0: never returns
+            i += 1
+            tl.store(out, i)
+
+    return spin
+
+
+class _Planted:
+    """The tree's kernels, except that one candidate launches an infinite loop and another one
+    kills its worker (as the OOM killer would)."""
+
+    def __init__(self, tk, hang: str, crash: str):
+        self.tk, self.hang, self.crash = tk, hang, crash
+        self.backend = tk.backend
+
+    def __getattr__(self, name):
+        return getattr(self.tk, name)
+
+    def launcher(self, family, p, cfg, bwd):
+        import torch
+
+        from codegen.gpu.tune.kernels import Launch
+
+        if cfg.name == self.crash:
+            os.kill(os.getpid(), signal.SIGKILL)
+        launch, outs = self.tk.launcher(family, p, cfg, bwd)
+        if cfg.name == self.hang:
+            flag = torch.zeros(2, dtype=torch.int32, device=p.q.device)
+            launch = Launch(_spin_kernel(), (1,), {"flag": flag, "out": flag[1:]}, {})
+        return launch, outs
+
+
+def planted_handle(state, job, names, report):
+    """measure_handle with the second kernel group of the entry hanging and the third crashing."""
+    from codegen.gpu.tune.grid import group_effective
+    from codegen.gpu.tune.runner import measure_entry
+
+    tk, prov = state
+    entry, configs, gpu, s = job
+    groups = group_effective(configs, tk.backend)
+    planted = _Planted(tk, groups[1][0].name, groups[2][0].name)
+    measure_entry(planted, entry, [c for c in configs if c.name in set(names)], s, gpu, prov, report)
+
+
+@pytest.fixture(scope="module")
+def one_tree(pristine_tree) -> Path:
+    _gpu_or_skip()
+    return Path(os.environ["AOTRITON_SRC"]) if os.environ.get("AOTRITON_SRC") else pristine_tree("0.11.2b")
+
+
+def _run(tree, entries, devices, handle=None, timeout_s=30.0):
+    from codegen.gpu.tune import runner
+    from codegen.models import expand_family
+
+    sp = _spec()
+    got = {}
+    s = runner.Settings(batch=2, heads=4, warmup_ms=2, rep_ms=10, timeout_s=timeout_s)
+    stats = runner.run_entries(tree, sp.arch, sp.primary_gpu,
+                               ((e, expand_family(sp, e.family, e.dtype, e.head_dim)) for e in entries), s,
+                               devices, lambda e, rows, err, dev: got.__setitem__(e.name, (rows, err, dev)),
+                               **({"handle": handle} if handle else {}))
+    return got, stats
+
+
+def test_a_hanging_kernel_and_a_killed_worker_cost_one_candidate_each(one_tree):
+    from codegen.gpu.tune.grid import GridEntry, group_effective
+    from codegen.models import expand_family
+    from codegen.gpu.tune.store import pick_winner
+
+    sp = _spec()
+    entry = GridEntry("attn_fwd", sp.arch, "fp16", 64, False, True, False, 512, 512)
+    got, stats = _run(one_tree, [entry], [0], planted_handle, timeout_s=20.0)
+    rows, err, _ = got[entry.name]
+    assert not err
+    groups = group_effective(expand_family(sp, "attn_fwd", "fp16", 64), "cuda")
+    status = {r["config"]: r["status"] for r in rows}
+    assert {status[c.name] for c in groups[1]} == {"timeout"}
+    assert {status[c.name] for c in groups[2]} == {"crash"}
+    assert {status[c.name] for g in groups[:1] + groups[3:] for c in g} == {"ok"}  # the rest went on
+    assert pick_winner(rows)["config"] not in {c.name for g in groups[1:3] for c in g}
+    assert stats[0].timeouts == 1 and stats[0].crashes == 1 and stats[0].restarts == 2
+
+
+def test_two_workers_on_one_gpu_measure_what_one_does(one_tree):
+    from codegen.gpu.tune.grid import GridEntry
+
+    sp = _spec()
+    entries = [GridEntry(f, sp.arch, "bf16", 32, c, d, b, 512, 512)
+               for f in ("attn_fwd", "bwd_kernel_dq") for c, d, b in ((False, False, False), (False, True, True))]
+    one, _ = _run(one_tree, entries, [0])
+    two, stats = _run(one_tree, entries, [0, 0])
+    assert sorted(one) == sorted(two) == sorted(e.name for e in entries)
+    assert sum(st.jobs for st in stats) == len(entries) and all(st.jobs for st in stats)
+    for name in one:
+        st1 = {r["config"]: r["status"] for r in one[name][0]}
+        st2 = {r["config"]: r["status"] for r in two[name][0]}
+        assert st1 == st2 and set(st1.values()) == {"ok"}, name

@@ -155,3 +155,33 @@ def test_the_gpu_tests_cover_the_012_kernels_through_013b(pristine_tree):
     for tag in ("0.12b", "0.12.1b"):
         src = kernel_source_dir(pristine_tree(tag))
         assert [n for n in files if (src / n).read_bytes() != (ref / n).read_bytes()] == [], tag
+
+
+@pytest.mark.aotriton
+def test_the_warm_up_compiles_what_the_run_launches(cpu_stack, pristine_tree):
+    """The compile warm-up builds each entry's problem on the meta device (no memory): every
+    argument Triton keys its cache by (ints, constexprs, dtypes, strides) must equal the real
+    problem's, or the measuring workers would compile everything again."""
+    import torch
+
+    from codegen.formats.spec import load_spec
+    from codegen.gpu.tune.grid import GridEntry
+    from codegen.gpu.tune.kernels import TreeKernels
+    from codegen.gpu.tune.runner import Settings, candidate_launch
+    from codegen.models import expand_family
+
+    tk = TreeKernels(pristine_tree("0.11.2b"))
+    tk._num_cu.update({torch.device("meta"): 8, torch.device("cpu"): 8})  # no GPU to ask here
+    s = Settings(batch=2, heads=4)
+    sp = load_spec(None).spec
+    for family in ("attn_fwd", "bwd_kernel_dq", "bwd_kernel_fuse"):
+        e = GridEntry(family, sp.arch, "fp16", 64, True, True, True, 256, 128)
+        cfg = expand_family(sp, family, "fp16", 64)[0]
+        meta, real = (candidate_launch(tk, e, cfg, s, dev) for dev in ("meta", "cpu"))
+        assert meta.grid == real.grid and meta.opts == real.opts and set(meta.args) == set(real.args)
+        for n, v in real.args.items():
+            w = meta.args[n]
+            if isinstance(v, torch.Tensor):
+                assert w.device.type == "meta" and (w.dtype, w.shape, w.stride()) == (v.dtype, v.shape, v.stride()), n
+            else:
+                assert w == v, f"{family}: {n}: {w!r} != {v!r}"

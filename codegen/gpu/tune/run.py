@@ -52,10 +52,15 @@ class TuneOptions:
     warmup_ms: int = 10
     rep_ms: int = 50
     compile_jobs: int = -1          # -1: cores-1, at most 8; 0: off
+    timeout_s: float = 120.0        # one candidate's deadline
 
     def grid_filter(self) -> GridFilter:
         return GridFilter(self.family, self.dtype, self.head_dim, self.seqlen, self.square, self.causal,
                           self.dropout, self.bias)
+
+    def settings(self) -> runner.Settings:
+        return runner.Settings(batch=self.batch, heads=self.heads, warmup_ms=self.warmup_ms, rep_ms=self.rep_ms,
+                               timeout_s=self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,9 @@ def run_tuning(opts: TuneOptions) -> None:
         raise UserError("\n".join(errs))
     plan = plan_tuning(sp, opts.grid_filter())
     folder = _out_dir(opts.out, loaded)
-    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     done = ResultStore(folder).done_entries() if (opts.resume and folder.exists()) else set()
     todo = [e for e in plan.entries if e.name not in done]
+    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     if opts.dry_run:
         _print_dry_run(plan, done, todo, folder, opts.as_json)
         return
@@ -128,10 +133,23 @@ def run_tuning(opts: TuneOptions) -> None:
     with ResultStore(folder) as store:
         if opts.resume and done:
             stderr.print(f"resume: {len(done)} entries already in {folder}, {len(todo)} to measure")
-        stats = _measure(opts, sp, plan, todo, store, n_gpus)
-    left = len(todo) - stats["winners"] - stats["failed"]
+        stats = _measure(opts, sp, plan, todo, store, list(range(n_gpus)))
+    _print_summary(stats, folder, len(todo))
+
+
+def _print_summary(stats: dict, folder: Path, n_todo: int) -> None:
+    left = n_todo - stats["winners"] - stats["failed"]
     stderr.print(f"wrote {folder}/measurements.csv and winners.csv: {stats['winners']} winners, "
                  f"{stats['failed']} entries without a passing config")
+    slots = stats.get("slots") or []
+    timeouts, crashes = sum(s.timeouts for s in slots), sum(s.crashes for s in slots)
+    if timeouts or crashes:
+        stderr.print(f"[yellow]{timeouts} candidate(s) timed out, {crashes} crashed their worker[/] "
+                     "(recorded as timeout/crash, never winners; the worker was replaced each time)")
+    for s in slots:
+        name = s.info.get("device", "?") if isinstance(s.info, dict) else "?"
+        stderr.print(f"device {s.slot} ({name}): {s.jobs} entries, {s.steps} kernels timed or checked "
+                     f"in {s.busy_s:.1f} s", markup=False)
     if stats["budget_hit"] or left > 0:
         stderr.print(f"[yellow]budget reached:[/] {left} entries left; continue with --resume")
 
@@ -155,7 +173,7 @@ def _print_dry_run(plan, done: set, todo: list, folder: Path, as_json: bool) -> 
 
 
 def _compile_jobs(requested: int) -> int:
-    return requested if requested >= 0 else max(1, min(8, (os.cpu_count() or 2) - 1))
+    return requested if requested >= 0 else runner.default_compile_workers()
 
 
 def _warm(opts: TuneOptions, plan, todo: list, settings, prog: Progress) -> None:
@@ -174,38 +192,40 @@ def _warm(opts: TuneOptions, plan, todo: list, settings, prog: Progress) -> None
         stderr.print(f"compile warm-up: {name}: {err}", markup=False, style="yellow")
 
 
-def _measure(opts: TuneOptions, sp, plan, todo: list, store: ResultStore, n_gpus: int) -> dict:
-    settings = runner.Settings(batch=opts.batch, heads=opts.heads, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms)
+def _measure(opts: TuneOptions, sp, plan, order: list, store: ResultStore, devices: list[int]) -> dict:
+    settings = opts.settings()
     deadline = time.monotonic() + opts.budget_min * 60 if opts.budget_min else None
     stats = {"winners": 0, "failed": 0, "budget_hit": False}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=stderr, transient=False) as prog:
         if _compile_jobs(opts.compile_jobs) > 0:
-            _warm(opts, plan, todo, settings, prog)
-        tm = prog.add_task(f"measuring on {n_gpus} GPU(s)", total=len(todo))
+            _warm(opts, plan, order, settings, prog)
+        tm = prog.add_task(f"measuring on {len(devices)} GPU(s)", total=len(order))
 
         def work_items():  # the budget is checked each time an entry is handed out
-            for e in todo:
+            for e in order:
                 if deadline is not None and time.monotonic() > deadline:
                     stats["budget_hit"] = True
                     return
                 prog.update(tm, description=e.name)
                 yield e, plan.configs_for(e)
 
-        def on_result(entry, rows, err):
+        def on_result(entry, rows, err, device):
+            where = f" (device {device})" if len(devices) > 1 else ""
             if err or not rows:
                 stats["failed"] += 1
-                stderr.print(f"{entry.name}: failed: {err}", markup=False, style="red")
+                stderr.print(f"{entry.name}: failed{where}: {err}", markup=False, style="red")
             else:
                 w = store.record(entry, rows, len(rows))
                 stats["winners"] += w is not None
                 if w is None:
                     stats["failed"] += 1
                 best = f"{w['config']} {w['time_ms']:.4f} ms" if w else "no config passed"
-                prog.console.print(f"{entry.name}: {best}", markup=False)
+                prog.console.print(f"{entry.name}: {best}{where}", markup=False)
             prog.advance(tm)
 
-        runner.run_entries(opts.tree, sp.arch, sp.primary_gpu, work_items(), settings, n_gpus, on_result)
+        stats["slots"] = runner.run_entries(opts.tree, sp.arch, sp.primary_gpu, work_items(), settings, devices,
+                                            on_result)
     return stats
 
 
