@@ -1,6 +1,6 @@
-"""`mi100-codegen tune` without a GPU (CPU, CI): --dry-run plans, errors, and the run loop with
-a stand-in measurer: results flushed per entry, interruption, --resume, --budget-min, the
-summary per device. The worker processes themselves (deadlines,
+"""`mi100-codegen tune` without a GPU (CPU, CI): --dry-run plans and estimates, errors, and the
+run loop with a stand-in measurer: results flushed per entry, interruption, --resume,
+--budget-min, entries handed out longest first. The worker processes themselves (deadlines,
 crashes, several devices): tests/test_tune_workers.py."""
 
 from __future__ import annotations
@@ -169,6 +169,31 @@ def test_budget_stops_handing_out_entries(tree, tmp_path, monkeypatch):
     assert "budget reached" in r.output and "--resume" in r.output
 
 
+def _plan_line_start() -> str:
+    from codegen.formats.spec import load_spec
+    from codegen.models import expand_family
+
+    n = len(expand_family(load_spec(None).spec, "attn_fwd", "fp16", 64))
+    return f"plan: 4 entries, {4 * n} candidate measurements; estimated GPU time "
+
+
+def test_entries_go_out_longest_first_to_every_gpu(tree, tmp_path, monkeypatch):
+    fake = FakeRunner(monkeypatch, gpus=2)
+    r = invoke(tree, *GRID, "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    first = r.output.splitlines()[0]
+    assert first.startswith(_plan_line_start())
+    assert "device 0: " in first and "device 1: " in first
+    # seqlen 4096 before 1024, non-causal (twice the work) before causal
+    assert fake.measured == [
+        "attn_fwd.gfx908.fp16.d64.causal0.drop0.bias0.sq4096.sk4096",
+        "attn_fwd.gfx908.fp16.d64.causal1.drop0.bias0.sq4096.sk4096",
+        "attn_fwd.gfx908.fp16.d64.causal0.drop0.bias0.sq1024.sk1024",
+        "attn_fwd.gfx908.fp16.d64.causal1.drop0.bias0.sq1024.sk1024",
+    ]
+    assert fake.devices == [0, 1]
+
+
 def test_the_summary_counts_lost_candidates_per_device(tree, tmp_path, monkeypatch):
     from codegen.gpu.tune.workers import SlotStats
 
@@ -182,6 +207,19 @@ def test_the_summary_counts_lost_candidates_per_device(tree, tmp_path, monkeypat
     assert "device 1 (Fake GPU): 1 entries, 6 kernels" in r.output
     r = invoke(tree, *GRID, "--out", tmp_path / "o", "--timeout-s", "nan")
     assert r.exit_code == 2 and "not a finite number" in r.output
+
+
+def test_dry_run_estimates_per_device_and_the_budget(tree, tmp_path):
+    r = invoke(tree, *GRID, "--device", "0,1,2", "--budget-min", "0.001", "--dry-run", "--json",
+               "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    line = r.stderr.splitlines()[0]
+    assert line.startswith(_plan_line_start())
+    assert "device 2: " in line and "the proxy's table tuning/gfx908/measurements.csv" in line
+    assert "--budget-min 0.001 starts about 3 of them" in line  # one at 0 s on each of 3 devices
+    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    est = doc["estimate"]
+    assert len(est["per_device_s"]) == 3 and est["seconds"] >= max(est["per_device_s"]) > 0
 
 
 @pytest.mark.aotriton

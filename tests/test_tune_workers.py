@@ -1,7 +1,7 @@
 """tune's worker processes on the CPU, with stand-in workers (no torch, no GPU): a candidate that
 hangs is killed at its deadline and recorded `timeout`, a worker that dies mid-entry is replaced
 and the candidate recorded `crash`, the entry goes on in the new worker; entries spread over
-several devices give the same winners as one device.
+several devices give the same winners as one device; the run hands entries out longest first.
 The same on a real GPU, with an infinite-loop Triton kernel: tests/test_tune_gpu.py."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 from codegen.core.errors import UpstreamError
 from codegen.formats.spec import load_spec
 from codegen.gpu.tune import runner
+from codegen.gpu.tune.estimate import schedule
 from codegen.gpu.tune.grid import GridEntry, GridFilter, plan_tuning
 from codegen.gpu.tune.store import Provenance, ResultStore, config_columns, entry_columns
 from codegen.gpu.tune.workers import Job, Supervisor
@@ -167,6 +168,16 @@ def test_jobs_are_taken_lazily(tmp_path):
 
 def _noop_handle(slot, job, names, report):
     pass
+
+
+def test_schedule_is_longest_first_to_the_least_loaded_device():
+    e = {n: GridEntry("attn_fwd", "gfx908", "fp16", 64, False, False, False, n, n) for n in (16, 32, 64, 128, 256)}
+    cost = {16: 3.0, 32: 3.0, 64: 3.0, 128: 4.0, 256: 5.0}
+    sched = schedule(list(e.values()), lambda x: cost[x.seqlen_q], 2)
+    assert [x.seqlen_q for x in sched.order] == [256, 128, 16, 32, 64]  # ties by name
+    assert sched.loads_s == [8.0, 10.0] and sched.total_s == 18.0  # 5+3 | 4+3+3
+    one = schedule(list(e.values()), lambda x: cost[x.seqlen_q], 1, budget_s=7.0)
+    assert one.loads_s == [18.0] and one.fits == 2  # they start at 0, 5, 9, 12, 15 s: two within 7 s
 
 
 def test_warm_jobs_cover_candidates_and_each_entrys_inputs(plan):

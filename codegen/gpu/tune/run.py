@@ -18,10 +18,13 @@ from codegen.core import preflight
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.apply.applied_spec import resolve_spec
 from codegen.formats.spec import load_spec
-from codegen.render.workspace import writable_results_dir
+from codegen.core.resources import display_path
+from codegen.formats.tuning_csv import MEASUREMENTS_FILE, read_csv
+from codegen.render.workspace import shipped_dir, writable_results_dir
 from codegen.toolchain import installed_triton_version, require_triton, tune_fix
 from codegen.gpu.tune import runner
-from codegen.gpu.tune.grid import GridFilter, plan_tuning, validate_filter
+from codegen.gpu.tune.estimate import cost_model, schedule, summary_line
+from codegen.gpu.tune.grid import GridFilter, group_effective, plan_tuning, validate_filter
 from codegen.gpu.tune.importer import parse_records
 from codegen.gpu.tune.store import ResultStore
 from codegen.upstream import kernel_dirs_text, kernel_source_dir
@@ -98,6 +101,28 @@ def _today() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
+def _estimate(opts: TuneOptions, sp, plan, todo: list, folder: Path, devices: int, backend: str | None):
+    """(the schedule: entries longest first and each device's share, the plan line) from the rows
+    measured in `folder` so far, else the proxy's table shipped for the arch. backend None (a
+    dry run, no torch): every candidate counted as measured, as on AMD."""
+    measured = read_csv(folder / MEASUREMENTS_FILE) if (folder / MEASUREMENTS_FILE).is_file() else []
+    shipped = shipped_dir(sp.arch)
+    proxy_file = shipped / MEASUREMENTS_FILE if shipped is not None else None
+    proxy = read_csv(proxy_file) if proxy_file is not None and proxy_file.is_file() else []
+    label = f"the proxy's table {display_path(proxy_file)}" if proxy else ""
+    model = cost_model(measured, proxy, label, warmup_ms=opts.warmup_ms, rep_ms=opts.rep_ms,
+                       batch_heads=opts.batch * opts.heads)
+
+    def n_measured(e) -> int:
+        configs = plan.configs_for(e)
+        return len(configs) if backend is None else len(group_effective(configs, backend))
+
+    budget_s = opts.budget_min * 60 if opts.budget_min is not None else None
+    sched = schedule(todo, lambda e: model.entry_s(e, n_measured(e)), devices, budget_s)
+    n_cand = sum(len(plan.configs_for(e)) for e in todo)
+    return sched, summary_line(len(todo), n_cand, sched, model, opts.budget_min)
+
+
 def run_tuning(opts: TuneOptions) -> None:
     """Measure every candidate config of each grid entry still to do (or list them: --dry-run)."""
     preflight.output_dir(opts.out, "--out")
@@ -111,11 +136,15 @@ def run_tuning(opts: TuneOptions) -> None:
     folder = _out_dir(opts.out, loaded)
     done = ResultStore(folder).done_entries() if (opts.resume and folder.exists()) else set()
     todo = [e for e in plan.entries if e.name not in done]
-    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     if opts.dry_run:
-        _print_dry_run(plan, done, todo, folder, opts.as_json)
+        n_dev = len(opts.device.split(",")) if opts.device else 1
+        sched, line = _estimate(opts, sp, plan, todo, folder, n_dev, None)
+        stderr.print(line, markup=False)
+        stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
+        _print_dry_run(plan, done, todo, folder, opts.as_json, sched)
         return
     if not todo:
+        stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
         stderr.print(f"[green]nothing to do:[/] all {len(plan.entries)} entries are in {folder}")
         return
     if opts.device:
@@ -130,10 +159,13 @@ def run_tuning(opts: TuneOptions) -> None:
     n_gpus = runner.visible_gpus()
     if n_gpus == 0:
         raise EnvironmentMissing("no GPU visible to torch: tune measures on a GPU (--dry-run lists the plan)")
+    sched, line = _estimate(opts, sp, plan, todo, folder, n_gpus, runner.backend_name())
+    stderr.print(line, markup=False)
+    stderr.print(f"spec {loaded.display}; results: {folder}", markup=False)
     with ResultStore(folder) as store:
         if opts.resume and done:
             stderr.print(f"resume: {len(done)} entries already in {folder}, {len(todo)} to measure")
-        stats = _measure(opts, sp, plan, todo, store, list(range(n_gpus)))
+        stats = _measure(opts, sp, plan, sched.order, store, list(range(n_gpus)))
     _print_summary(stats, folder, len(todo))
 
 
@@ -154,12 +186,14 @@ def _print_summary(stats: dict, folder: Path, n_todo: int) -> None:
         stderr.print(f"[yellow]budget reached:[/] {left} entries left; continue with --resume")
 
 
-def _print_dry_run(plan, done: set, todo: list, folder: Path, as_json: bool) -> None:
+def _print_dry_run(plan, done: set, todo: list, folder: Path, as_json: bool, sched) -> None:
     if as_json:
         doc = plan.to_json()
         for item in doc["entries"]:
             item["done"] = item["name"] in done
         doc["counts"]["todo"] = len(todo)
+        doc["estimate"] = {"seconds": round(sched.total_s, 1),
+                           "per_device_s": [round(x, 1) for x in sched.loads_s]}
         doc["out"] = folder.as_posix()
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
