@@ -81,17 +81,20 @@ def serve(conn, slot, init: Callable, handle: Callable, args: tuple) -> None:
         return
     conn.send(("ready", info))
     report = Reporter(conn)
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        payload, names = msg
-        try:
-            handle(state, payload, names, report)
-            err = ""
-        except Exception as exc:  # the job fails; the worker goes on
-            err = short(exc)
-        conn.send(("done", err))
+    try:
+        while True:
+            msg = conn.recv()
+            if msg is None:
+                return
+            payload, names = msg
+            try:
+                handle(state, payload, names, report)
+                err = ""
+            except Exception as exc:  # the job fails; the worker goes on
+                err = short(exc)
+            conn.send(("done", err))
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):  # Ctrl-C, or the parent is gone: the parent reports
+        return
 
 
 @dataclass
@@ -187,7 +190,10 @@ class Supervisor:
 
     def _send(self, w: _Worker) -> None:
         w.started, w.step = time.monotonic(), None
-        w.conn.send((w.job.payload, tuple(w.left)))
+        try:
+            w.conn.send((w.job.payload, tuple(w.left)))
+        except (BrokenPipeError, OSError):  # it died meanwhile: the next poll replaces it and sends again
+            pass
 
     def _limit(self, w: _Worker) -> float:
         if not w.ready:
