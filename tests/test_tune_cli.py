@@ -1,6 +1,7 @@
-"""`mi100-codegen tune` without a GPU (CPU, CI): --dry-run plans, errors, and the run loop with
-a stand-in measurer: results flushed per entry, interruption, --resume, --budget-min, and the
-one-worker-per-GPU plumbing."""
+"""`mi100-codegen tune` without a GPU (CPU, CI): --dry-run plans and estimates, errors, and the
+run loop with a stand-in measurer: results flushed per entry, interruption, --resume,
+--budget-min, entries handed out longest first. The worker processes themselves (deadlines,
+crashes, several devices): tests/test_tune_workers.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from codegen.formats.tuning_csv import read_csv
 
 PROV = Provenance("Fake GPU", "nvidia-proxy", "3.6.0", "2.11.0", "2026-11-21")
 GRID = ["--family", "attn_fwd", "--dtype", "fp16", "--head-dim", "64", "--seqlen", "1024",
-        "--seqlen", "4096", "--square"]
+        "--seqlen", "4096", "--square", "--no-dropout", "--no-bias"]
 
 
 @pytest.fixture
@@ -43,21 +44,25 @@ def fake_rows(entry, configs, device="Fake GPU"):
 
 
 class FakeRunner:
-    def __init__(self, monkeypatch, interrupt_after=None):
+    def __init__(self, monkeypatch, interrupt_after=None, gpus=1, stats=()):
+        self.stats = list(stats)
         self.measured: list[str] = []
+        self.devices = None
         self.interrupt_after = interrupt_after
         monkeypatch.setattr(runner, "missing_gpu_stack", lambda: [])
-        monkeypatch.setattr(runner, "visible_gpus", lambda: 1)
+        monkeypatch.setattr(runner, "visible_gpus", lambda: gpus)
         monkeypatch.setattr(runner, "backend_name", lambda: "cuda")
         monkeypatch.setattr(runner, "warm_compile", lambda *a, **k: None)
         monkeypatch.setattr(runner, "run_entries", self.run_entries)
 
-    def run_entries(self, aotriton_dir, arch, gpu, work, settings, n_gpus, on_result):
+    def run_entries(self, aotriton_dir, arch, gpu, work, settings, devices, on_result):
+        self.devices = devices
         for entry, configs in work:
             if self.interrupt_after is not None and len(self.measured) == self.interrupt_after:
                 raise KeyboardInterrupt
             self.measured.append(entry.name)
-            on_result(entry, fake_rows(entry, configs), "")
+            on_result(entry, fake_rows(entry, configs), "", devices[len(self.measured) % len(devices)])
+        return self.stats
 
 
 def test_help_lists_run_and_import():
@@ -164,29 +169,57 @@ def test_budget_stops_handing_out_entries(tree, tmp_path, monkeypatch):
     assert "budget reached" in r.output and "--resume" in r.output
 
 
-def _fake_gpu_worker(device_index, aotriton_dir, target_arch, gpu, settings, tasks, results):
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
-        entry, configs = task
-        results.put((entry, fake_rows(entry, configs, device=f"fake{device_index}"), ""))
-    results.put(None)
-
-
-def test_one_worker_process_per_gpu_plumbing(tmp_path):
+def _plan_line_start() -> str:
     from codegen.formats.spec import load_spec
-    from codegen.gpu.tune.grid import GridFilter, plan_tuning
+    from codegen.models import expand_family
 
-    plan = plan_tuning(load_spec(None).spec, GridFilter(families=("bwd_kernel_dq",), dtypes=("bf16",),
-                                                        head_dims=(32,), seqlens=(64, 128)))
-    got = []
-    runner.run_entries(tmp_path, "gfx908", "gfx908_mod0",
-                       ((e, plan.configs_for(e)) for e in plan.entries), runner.Settings(), 2,
-                       lambda entry, rows, err: got.append((entry.name, len(rows), err)),
-                       worker=_fake_gpu_worker)
-    assert sorted(n for n, _, _ in got) == sorted(e.name for e in plan.entries)
-    assert all(k == len(plan.configs_for(plan.entries[0])) and not err for _, k, err in got)
+    n = len(expand_family(load_spec(None).spec, "attn_fwd", "fp16", 64))
+    return f"plan: 4 entries, {4 * n} candidate measurements; estimated GPU time "
+
+
+def test_entries_go_out_longest_first_to_every_gpu(tree, tmp_path, monkeypatch):
+    fake = FakeRunner(monkeypatch, gpus=2)
+    r = invoke(tree, *GRID, "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    first = r.output.splitlines()[0]
+    assert first.startswith(_plan_line_start())
+    assert "device 0: " in first and "device 1: " in first
+    # seqlen 4096 before 1024, non-causal (twice the work) before causal
+    assert fake.measured == [
+        "attn_fwd.gfx908.fp16.d64.causal0.drop0.bias0.sq4096.sk4096",
+        "attn_fwd.gfx908.fp16.d64.causal1.drop0.bias0.sq4096.sk4096",
+        "attn_fwd.gfx908.fp16.d64.causal0.drop0.bias0.sq1024.sk1024",
+        "attn_fwd.gfx908.fp16.d64.causal1.drop0.bias0.sq1024.sk1024",
+    ]
+    assert fake.devices == [0, 1]
+
+
+def test_the_summary_counts_lost_candidates_per_device(tree, tmp_path, monkeypatch):
+    from codegen.gpu.tune.workers import SlotStats
+
+    stats = [SlotStats(0, {"device": "Fake GPU"}, jobs=3, steps=17, busy_s=12.5, timeouts=2, crashes=1),
+             SlotStats(1, {"device": "Fake GPU"}, jobs=1, steps=6, busy_s=4.0)]
+    FakeRunner(monkeypatch, gpus=2, stats=stats)
+    r = invoke(tree, *GRID, "--out", tmp_path / "o", "--timeout-s", "30")
+    assert r.exit_code == 0, r.output
+    assert "2 candidate(s) timed out, 1 crashed their worker" in r.output
+    assert "device 0 (Fake GPU): 3 entries, 17 kernels timed or checked in 12.5 s" in r.output
+    assert "device 1 (Fake GPU): 1 entries, 6 kernels" in r.output
+    r = invoke(tree, *GRID, "--out", tmp_path / "o", "--timeout-s", "nan")
+    assert r.exit_code == 2 and "not a finite number" in r.output
+
+
+def test_dry_run_estimates_per_device_and_the_budget(tree, tmp_path):
+    r = invoke(tree, *GRID, "--device", "0,1,2", "--budget-min", "0.001", "--dry-run", "--json",
+               "--out", tmp_path / "o")
+    assert r.exit_code == 0, r.output
+    line = r.stderr.splitlines()[0]
+    assert line.startswith(_plan_line_start())
+    assert "device 2: " in line and "the proxy's table tuning/gfx908/measurements.csv" in line
+    assert "--budget-min 0.001 starts about 3 of them" in line  # one at 0 s on each of 3 devices
+    doc = json.loads(r.stdout[r.stdout.index("{"):])
+    est = doc["estimate"]
+    assert len(est["per_device_s"]) == 3 and est["seconds"] >= max(est["per_device_s"]) > 0
 
 
 @pytest.mark.aotriton

@@ -43,18 +43,23 @@ def test_filters_restrict_the_grid(spec):
     ]
 
 
-def test_plan_skips_unmeasurable_and_lists_spec_candidates(spec):
+def test_plan_measures_every_entry_and_lists_spec_candidates(spec):
     flt = GridFilter(families=("bwd_kernel_dq",), dtypes=("bf16",), head_dims=(32,), seqlens=(128,))
     plan = plan_tuning(spec, flt)
-    assert plan.skipped_unmeasurable == 4  # dropout, bias, dropout+bias, causal+dropout
-    assert {(e.causal, e.dropout, e.bias) for e in plan.entries} == {(False, False, False), (True, False, False)}
+    # dropout and bias entries are measured too: no causal+bias rows upstream, so 6 combinations
+    assert {(e.causal, e.dropout, e.bias) for e in plan.entries} == {
+        (False, False, False), (False, False, True), (False, True, False), (False, True, True),
+        (True, False, False), (True, True, False)}
     assert plan.configs_for(plan.entries[0]) == expand_family(spec, "bwd_kernel_dq", "bf16", 32)
     doc = plan.to_json()
-    assert doc["counts"] == {"entries": 2, "measurements": 2 * len(plan.configs_for(plan.entries[0])),
-                             "skipped_unmeasurable": 4}
+    assert doc["counts"] == {"entries": 6, "measurements": 6 * len(plan.configs_for(plan.entries[0]))}
     assert doc["entries"][0]["candidates"][0].startswith("bwd_kernel_dq.gfx908.bf16.d32.M")
-    everything = plan_tuning(spec, flt, measurable_only=False)
-    assert len(everything.entries) == 6 and everything.skipped_unmeasurable == 0
+
+
+def test_the_whole_default_grid_is_measurable(spec):
+    plan = plan_tuning(spec)
+    assert len(plan.entries) == 14_400
+    assert plan.total_measurements == sum(len(plan.configs_for(e)) for e in build_grid(spec))
 
 
 def test_validate_filter_reports_values_outside_the_spec(spec):

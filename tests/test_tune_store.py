@@ -119,6 +119,27 @@ def test_committed_proxy_results_become_render_rows(tmp_path):
         assert w["config"] in space
 
 
+def test_dropout_and_bias_winners_become_their_rows(tmp_path):
+    """Rows tune measures for dropout and bias entries are render rows like the others (proxy
+    ones only where the spec opts in) and land on upstream's ENABLE_DROPOUT / BIAS_TYPE keys."""
+    e_db = GridEntry("bwd_kernel_dq", "gfx908", "fp16", 64, False, True, True, 1024, 1024)
+    e_cd = GridEntry("attn_fwd", "gfx908", "fp16", 64, True, True, False, 512, 512)
+    out = tmp_path / "out"
+    with ResultStore(out) as st:
+        st.record(e_db, _rows(e_db, [(64, 32, 1, "ok", 0.4), (32, 16, 1, "timeout", "")]), 2)
+        st.record(e_cd, _rows(e_cd, [(64, 32, 1, "crash", ""), (64, 64, 1, "ok", 0.2)]), 2)
+    assert load_winner_rows(out, load_spec(None).spec) == []  # proxy rows, the MI100 spec does not opt in
+    rows = load_winner_rows(out, _proxy_spec(tmp_path).spec)
+    got = {(r["family"], r["causal"], r["dropout"], r["bias"]): r for r in rows}
+    assert set(got) == {("bwd_kernel_dq", 0, 1, 1), ("attn_fwd", 1, 1, 0)}
+    assert got[("attn_fwd", 1, 1, 0)]["block_n"] == 64  # the crashed candidate never wins
+    table, cols = db_row(got[("bwd_kernel_dq", 0, 1, 1)])
+    assert table == "FLASH$bwd_kernel_dq"
+    assert cols["inputs$ENABLE_DROPOUT"] == 1 and cols["inputs$BIAS_TYPE"] == 1
+    table, cols = db_row(got[("attn_fwd", 1, 1, 0)])
+    assert cols["inputs$ENABLE_DROPOUT"] == 1 and cols["inputs$BIAS_TYPE"] == 0 and cols["inputs$CAUSAL_TYPE"] == 3
+
+
 def test_db_row_uses_upstream_columns():
     table, cols = db_row({"gpu": "gfx908_mod0", "family": "attn_fwd", "dtype": "bf16", "head_dim": 64,
                           "causal": 1, "dropout": 0, "bias": 0, "seqlen_q": 4096, "seqlen_k": 2048,

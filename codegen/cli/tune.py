@@ -56,13 +56,14 @@ def run_cmd(
     warmup_ms: int = typer.Option(10, "--warmup-ms", min=0, help="do_bench warm-up (excluded from the timing)."),
     rep_ms: int = typer.Option(50, "--rep-ms", min=1, help="do_bench measuring time per candidate."),
     compile_jobs: int = typer.Option(-1, "--compile-jobs", min=-1, help="Processes that warm Triton's compile cache first (0: off; default: cores-1, at most 8)."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", min=1, callback=finite, help="Deadline of one candidate (launch, check, timing): past it, its worker is killed and replaced and the candidate recorded as timeout."),
 ) -> None:
     """Measure every candidate config of the spec's space for each tuning-grid entry."""
     from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage (~210 ms) loads when the command runs
 
     run_tuning(TuneOptions(aotriton_dir, device, tuple(family), tuple(head_dim), tuple(dtype), tuple(seqlen),
                            square, causal, dropout, bias, budget_min, resume, out, dry_run, as_json, spec,
-                           batch, heads, warmup_ms, rep_ms, compile_jobs))
+                           batch, heads, warmup_ms, rep_ms, compile_jobs, timeout_s))
 
 
 @tune_app.command("import")

@@ -18,6 +18,10 @@ break where named ones do not):
   layout, empty here); attn_fwd, bwd_kernel_dk_dv and bwd_kernel_dq gain the constexpr
   `NUM_XCDS` (1: no XCD remapping, the grid keeps its order); bwd_preprocess replaces
   `seqlen_q`/`head_dim` with `cu_seqlens_q`, `num_seqlens`, `max_seqlen_q`, `hdim_vo`.
+- Dropout and bias take the same names in every release (`ENABLE_DROPOUT`, `dropout_p`,
+  `philox_seed_ptr`, `philox_offset1`, `philox_offset2`; `BIAS_TYPE`, `B`, `DB` and their
+  strides), and so does `dropout_rng.debug_simulate_encoded_softmax`, upstream's own writer of
+  the dropout mask its kernels draw (its tests build their reference's mask with it).
 
 Pure Python: `t` maps buffer names to tensors, or to anything with `.stride()` (tests use
 stand-ins), so the binding is checked on CPU against every release tree.
@@ -41,7 +45,13 @@ FAMILY_MODULES: dict[str, tuple[str, str]] = {
     "bwd_kernel_dq": ("bwd_kernel_dq", "bwd_kernel_dq"),
     "bwd_kernel_fuse": ("bwd_kernel_fuse", "bwd_kernel_fuse"),
 }
-# the buffers `param_values` reads from `t`
+# kernels of the tree that are not tuned but that tune launches: the dropout mask the kernels
+# draw from Philox, written as the sign of an "encoded softmax" (>= 0: kept)
+AUX_MODULES: dict[str, tuple[str, str]] = {
+    "dropout_mask": ("dropout_rng", "debug_simulate_encoded_softmax"),
+}
+# the buffers `param_values` reads from `t`; with dropout also `philox_seed` and
+# `philox_offset` (one uint64 each), for "dropout_mask" the mask tensor `mask`
 BUFFERS = ("q", "k", "v", "do", "o", "L", "delta", "dq", "dk", "dv", "db", "b", "alibi",
            "i32null", "u64null", "counter")
 PREPROCESS_BLOCK_M = 16  # bwd_preprocess's tile (it only computes delta; not a tuned kernel)
@@ -79,7 +89,7 @@ def load_kernels(src: Path) -> dict[str, object]:
         _loaded_dir.append(src)
     importlib.invalidate_caches()
     kernels: dict[str, object] = {}
-    for fam, (mod, fn) in FAMILY_MODULES.items():
+    for fam, (mod, fn) in {**FAMILY_MODULES, **AUX_MODULES}.items():
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as exc:
@@ -131,18 +141,21 @@ def _strides(prefix: str, t, names: str = "zhmk") -> dict:
 
 def param_values(family: str, t: dict, cfg: dict, causal: bool, shape: tuple, n_cu: int,
                  sm_scale: float | None = None,
-                 preprocess_block_m: int = PREPROCESS_BLOCK_M) -> tuple[dict, tuple]:
+                 preprocess_block_m: int = PREPROCESS_BLOCK_M, dropout_p: float = 0.0,
+                 philox_offset2: int = 0, bias: bool = False) -> tuple[dict, tuple]:
     """Every parameter a kernel of `family` may take, by name (a superset of the names of
     releases 0.10b–0.13b), and the launch grid. `t` maps each of BUFFERS to a tensor; `cfg`
     holds the config's head_dim, block_m, block_n and pre_load_v; `shape` is (batch, heads_q,
     heads_k, seqlen_q, seqlen_k); `n_cu` the GPU's compute units (causal attn_fwd runs
-    upstream's persistent grid); sm_scale defaults to 1/sqrt(head_dim)."""
+    upstream's persistent grid); sm_scale defaults to 1/sqrt(head_dim). `dropout_p` > 0 turns
+    dropout on (Philox seed and offset from `t`, plus `philox_offset2`); `bias` adds `t["b"]`
+    (BIAS_TYPE 1) and has the backward write its gradient into `t["db"]`. "dropout_mask" runs
+    over the batches and heads `t["mask"]` holds (from 0), with the problem's head count."""
     B, Hq, Hk, Sq, Sk = shape
     hd = cfg["head_dim"]
     bd = block_dmodel(hd)
     bm, bn = cfg["block_m"], cfg["block_n"]
     scale = 1.0 / hd ** 0.5 if sm_scale is None else sm_scale
-    cdiv = lambda a, b: -(-a // b)  # noqa: E731
     q, k, v, do, o, b, alibi = (t[n] for n in ("q", "k", "v", "do", "o", "b", "alibi"))
     vals = dict(
         Q=q, K=k, V=v, B=b, A=alibi, DO=do, Out=o, L=t["L"], D=t["delta"], Delta=t["delta"],
@@ -154,12 +167,10 @@ def param_values(family: str, t: dict, cfg: dict, causal: bool, shape: tuple, n_
         Max_seqlen_q=Sq, Max_seqlen_k=Sk, max_seqlen_q=Sq, max_seqlen_k=Sk, seqlen_q=Sq,
         BLOCK_DMODEL=bd, D_HEAD=bd, PADDED_HEAD=bd != hd,
         Head_dim=hd, head_dim=hd, Hdim_qk=hd, Hdim_vo=hd, hdim_qk=hd, hdim_vo=hd,
-        ENABLE_DROPOUT=False, dropout_p=0.0,
-        philox_seed_ptr=t["u64null"], philox_offset1=t["u64null"], philox_offset2=0,
         philox_seed_output=t["u64null"], philox_offset_output=t["u64null"],
         RETURN_ENCODED_SOFTMAX=False, encoded_softmax=None,
         CAUSAL_TYPE=3 if causal else 0, Window_left=Sq if causal else 0, Window_right=0,
-        BIAS_TYPE=0, USE_ALIBI=False, INT8=False, INT8_KV=False, USE_P_SCALE=False,
+        USE_ALIBI=False, INT8=False, INT8_KV=False, USE_P_SCALE=False,
         Q_descale=0, K_descale=0, P_scale=0, P_descale=0, V_descale=0,
         GRID_CU_MULTIP=2, Batch=B, NUM_XCDS=1,
         BLOCK_M=bm, BLOCK_N=bn, PRE_LOAD_V=bool(cfg.get("pre_load_v")),
@@ -169,8 +180,31 @@ def param_values(family: str, t: dict, cfg: dict, causal: bool, shape: tuple, n_
         **_strides("o", o, "zhmn"), stride_ok=o.stride()[3],
         **_strides("do", do, "zhmk"), stride_don=do.stride()[3],
         **_strides("dq", t["dq"]), **_strides("dk", t["dk"], "zhnk"), **_strides("dv", t["dv"], "zhkn"),
-        stride_dbz=0, stride_dbh=0, stride_dbm=0, stride_dbn=0,
+        **_features(t, dropout_p, philox_offset2, bias),
     )
+    return vals, _grid(family, vals, t, shape, bm, bn, causal, n_cu, preprocess_block_m)
+
+
+def _features(t: dict, dropout_p: float, philox_offset2: int, bias: bool) -> dict:
+    """The dropout and bias parameters: off, or on with the Philox seed/offsets and the bias
+    and its gradient from `t` (all-zero gradient strides tell the backward not to write one)."""
+    drop = dropout_p > 0.0
+    return dict(
+        ENABLE_DROPOUT=drop, dropout_p=dropout_p,
+        philox_seed_ptr=t["philox_seed"] if drop else t["u64null"],
+        philox_offset1=t["philox_offset"] if drop else t["u64null"],
+        philox_offset2=philox_offset2 if drop else 0,
+        BIAS_TYPE=1 if bias else 0,
+        **(_strides("db", t["db"], "zhmn") if bias else dict.fromkeys(
+            ("stride_dbz", "stride_dbh", "stride_dbm", "stride_dbn"), 0)),
+    )
+
+
+def _grid(family: str, vals: dict, t: dict, shape: tuple, bm: int, bn: int, causal: bool, n_cu: int,
+          preprocess_block_m: int) -> tuple:
+    """The launch grid of `family` (updating `vals` where the grid takes parameters of its own)."""
+    B, Hq, Hk, Sq, Sk = shape
+    cdiv = lambda a, b: -(-a // b)  # noqa: E731
     if family == "attn_fwd":
         if causal:  # upstream's choice for causal: a dynamic persistent grid
             vals.update(PERSISTENT_TYPE=2, persistent_atomic_counter=t["counter"], Num_CU=n_cu)
@@ -186,6 +220,10 @@ def param_values(family: str, t: dict, cfg: dict, causal: bool, shape: tuple, n_
         grid = (cdiv(Sq, bm), Hq, B)
     elif family == "bwd_kernel_fuse":
         grid = (cdiv(Sk, bn) + cdiv(Sq, bn) * (Hq // Hk), Hk, B)
+    elif family == "dropout_mask":
+        r = t["mask"]
+        vals.update(R=r, **_strides("r", r, "zhmn"))
+        grid = (cdiv(Sq, bm), r.shape[1], r.shape[0])
     else:
         raise ValueError(family)
-    return vals, grid
+    return grid

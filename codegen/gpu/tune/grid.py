@@ -11,17 +11,12 @@ records the fastest one whose numerics pass. Listing (`--dry-run`) and running s
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from codegen.models import FAMILIES, KernelConfig, TargetSpec, expand_family
 
 # Upstream's seqlen bins (rows exist for each pair of them, per functional).
 SEQLEN_BINS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-
-# What the GPU runner can check against an fp64 reference today. Dropout needs the kernel's
-# Philox stream replayed in the reference and bias a bias tensor/gradient; their rows stay
-# seeded from the donor GPU until the runner measures them.
-MEASURABLE = {"dropout": False, "bias": False}
 
 
 @dataclass(frozen=True, order=True)
@@ -45,10 +40,6 @@ class GridEntry:
             f"causal{int(self.causal)}.drop{int(self.dropout)}.bias{int(self.bias)}."
             f"sq{self.seqlen_q}.sk{self.seqlen_k}"
         )
-
-    @property
-    def measurable(self) -> bool:
-        return (not self.dropout or MEASURABLE["dropout"]) and (not self.bias or MEASURABLE["bias"])
 
     def to_json(self) -> dict:
         return {
@@ -81,8 +72,6 @@ class GridFilter:
 class TuningPlan:
     entries: list[GridEntry]
     candidates: dict[tuple[str, str, int], list[KernelConfig]]  # (family, dtype, hd) -> configs
-    skipped_unmeasurable: int = 0
-    warnings: list[str] = field(default_factory=list)
 
     def configs_for(self, entry: GridEntry) -> list[KernelConfig]:
         return self.candidates[(entry.family, entry.dtype, entry.head_dim)]
@@ -97,12 +86,7 @@ class TuningPlan:
                 {**e.to_json(), "candidates": [c.name for c in self.configs_for(e)]}
                 for e in self.entries
             ],
-            "counts": {
-                "entries": len(self.entries),
-                "measurements": self.total_measurements,
-                "skipped_unmeasurable": self.skipped_unmeasurable,
-            },
-            "warnings": list(self.warnings),
+            "counts": {"entries": len(self.entries), "measurements": self.total_measurements},
         }
 
 
@@ -152,23 +136,16 @@ def build_grid(spec: TargetSpec, flt: GridFilter = GridFilter()) -> list[GridEnt
     return sorted(out)
 
 
-def plan_tuning(spec: TargetSpec, flt: GridFilter = GridFilter(),
-                measurable_only: bool = True) -> TuningPlan:
-    grid = build_grid(spec, flt)
-    entries = [e for e in grid if e.measurable or not measurable_only]
-    skipped = len(grid) - len(entries)
+def plan_tuning(spec: TargetSpec, flt: GridFilter = GridFilter()) -> TuningPlan:
+    """The grid entries and each one's candidate configs (every entry is measurable: dropout
+    entries against the kernels' own dropout mask, bias entries with the bias gradient)."""
+    entries = build_grid(spec, flt)
     candidates: dict[tuple[str, str, int], list[KernelConfig]] = {}
     for e in entries:
         key = (e.family, e.dtype, e.head_dim)
         if key not in candidates:
             candidates[key] = expand_family(spec, e.family, e.dtype, e.head_dim)
-    warnings = []
-    if skipped:
-        warnings.append(
-            f"{skipped} grid entries with dropout or bias are not measured (the runner has no "
-            "fp64 reference for them yet); their rows stay seeded from the donor GPU"
-        )
-    return TuningPlan(entries, candidates, skipped, warnings)
+    return TuningPlan(entries, candidates)
 
 
 def effective_key(cfg: KernelConfig, backend: str) -> tuple:

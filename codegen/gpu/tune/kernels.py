@@ -35,15 +35,7 @@ TORCH_DTYPES = {k: getattr(torch, d.torch_attr) for k, d in DTYPE_INFO.items()}
 # the fp64 reference is <= max(ATOL[dtype], FUDGE[tensor] * error of a PyTorch computation in
 # the same low precision). FUDGE are upstream's "maximal" fudge factors (tritonsrc/_common_test).
 ATOL = {"fp16": 1e-3, "bf16": 8e-3, "fp32": 1e-5}
-FUDGE = {"out": 14.0, "dq": 148.0, "dk": 48.0, "dv": 36.0}
-
-FAMILY_OUTPUTS = {
-    "attn_fwd": ("out",),
-    "bwd_kernel_dk_dv": ("dk", "dv"),
-    "bwd_kernel_dq": ("dq",),
-    "bwd_kernel_fuse": ("dk", "dv", "dq"),
-}
-
+FUDGE = {"out": 14.0, "dq": 148.0, "dk": 48.0, "dv": 36.0, "db": 17.0}
 
 def _cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
@@ -63,12 +55,21 @@ def backend() -> str:
 
 @dataclass
 class Problem:
+    """Inputs of one measured problem. With dropout the kernels draw their mask from Philox
+    (`philox_seed`, `philox_offset`: one uint64 tensor each, plus the integer `philox_offset2`);
+    `bias` is the (batch, heads, seqlen_q, seqlen_k) matrix added to the scaled scores."""
+
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     do: torch.Tensor
     causal: bool
     sm_scale: float
+    dropout_p: float = 0.0
+    philox_seed: torch.Tensor | None = None
+    philox_offset: torch.Tensor | None = None
+    philox_offset2: int = 0
+    bias: torch.Tensor | None = None
 
 
 @dataclass
@@ -88,6 +89,10 @@ class Launch:
             t.zero_()
         self.kernel[self.grid](**self.args, **self.opts)
 
+    def compile(self) -> None:
+        """Compile it into Triton's cache without running anything on the GPU (Triton's warmup)."""
+        self.kernel.warmup(grid=self.grid, **self.args, **self.opts)
+
 
 class TreeKernels:
     """Launchers for the tree's kernels with explicit tiles and compiler options. Every
@@ -106,19 +111,21 @@ class TreeKernels:
         return kw
 
     def num_cu(self, dev) -> int:
+        """Compute units of the GPU `dev` (meta tensors: the current GPU; cpu: Triton's interpreter)."""
         if dev not in self._num_cu:
-            self._num_cu[dev] = (torch.cuda.get_device_properties(dev).multi_processor_count
-                                 if dev.type == "cuda" else 8)  # cpu: Triton's interpreter
+            gpu = dev if dev.type == "cuda" else torch.cuda.current_device() if dev.type == "meta" else None
+            self._num_cu[dev] = torch.cuda.get_device_properties(gpu).multi_processor_count if gpu is not None else 8
         return self._num_cu[dev]
 
-    def _launch(self, family: str, t: dict, shape: tuple, causal: bool, sm_scale: float, head_dim: int,
-                block_m: int, block_n: int, pre_load_v: bool, opts: dict) -> Launch:
+    def _launch(self, family: str, t: dict, p: "Problem", shape: tuple, block_m: int, block_n: int,
+                pre_load_v: bool, opts: dict) -> Launch:
         kern = self.kernels.get(family)
         if kern is None:
             raise UpstreamError(f"this tree has no {family} kernel")
-        cfg = {"head_dim": head_dim, "block_m": block_m, "block_n": block_n, "pre_load_v": pre_load_v}
-        vals, grid = param_values(family, t, cfg, causal, shape, self.num_cu(t["q"].device),
-                                  sm_scale=sm_scale, preprocess_block_m=block_m)
+        cfg = {"head_dim": p.q.shape[3], "block_m": block_m, "block_n": block_n, "pre_load_v": pre_load_v}
+        vals, grid = param_values(family, t, cfg, p.causal, shape, self.num_cu(t["q"].device),
+                                  sm_scale=p.sm_scale, preprocess_block_m=block_m, dropout_p=p.dropout_p,
+                                  philox_offset2=p.philox_offset2, bias=p.bias is not None)
         reset = (t["counter"],) if vals["persistent_atomic_counter"] is t["counter"] else ()
         return Launch(kern, grid, bind(kern, vals), opts, reset)
 
@@ -129,10 +136,13 @@ class TreeKernels:
         q = p.q
         dev = q.device
         b = torch.empty((0, 0, 0, 0), device=dev, dtype=q.dtype)
-        t = dict(q=q, k=p.k, v=p.v, do=p.do, o=q, L=None, delta=None, dq=q, dk=p.k, dv=p.v, b=b, db=b,
+        u64null = torch.empty((0,), device=dev, dtype=torch.uint64)
+        t = dict(q=q, k=p.k, v=p.v, do=p.do, o=q, L=None, delta=None, dq=q, dk=p.k, dv=p.v,
+                 b=b if p.bias is None else p.bias, db=b,
                  alibi=torch.empty((0, 0), device=dev, dtype=q.dtype),
-                 i32null=torch.empty((0,), device=dev, dtype=torch.int32),
-                 u64null=torch.empty((0,), device=dev, dtype=torch.uint64),
+                 i32null=torch.empty((0,), device=dev, dtype=torch.int32), u64null=u64null,
+                 philox_seed=u64null if p.philox_seed is None else p.philox_seed,
+                 philox_offset=u64null if p.philox_offset is None else p.philox_offset,
                  counter=torch.zeros((1,), device=dev, dtype=torch.int32))
         t.update(have)
         return t
@@ -149,37 +159,78 @@ class TreeKernels:
         o = torch.empty_like(p.q)
         L = torch.empty((B * Hq, Sq), device=p.q.device, dtype=torch.float32)
         t = self._buffers(p, o=o, L=L, delta=L)
-        launch = self._launch("attn_fwd", t, self._shape(p), p.causal, p.sm_scale, D, block_m, block_n,
-                              bool(pre_load_v), opts)
+        launch = self._launch("attn_fwd", t, p, self._shape(p), block_m, block_n, bool(pre_load_v), opts)
         return launch, o, L
+
+    def dropout_keep(self, p: Problem, heads: int, compile_only: bool = False) -> torch.Tensor:
+        """The dropout mask the kernels draw for batch 0, heads [0, heads): True = kept. Written
+        by the tree's own `debug_simulate_encoded_softmax` from the problem's Philox seed and
+        offsets (the sign of its output is the mask)."""
+        Sq, Sk = p.q.shape[2], p.k.shape[2]
+        r = torch.zeros((1, heads, Sq, Sk), device=p.q.device, dtype=torch.float32)
+        launch = self._launch("dropout_mask", self._buffers(p, mask=r), p, self._shape(p), 32, 32, False, {})
+        launch.compile() if compile_only else launch()
+        return r >= 0
+
+    def launcher(self, family: str, p: Problem, cfg, bwd: tuple = (None, None, None)):
+        """(launch, its outputs by name) of a tuned family with config `cfg`; backward families
+        read `bwd` = (o, L, delta) of the same problem (`bwd_inputs`)."""
+        opts = self.opts(cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
+        o, L, delta = bwd
+        if family == "attn_fwd":
+            launch, out, _ = self.fwd_launcher(p, cfg.block_m, cfg.block_n, cfg.pre_load_v, opts)
+            return launch, {"out": out}
+        if family == "bwd_kernel_dk_dv":
+            return self.dkdv_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)
+        if family == "bwd_kernel_dq":
+            return self.dq_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)
+        return self.fuse_launcher(p, o, L, cfg.block_m, cfg.block_n, opts)
+
+    def bwd_inputs(self, p: Problem, tile: tuple[int, int], compile_only: bool = False):
+        """(o, L, delta) the backward kernels read, as upstream's split backward makes them: o and
+        L from the forward kernel with `tile`, delta from bwd_preprocess (compile_only: both
+        kernels compiled, nothing run)."""
+        fwd, o, L = self.fwd_launcher(p, tile[0], tile[1], False, self.opts(4, 1, 1))
+        delta = torch.empty_like(L)
+        for launch in (fwd, self.preprocess_launcher(o, p.do, delta)):
+            launch.compile() if compile_only else launch()
+        return o, L, delta
 
     # ---- backward ------------------------------------------------------------------------
     def preprocess_launcher(self, o, do, delta, block_m: int = 64):
         B, H, Sq, D = o.shape
         p = Problem(o, o, o, do, False, 1.0)
         t = self._buffers(p, o=o, L=delta, delta=delta)
-        return self._launch("bwd_preprocess", t, (B, H, H, Sq, Sq), False, 1.0, D, block_m, block_m,
-                            False, {})
+        return self._launch("bwd_preprocess", t, p, (B, H, H, Sq, Sq), block_m, block_m, False, {})
 
     def _bwd_launcher(self, family: str, p: Problem, bufs: dict, block_m, block_n, opts) -> Launch:
         t = self._buffers(p, **bufs)
-        return self._launch(family, t, self._shape(p), p.causal, p.sm_scale, p.q.shape[3], block_m, block_n,
-                            False, opts)
+        return self._launch(family, t, p, self._shape(p), block_m, block_n, False, opts)
+
+    def _db(self, p: Problem, outs: dict) -> dict:
+        """With a bias, the backward kernels that write its gradient get a `db` buffer."""
+        if p.bias is not None:
+            outs["db"] = torch.empty_like(p.bias)
+        return outs
 
     def dkdv_launcher(self, p: Problem, L, delta, block_m, block_n, opts):
-        dk, dv = torch.empty_like(p.k), torch.empty_like(p.v)
-        bufs = dict(L=L, delta=delta, dk=dk, dv=dv)
-        return self._bwd_launcher("bwd_kernel_dk_dv", p, bufs, block_m, block_n, opts), (dk, dv)
+        """Returns (launch, outputs by name: dk, dv)."""
+        outs = {"dk": torch.empty_like(p.k), "dv": torch.empty_like(p.v)}
+        return self._bwd_launcher("bwd_kernel_dk_dv", p, dict(L=L, delta=delta, **outs), block_m, block_n,
+                                  opts), outs
 
     def dq_launcher(self, p: Problem, L, delta, block_m, block_n, opts):
-        dq = torch.empty_like(p.q)
-        bufs = dict(L=L, delta=delta, dq=dq)
-        return self._bwd_launcher("bwd_kernel_dq", p, bufs, block_m, block_n, opts), (dq,)
+        """Returns (launch, outputs by name: dq, and db with a bias)."""
+        outs = self._db(p, {"dq": torch.empty_like(p.q)})
+        return self._bwd_launcher("bwd_kernel_dq", p, dict(L=L, delta=delta, **outs), block_m, block_n,
+                                  opts), outs
 
     def fuse_launcher(self, p: Problem, o, L, block_m, block_n, opts):
-        dq, dk, dv = torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
-        bufs = dict(o=o, L=L, delta=L, dq=dq, dk=dk, dv=dv)
-        return self._bwd_launcher("bwd_kernel_fuse", p, bufs, block_m, block_n, opts), (dk, dv, dq)
+        """Returns (launch, outputs by name: dk, dv, dq, and db with a bias)."""
+        outs = self._db(p, {"dk": torch.empty_like(p.k), "dv": torch.empty_like(p.v),
+                            "dq": torch.empty_like(p.q)})
+        return self._bwd_launcher("bwd_kernel_fuse", p, dict(o=o, L=L, delta=L, **outs), block_m, block_n,
+                                  opts), outs
 
 
 # ---- problems and references ------------------------------------------------------------
@@ -188,46 +239,71 @@ def seed_of(name: str) -> int:
 
 
 def make_problem(dtype: str, batch: int, heads: int, seqlen_q: int, seqlen_k: int, head_dim: int,
-                 causal: bool, seed: int, device="cuda") -> Problem:
-    g = torch.Generator(device=device).manual_seed(seed)
+                 causal: bool, seed: int, device="cuda", dropout_p: float = 0.0,
+                 bias: bool = False) -> Problem:
+    """Normal inputs drawn from `seed`; with dropout a Philox seed and offset drawn from it too,
+    with a bias a normal bias matrix. device "meta": the shapes, strides and dtypes alone (what a
+    kernel is compiled for), no memory."""
+    g = torch.Generator(device=device).manual_seed(seed) if device != "meta" else None
     dt = TORCH_DTYPES[dtype]
 
-    def rnd(s):
-        return torch.randn((batch, heads, s, head_dim), generator=g, device=device, dtype=dt)
+    def rnd(*shape):
+        if g is None:
+            return torch.empty(shape, device=device, dtype=dt)
+        return torch.randn(shape, generator=g, device=device, dtype=dt)
 
-    return Problem(rnd(seqlen_q), rnd(seqlen_k), rnd(seqlen_k), rnd(seqlen_q), causal,
-                   1.0 / math.sqrt(head_dim))
+    p = Problem(rnd(batch, heads, seqlen_q, head_dim), rnd(batch, heads, seqlen_k, head_dim),
+                rnd(batch, heads, seqlen_k, head_dim), rnd(batch, heads, seqlen_q, head_dim), causal,
+                1.0 / math.sqrt(head_dim))
+    if bias:
+        p.bias = rnd(batch, heads, seqlen_q, seqlen_k)
+    if dropout_p > 0.0:
+        philox = seed_of(f"philox {seed}")
+        p.dropout_p = dropout_p
+        p.philox_seed = torch.tensor([philox], device=device, dtype=torch.uint64)
+        p.philox_offset = torch.tensor([philox >> 8], device=device, dtype=torch.uint64)
+        p.philox_offset2 = 0x1000
+    return p
 
 
-def attention_math(q, k, v, causal: bool, sm_scale: float):
-    """Plain attention in the inputs' dtype (top-left causal, as the tree's launcher)."""
+def attention_math(q, k, v, causal: bool, sm_scale: float, bias=None, keep=None, dropout_p: float = 0.0):
+    """Plain attention in the inputs' dtype (top-left causal, as the tree's launcher): the bias
+    added to the scaled scores, the dropout mask `keep` applied to the softmax (kept entries
+    scaled by 1/(1-dropout_p))."""
     s = torch.matmul(q, k.transpose(-2, -1)) * sm_scale
+    if bias is not None:
+        s = s + bias
     if causal:
         sq, sk = q.shape[-2], k.shape[-2]
         mask = torch.ones((sq, sk), dtype=torch.bool, device=q.device).tril()
         s = s.masked_fill(~mask, float("-inf"))
-    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
-    return torch.matmul(p, v)
+    p = torch.softmax(s.float() if s.dtype != torch.float64 else s, dim=-1)
+    if keep is not None:
+        p = p * keep / (1.0 - dropout_p)
+    return torch.matmul(p.to(q.dtype), v)
 
 
-def reference(p: Problem, heads: int, want_grads: bool):
-    """fp64 and same-dtype references on batch 0, heads [0, heads): dict name -> (ref, lp)."""
+def reference(p: Problem, heads: int, want_grads: bool, keep: torch.Tensor | None = None):
+    """fp64 and same-dtype references on batch 0, heads [0, heads): dict name -> (ref, lp).
+    `keep`: the dropout mask of those heads (`TreeKernels.dropout_keep`), needed with dropout;
+    with a bias the gradients include `db`."""
+    if p.dropout_p > 0.0 and keep is None:
+        raise ValueError("a problem with dropout needs the kernels' dropout mask for its reference")
     warnings.filterwarnings("ignore", message="Attempting to run cuBLAS")  # harmless, first use
     sl = (slice(0, 1), slice(0, heads))
-    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     res = {}
     for kind, dt in (("ref", torch.float64), ("lp", p.q.dtype)):
-        q, k, v = (t[sl].detach().to(dt).requires_grad_(want_grads) for t in (p.q, p.k, p.v))
-        o = attention_math(q, k, v, p.causal, p.sm_scale)
-        grads = {}
+        ins = [t[sl].detach().to(dt).requires_grad_(want_grads) for t in (p.q, p.k, p.v)]
+        if p.bias is not None:
+            ins.append(p.bias[sl].detach().to(dt).requires_grad_(want_grads))
+        o = attention_math(*ins[:3], p.causal, p.sm_scale, bias=ins[3] if len(ins) > 3 else None,
+                           keep=keep, dropout_p=p.dropout_p)
+        res[kind] = {"out": o.detach()}
         if want_grads:
-            dq, dk, dv = torch.autograd.grad(o, (q, k, v), p.do[sl].to(dt))
-            grads = {"dq": dq.detach(), "dk": dk.detach(), "dv": dv.detach()}
-        res[kind] = {"out": o.detach(), **grads}
-        del q, k, v, o
-    for name in res["ref"]:
-        out[name] = (res["ref"][name], res["lp"][name])
-    return out
+            grads = torch.autograd.grad(o, ins, p.do[sl].to(dt))
+            res[kind].update(zip(("dq", "dk", "dv", "db"), (g.detach() for g in grads)))
+        del ins, o
+    return {name: (res["ref"][name], res["lp"][name]) for name in res["ref"]}
 
 
 def check(outputs: dict[str, torch.Tensor], refs, heads: int, dtype: str):

@@ -1,15 +1,13 @@
-"""GPU side of `tune`: measure grid entries (one worker per visible GPU), warm Triton's compile
-cache in parallel first. Imports torch/triton lazily (through `.kernels`)."""
+"""GPU side of `tune`: measure grid entries in worker processes (one per GPU, each candidate
+under a deadline: `codegen.gpu.tune.workers`), compile Triton's cache in parallel first. Imports
+torch/triton lazily (through `.kernels`), in the workers."""
 
 from __future__ import annotations
 
 import datetime
 import importlib.util
 import math
-import multiprocessing as mp
 import os
-import queue
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -17,6 +15,7 @@ from typing import Callable, Iterable
 from codegen.models import KernelConfig
 from codegen.gpu.tune.grid import GridEntry, group_effective
 from codegen.gpu.tune.store import Provenance, config_columns, entry_columns
+from codegen.gpu.tune.workers import Job, Lost, SlotStats, Supervisor, short
 
 
 @dataclass(frozen=True)
@@ -27,11 +26,9 @@ class Settings:
     warmup_ms: int = 10
     rep_ms: int = 50
     fwd_for_bwd: tuple[int, int] = (64, 32)  # tile of the fwd run that feeds the bwd kernels
-
-
-def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ").strip()
-    return text[:200]
+    dropout_p: float = 0.5  # of dropout entries (upstream's tuner measures them at 0.5 too)
+    timeout_s: float = 120.0  # one candidate: launch, check, timing (and its compile on a cache miss)
+    setup_timeout_s: float = 600.0  # an entry's inputs and fp64 reference, a worker's start
 
 
 def provenance(target_arch: str) -> Provenance:
@@ -47,41 +44,44 @@ def provenance(target_arch: str) -> Provenance:
                       date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
 
 
+def entry_problem(entry: GridEntry, s: Settings, batch: int, heads: int, seqlens: tuple[int, int],
+                  seed: int, device: str = "cuda"):
+    """The problem of an entry (its dtype, head dim, causal, dropout and bias), sized as asked."""
+    from codegen.gpu.tune.kernels import make_problem  # import-time dependency: torch (~1.2 s), triton, optional
+
+    return make_problem(entry.dtype, batch, heads, seqlens[0], seqlens[1], entry.head_dim, entry.causal,
+                        seed, device=device, dropout_p=s.dropout_p if entry.dropout else 0.0,
+                        bias=entry.bias)
+
+
+def _row(entry: GridEntry, gpu: str, cfg: KernelConfig, rep: str, prov: Provenance, status: str,
+         t_ms, errs: str) -> dict:
+    return {**entry_columns(entry, gpu), **config_columns(cfg), "status": status,
+            "time_ms": t_ms if t_ms is not None else "", "errors": errs,
+            "same_kernel_as": "" if cfg.name == rep else rep, **prov.as_dict()}
+
+
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
-                  prov: Provenance) -> list[dict]:
+                  prov: Provenance, report=None) -> list[dict]:
+    """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
+    `Reporter`) hears of each kernel before it runs and gets its rows after."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
-    from codegen.gpu.tune.kernels import bench, check, make_problem, reference, seed_of
+    from codegen.gpu.tune.kernels import bench, check, reference, seed_of
 
     fam = entry.family
-    p = make_problem(entry.dtype, s.batch, s.heads, entry.seqlen_q, entry.seqlen_k,
-                     entry.head_dim, entry.causal, seed_of(entry.name))
-    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd")
-    o = L = delta = None
-    if fam != "attn_fwd":
-        bm, bn = s.fwd_for_bwd
-        fwd, o, L = tk.fwd_launcher(p, bm, bn, False, tk.opts(4, 1, 1))
-        fwd()
-        delta = torch.empty_like(L)
-        tk.preprocess_launcher(o, p.do, delta)()
+    p = entry_problem(entry, s, s.batch, s.heads, (entry.seqlen_q, entry.seqlen_k), seed_of(entry.name))
+    keep = tk.dropout_keep(p, s.check_heads) if entry.dropout else None
+    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
+    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if fam != "attn_fwd" else (None, None, None)
     rows: list[dict] = []
     for group in group_effective(configs, tk.backend):
         rep = group[0]
+        if report is not None:
+            report.begin([c.name for c in group])
         status, t_ms, errs = "error", None, ""
         try:
-            opts = tk.opts(rep.num_warps, rep.num_stages, rep.waves_per_eu)
-            if fam == "attn_fwd":
-                launch, out, _ = tk.fwd_launcher(p, rep.block_m, rep.block_n, rep.pre_load_v, opts)
-                outs = {"out": out}
-            elif fam == "bwd_kernel_dk_dv":
-                launch, (dk, dv) = tk.dkdv_launcher(p, L, delta, rep.block_m, rep.block_n, opts)
-                outs = {"dk": dk, "dv": dv}
-            elif fam == "bwd_kernel_dq":
-                launch, (dq,) = tk.dq_launcher(p, L, delta, rep.block_m, rep.block_n, opts)
-                outs = {"dq": dq}
-            else:
-                launch, (dk, dv, dq) = tk.fuse_launcher(p, o, L, rep.block_m, rep.block_n, opts)
-                outs = {"dk": dk, "dv": dv, "dq": dq}
+            launch, outs = tk.launcher(fam, p, rep, bwd)
             launch()
             torch.cuda.synchronize()
             ok, errs = check(outs, refs, s.check_heads, entry.dtype)
@@ -94,112 +94,115 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
                 status = "numerics"
             del outs, launch
         except torch.cuda.OutOfMemoryError as exc:
-            status, errs = "oom", _short(exc)
+            status, errs = "oom", short(exc)
         except Exception as exc:  # compile failures, out of resources, launch errors
-            status, errs = "error", _short(exc)
-        for c in group:
-            rows.append({
-                **entry_columns(entry, gpu), **config_columns(c), "status": status,
-                "time_ms": t_ms if t_ms is not None else "", "errors": errs,
-                "same_kernel_as": "" if c is rep else rep.name, **prov.as_dict(),
-            })
-    del p, refs, o, L, delta
+            status, errs = "error", short(exc)
+        group_rows = [_row(entry, gpu, c, rep.name, prov, status, t_ms, errs) for c in group]
+        rows += group_rows
+        if report is not None:
+            report.end(group_rows)
+    del p, refs, keep, bwd
     torch.cuda.empty_cache()
     return rows
 
 
-# ---- parallel compile-cache warm-up ------------------------------------------------------
-_WARM_TK = {}
+def lost_rows(entry: GridEntry, configs: list[KernelConfig], lost: Lost, gpu: str, prov: Provenance) -> list[dict]:
+    """The rows of a candidate whose worker hung (`timeout`) or died (`crash`): never winners."""
+    by_name = {c.name: c for c in configs}
+    return [_row(entry, gpu, by_name[n], lost.names[0], prov, lost.why, None, lost.detail) for n in lost.names]
 
 
-def _warm_one(aotriton_dir: str, family: str, dtype: str, head_dim: int, causal: bool,
-              cfg: KernelConfig, seqlen_q: int, seqlen_k: int, s: Settings) -> tuple[str, str]:
-    """Compile (and run once, small) one kernel so the main process hits Triton's disk cache.
-    The small problem keeps every specialisation of the real one (ints multiple of 16, none 1;
-    bwd_kernel_fuse takes heads and seqlens as constexprs: those are the real ones)."""
+# ---- worker processes: compile-cache warm-up and measuring ------------------------------
+def warm_init(slot, aotriton_dir: str):
+    # import-time dependency: torch (~1.2 s) and triton, optional, in the worker process (.kernels imports both)
+    from codegen.gpu.tune.kernels import TreeKernels
+
+    return TreeKernels(Path(aotriton_dir)), {}
+
+
+def candidate_launch(tk, like: GridEntry, cfg: KernelConfig, s: Settings, device: str = "cuda"):
+    """The launch of candidate `cfg` for entries like `like`, not run: on the meta device (the
+    compile warm-up) it has the real problem's shapes, strides and dtypes, so every
+    specialisation Triton keys its cache by is the real one, and it takes no memory."""
+    import torch  # import-time dependency: torch (~1.2 s), optional, in the worker process (loaded there by .kernels already)
+
+    p = entry_problem(like, s, s.batch, s.heads, (like.seqlen_q, like.seqlen_k), 0, device=device)
+    bwd = (None, None, None)
+    if like.family != "attn_fwd":  # o, L, delta as the entry has them (their layout is what counts)
+        _, o, L = tk.fwd_launcher(p, *s.fwd_for_bwd, False, tk.opts(4, 1, 1))
+        bwd = (o, L, torch.empty_like(L))
+    return tk.launcher(like.family, p, cfg, bwd)[0]
+
+
+def warm_handle(tk, job: tuple, names, report) -> None:
+    """Compile the kernels of one job (nothing runs on the GPU) so the measuring workers find them
+    in Triton's disk cache: a candidate config, or (config None) what an entry runs before its
+    candidates (the forward and bwd_preprocess that feed the backward, the dropout mask)."""
+    like, cfg, s = job
+    report.begin(names)
     try:
-        # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
-        import torch
-        from codegen.gpu.tune.kernels import TreeKernels, make_problem
-
-        tk = _WARM_TK.get(aotriton_dir) or _WARM_TK.setdefault(aotriton_dir, TreeKernels(Path(aotriton_dir)))
-        if family == "bwd_kernel_fuse":
-            p = make_problem(dtype, 1, s.heads, seqlen_q, seqlen_k, head_dim, causal, 0)
+        if cfg is not None:
+            candidate_launch(tk, like, cfg, s, "meta").compile()
         else:
-            p = make_problem(dtype, 2, 2, 128, 128, head_dim, causal, 0)
-        opts = tk.opts(cfg.num_warps, cfg.num_stages, cfg.waves_per_eu)
-        if family == "attn_fwd":
-            tk.fwd_launcher(p, cfg.block_m, cfg.block_n, cfg.pre_load_v, opts)[0]()
-        else:
-            bm, bn = s.fwd_for_bwd
-            fwd, o, L = tk.fwd_launcher(p, bm, bn, False, tk.opts(4, 1, 1))
-            fwd()
-            delta = torch.empty_like(L)
-            tk.preprocess_launcher(o, p.do, delta)()
-            if family == "bwd_kernel_dk_dv":
-                tk.dkdv_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)[0]()
-            elif family == "bwd_kernel_dq":
-                tk.dq_launcher(p, L, delta, cfg.block_m, cfg.block_n, opts)[0]()
-            else:
-                tk.fuse_launcher(p, o, L, cfg.block_m, cfg.block_n, opts)[0]()
-        torch.cuda.synchronize()
-        return cfg.name, ""
-    except Exception as exc:  # the main run reports it per entry
-        return cfg.name, _short(exc)
+            p = entry_problem(like, s, s.batch, s.heads, (like.seqlen_q, like.seqlen_k), 0, device="meta")
+            if like.family != "attn_fwd":
+                tk.bwd_inputs(p, s.fwd_for_bwd, compile_only=True)
+            if like.dropout:
+                tk.dropout_keep(p, s.check_heads, compile_only=True)
+        err = ""
+    except Exception as exc:  # the measuring run reports it per entry
+        err = short(exc)
+    report.end((cfg.name if cfg is not None else f"{like.name} (inputs)", err))
 
 
 def warm_jobs(entries: Iterable[GridEntry], configs_for: Callable, backend: str) -> list[tuple]:
-    """Distinct (family, dtype, hd, causal, representative config, sq, sk) the entries will
-    compile; seqlens matter only for bwd_kernel_fuse (constexprs there), else 128."""
-    jobs = set()
+    """Distinct (entry standing for its kernels, representative config or None for the kernels
+    that make its inputs) the entries will compile. Seqlens are constexprs of bwd_kernel_fuse
+    only; elsewhere the first entry's stand for all (Triton keys the others by divisibility)."""
+    jobs: dict = {}
     for e in entries:
-        sq, sk = (e.seqlen_q, e.seqlen_k) if e.family == "bwd_kernel_fuse" else (128, 128)
+        kind = (e.family, e.dtype, e.head_dim, e.causal, e.dropout, e.bias)
+        kind += (e.seqlen_q, e.seqlen_k) if e.family == "bwd_kernel_fuse" else ()
+        if e.family != "attn_fwd" or e.dropout:
+            jobs.setdefault((kind, ""), (e, None))
         for group in group_effective(configs_for(e), backend):
-            jobs.add((e.family, e.dtype, e.head_dim, e.causal, group[0], sq, sk))
-    return sorted(jobs, key=lambda j: (j[0], j[1], j[2], j[3], j[4].name, j[5], j[6]))
+            jobs.setdefault((kind, group[0].name), (e, group[0]))
+    return [jobs[k] for k in sorted(jobs)]
 
 
 def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: int,
                  on_done: Callable[[str, str], None]) -> None:
+    """Compile `jobs` in `workers` processes, each compile under the candidate deadline."""
     if not jobs or workers < 1:
         return
-    ctx = mp.get_context("spawn")
-    ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-    try:
-        futs = [ex.submit(_warm_one, str(aotriton_dir), *job, s) for job in jobs]
-        for f in as_completed(futs):
-            try:
-                name, err = f.result()
-            except Exception as exc:  # a worker died
-                name, err = "?", _short(exc)
-            on_done(name, err)
-    except BaseException:  # interrupted: do not wait for the queued compiles
-        ex.shutdown(wait=False, cancel_futures=True)
-        raise
-    ex.shutdown(wait=True)
+
+    def done(job, results, err, _stats):
+        for name, e in results or [(job.key, err)]:
+            on_done(name, e or err)
+
+    sup = Supervisor(list(range(min(workers, len(jobs)))), warm_init, warm_handle, (str(aotriton_dir),),
+                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
+    named = ((like, cfg, cfg.name if cfg is not None else f"{like.name} (inputs)") for like, cfg in jobs)
+    sup.run((Job(name, (like, cfg, s), (name,)) for like, cfg, name in named), done,
+            lambda job, lost, info: [(lost.names[0], f"{lost.why}: {lost.detail}")])
 
 
-# ---- measuring: in-process (one GPU) or one worker process per GPU -----------------------
-def _gpu_worker(device_index: int, aotriton_dir: str, target_arch: str, gpu: str, s: Settings,
-                tasks, results) -> None:
+def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
+    """A measuring worker's state on its GPU: the tree's kernels and the provenance of its rows."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import TreeKernels
 
     torch.cuda.set_device(device_index)
-    tk = TreeKernels(Path(aotriton_dir))
     prov = provenance(target_arch)
-    while True:
-        task = tasks.get()
-        if task is None:
-            break
-        entry, configs = task
-        try:
-            rows = measure_entry(tk, entry, configs, s, gpu, prov)
-            results.put((entry, rows, ""))
-        except Exception as exc:
-            results.put((entry, [], _short(exc)))
-    results.put(None)
+    return (TreeKernels(Path(aotriton_dir)), prov), {"prov": prov, "device": prov.device}
+
+
+def measure_handle(state, job: tuple, names, report) -> None:
+    tk, prov = state
+    entry, configs, gpu, s = job
+    todo = set(names)
+    measure_entry(tk, entry, [c for c in configs if c.name in todo], s, gpu, prov, report)
 
 
 def missing_gpu_stack() -> list[str]:
@@ -219,81 +222,29 @@ def visible_gpus() -> int:
 
 
 def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
-                work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, n_gpus: int,
-                on_result: Callable[[GridEntry, list[dict], str], None],
-                worker: Callable = None) -> None:
-    """Measure each (entry, configs) of `work` (consumed lazily: a budget check inside the
-    iterator stops handing out work); call on_result(entry, rows, error) as each finishes, in
-    the calling process, so results are flushed one entry at a time."""
-    if n_gpus <= 1:
-        _run_in_process(aotriton_dir, target_arch, gpu, work, s, on_result)
-    else:
-        _run_on_gpus(aotriton_dir, target_arch, gpu, work, s, n_gpus, on_result, worker or _gpu_worker)
+                work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, devices: list[int],
+                on_result: Callable[[GridEntry, list[dict], str, object], None],
+                init: Callable = measure_init, handle: Callable = measure_handle) -> list[SlotStats]:
+    """Measure each (entry, configs) of `work` on one worker per device of `devices` (the same
+    index twice: two workers share that GPU). `work` is consumed lazily, one entry per idle
+    worker (a budget check inside the iterator stops handing out work; hand it out longest
+    first and every entry goes to the device that frees first). on_result(entry, rows, error,
+    device) runs in this process as each entry finishes, so results are flushed one at a time.
+    A candidate that hangs or kills its worker gets a `timeout`/`crash` row; the worker is
+    replaced and the entry goes on. Returns what each device did."""
 
+    def done(job, results, err, stats):
+        entry = job.payload[0]
+        on_result(entry, [r for step in results for r in step], err, stats.slot)
 
-def _run_in_process(aotriton_dir: Path, target_arch: str, gpu: str,
-                    work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings,
-                    on_result: Callable[[GridEntry, list[dict], str], None]) -> None:
-    from codegen.gpu.tune.kernels import TreeKernels  # import-time dependency: torch (~1.2 s), triton, optional
+    def lost(job, lost_step, info):
+        entry, configs, gpu_, _ = job.payload
+        return [lost_rows(entry, configs, lost_step, gpu_, info["prov"])]
 
-    tk = TreeKernels(aotriton_dir)
-    prov = provenance(target_arch)
-    for entry, configs in work:
-        try:
-            rows, err = measure_entry(tk, entry, configs, s, gpu, prov), ""
-        except Exception as exc:
-            rows, err = [], _short(exc)
-        on_result(entry, rows, err)
-
-
-def _run_on_gpus(aotriton_dir: Path, target_arch: str, gpu: str,
-                 work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, n_gpus: int,
-                 on_result: Callable[[GridEntry, list[dict], str], None], worker: Callable) -> None:
-    """One spawned worker process per GPU, one task in flight each; results come back here."""
-    ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    items = iter(work)
-    pending = 0
-
-    def feed() -> bool:
-        nonlocal pending
-        item = next(items, None)
-        if item is None:
-            return False
-        tasks.put(item)
-        pending += 1
-        return True
-
-    for _ in range(n_gpus):  # one task in flight per GPU
-        if not feed():
-            break
-    procs = [ctx.Process(target=worker, daemon=True,
-                         args=(i, str(aotriton_dir), target_arch, gpu, s, tasks, results))
-             for i in range(n_gpus)]
-    for pr in procs:
-        pr.start()
-    exhausted = False
-    try:
-        while pending:
-            try:
-                msg = results.get(timeout=5)
-            except queue.Empty:
-                if not all(pr.is_alive() for pr in procs):  # a worker died: its entry is lost
-                    break  # (not recorded, so --resume measures it again)
-                continue
-            if msg is None:  # a worker exited
-                continue
-            pending -= 1
-            on_result(*msg)
-            if not exhausted and not feed():
-                exhausted = True
-        for _ in procs:
-            tasks.put(None)
-    finally:
-        for pr in procs:
-            pr.join(timeout=10)
-            if pr.is_alive():
-                pr.terminate()
+    sup = Supervisor(list(devices), init, handle, (str(aotriton_dir), target_arch),
+                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
+    jobs = (Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs)) for e, configs in work)
+    return sup.run(jobs, done, lost)
 
 
 def default_compile_workers() -> int:
