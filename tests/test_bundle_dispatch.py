@@ -17,6 +17,8 @@ import pytest
 
 from codegen.formats.elf import AMDGPU_MACH
 from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
+from codegen.formats.bundle_zip import manifest_of
+from codegen.models.bundle import BundleManifest, ClaimRecord
 from codegen.ship.check import CheckReport, check_forced
 from codegen.ship.dispatch import HIP_SUCCESS, dispatch_cases, run_dispatch
 from codegen.ship.stub import build_stub
@@ -104,8 +106,22 @@ def _functional(head: int, padded: bool) -> dict:
 
 
 HELD, LEFT_OUT = _functional(64, False), _functional(64, True)   # head dims 64 and 56
-MANIFEST = {"arch": "gfx908", "hip_major": 6, "library": {"file": LIB},
-            "built_with": {"reach": {"held": HELD, "left_out": [{"functional": LEFT_OUT}]}}}
+
+
+def _manifest(held: dict | None) -> BundleManifest:
+    """The manifest check_forced reads, through the model every reader uses: the library and what
+    the build left out (one package, LEFT_OUT) and kept (`held`)."""
+    reach = {"mode": "dispatched", "proven_by": None, "reason": None, "fused_kernels": 2, "kernels_left_out": 1,
+             "packages_left_out": 1, "held": held,
+             "left_out": [{"image": "amd-gfx908/flash/bwd_kernel_fuse/x.aks2", "member": None, "kernels": 1,
+                           "functional": LEFT_OUT}]}
+    return manifest_of({"format": 1, "label": "stand-in", "release": "0.11b", "arch": "gfx908", "hip_major": 6,
+                        "spec": {"sha256": "0" * 64}, "library": {"file": LIB},
+                        "files": {LIB: {"sha256": "0" * 64, "size": 0}}, "built_with": {"reach": reach}},
+                       where="stand-in manifest")
+
+
+MANIFEST = _manifest(HELD)
 
 
 @pytest.fixture(scope="module")
@@ -135,14 +151,16 @@ def bundle_root(tmp_path_factory, pristine_tree) -> tuple[Path, Path]:
     return root, cache
 
 
-def _forced(bundle_root, monkeypatch, mode: str = "", fused_heads: str = "64", manifest: dict = MANIFEST):
+def _forced(bundle_root, monkeypatch, mode: str = "", fused_heads: str = "64", manifest: BundleManifest = MANIFEST):
     root, cache = bundle_root
     monkeypatch.setenv("MI100_FAKE_IMAGES", str(root / "co"))
     monkeypatch.setenv("MI100_FAKE_MODE", mode)
     monkeypatch.setenv("MI100_FAKE_FUSED", fused_heads)
     rep = CheckReport("stand-in", manifest)
     check_forced(rep, root, manifest, 6, cache, lambda s: None)
-    return rep.forced, rep.as_json()["forced_fused"]
+    js = rep.as_json()["forced_fused"]
+    ClaimRecord.model_validate(js)   # what bundle build records in the manifest: the model takes it
+    return rep.forced, js
 
 
 def test_the_driver_runs_every_case_through_the_library(bundle_root, monkeypatch):
@@ -204,6 +222,6 @@ def test_forcing_the_fused_backend_fails_on_what_happened(bundle_root, monkeypat
 
 
 def test_every_fused_package_left_out_has_no_held_half(bundle_root, monkeypatch):
-    manifest = {**MANIFEST, "built_with": {"reach": {"held": None, "left_out": [{"functional": LEFT_OUT}]}}}
+    manifest = _manifest(None)
     claim, js = _forced(bundle_root, monkeypatch, fused_heads="", manifest=manifest)
     assert claim.ok and js["observed"]["held"] is None and js["observed"]["left_out"]["backward"] == 400, js

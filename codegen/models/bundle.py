@@ -126,13 +126,36 @@ class CompileReportSummary(Record):
     kernels: Count
 
 
+class ForcedCase(Record):
+    """One forced backward as the driver ran it (codegen.ship.check.check_forced): the functional,
+    its case, the HIP code the backward returned (None: never reported), its launches, the fused
+    kernels among them, the stub runtime's violations."""
+
+    functional: dict[Name, Text]
+    case: Text
+    backward: Signed | None
+    launches: Count
+    fused_launches: Count
+    violations: list[Text]
+
+
+class ForcedObservation(Record):
+    """What the forced-backend probe observed: the driver's exit, the held and the left-out half."""
+
+    driver_exit: Signed
+    held: ForcedCase | None
+    left_out: ForcedCase
+
+
 class ClaimRecord(Record):
-    """One check's result and where it ran (codegen.ship.check.Claim.as_json)."""
+    """One check's result and where it ran (codegen.ship.check.Claim.as_json); `observed`: the
+    facts the verdict was made from, where a check records them (the forced-backend probe)."""
 
     claim: Text
     ok: StrictBool
     detail: Annotated[str, Field(max_length=1 << 16)]
     verified: Text
+    observed: ForcedObservation | None = None
 
 
 class DispatchSummary(Record):
