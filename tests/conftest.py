@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, UnsupportedTree
+from codegen.upstream import SUPPORTED_RELEASES, by_release, detect, trees, UnsupportedTree
 from codegen.ship.sysroot import Sysroot, find_sysroot
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,6 @@ if not os.environ.get("MI100_CODEGEN_HOME"):
     import tempfile
 
     os.environ["MI100_CODEGEN_HOME"] = tempfile.mkdtemp(prefix="mi100-codegen-home-")
-ARCHIVE_REL = Path("shared", "upstream", "aotriton-releases.tar.xz")
 SUPPORTED_TAGS: tuple[str, ...] = SUPPORTED_RELEASES
 NO_TREE = (
     "needs a real AOTriton tree: set AOTRITON_GIT to a git dir of ROCm/aotriton "
@@ -60,32 +59,12 @@ def cached_sysroot(major: int) -> Sysroot | None:
 
 def release_archive() -> Path | None:
     """The shared archive of release trees: AOTRITON_ARCHIVE, else shared/upstream/ in the nearest
-    ancestor of the checkout (../shared/upstream/ for a plain checkout)."""
-    env = os.environ.get("AOTRITON_ARCHIVE")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    for parent in REPO.parents:
-        if (parent / ARCHIVE_REL).is_file():
-            return parent / ARCHIVE_REL
-    return None
+    ancestor of the checkout (../shared/upstream/ for a plain checkout): the rule `bundle verify`
+    uses (codegen.upstream.trees)."""
+    return trees.release_archive([REPO])
 
 
-def _archive_entries(archive: Path) -> dict[str, tuple[Path, str]]:
-    """tag -> (archive file, top folder), from the `TAGS` file beside the archive (`tag commit
-    date` per line; a snapshot of main is `main(<name>) commit date`, in its own archive)."""
-    tags_file = archive.parent / "TAGS"
-    if not tags_file.is_file():
-        return {}
-    out = {}
-    for line in tags_file.read_text().splitlines():
-        if not line.strip():
-            continue
-        tag, _commit, date = line.split()[:3]
-        if tag.startswith("main(") and tag.endswith(")"):
-            out[tag[5:-1]] = (archive.parent / f"aotriton-main-{date.replace('-', '')}.tar.xz", "aotriton-main")
-        else:
-            out[tag] = (archive, f"aotriton-{tag}")
-    return out
+_archive_entries = trees.archive_entries   # tag -> (archive file, top folder), from the TAGS file
 
 
 def archive_tags(archive: Path | None = None) -> tuple[str, ...]:

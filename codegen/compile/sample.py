@@ -3,7 +3,8 @@
 Strata are (family, head dim, dtype). The sample first takes one kernel from enough strata to
 cover every family, head dim and dtype present, then fills all strata level by level (each stratum's k-th kernel before any (k+1)-th); inside a
 stratum the configs take turns, each config's kernels in sha256 order of their image names. The
-same list and size always give the same sample."""
+same list, size and seed always give the same sample; another seed orders each stratum's configs
+and kernels by other hashes (seed 0: the order precompile has always used)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from collections import defaultdict, deque
 from codegen.plan.kernel_list import KernelEntry, sort_key
 
 
-def _h(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
+def _h(text: str, seed: int = 0) -> str:
+    return hashlib.sha256((f"{seed}:{text}" if seed else text).encode()).hexdigest()
 
 
-def _stratum_queue(entries: list[KernelEntry]) -> deque:
+def _stratum_queue(entries: list[KernelEntry], seed: int) -> deque:
     by_config: dict[str, list[KernelEntry]] = defaultdict(list)
     for e in entries:
         by_config[e.config.name].append(e)
-    queues = [deque(sorted(v, key=lambda e: _h(e.id))) for _, v in sorted(by_config.items(), key=lambda kv: _h(kv[0]))]
+    queues = [deque(sorted(v, key=lambda e: _h(e.id, seed)))
+              for _, v in sorted(by_config.items(), key=lambda kv: _h(kv[0], seed))]
     out: deque = deque()
     while any(queues):
         for q in queues:
@@ -30,14 +32,14 @@ def _stratum_queue(entries: list[KernelEntry]) -> deque:
     return out
 
 
-def stratified_sample(entries: list[KernelEntry], n: int) -> list[KernelEntry]:
+def stratified_sample(entries: list[KernelEntry], n: int, seed: int = 0) -> list[KernelEntry]:
     if n <= 0 or n >= len(entries):
         return sorted(entries, key=sort_key)
     strata: dict[tuple, list[KernelEntry]] = defaultdict(list)
     for e in entries:
         strata[(e.config.family, e.config.head_dim or 0, e.config.dtype)].append(e)
     keys = sorted(strata)
-    queues = {k: _stratum_queue(strata[k]) for k in keys}
+    queues = {k: _stratum_queue(strata[k], seed) for k in keys}
     picked: list[KernelEntry] = []
 
     # coverage pass: every family, head dim and dtype at least once

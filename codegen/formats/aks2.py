@@ -20,6 +20,10 @@ Image zips (0.13b+, `<arch pack>/<family>/<kernel>.zip` below the images folder)
 each member one .aks2 cluster named by its functional. `read_zip_clusters` reads the directories
 of some members, `read_zip_images` every member's images, `zip_without` rewrites a zip without one
 member. Every failure to read either format is one ImageError naming the file (and member).
+
+A whole images folder: `packed_kernels` lists every kernel packed below it by the reference its
+dispatch table would give it (`KernelRef`, `ZipRef`), `package_images` reads one package's code
+objects by reference.
 """
 
 from __future__ import annotations
@@ -66,6 +70,16 @@ class KernelRef:
     @property
     def kernel(self) -> str:
         return self.package.split("/")[2] if self.package.count("/") >= 2 else self.package
+
+    @property
+    def file(self) -> str:
+        """The package file below aotriton.images/."""
+        return f"{self.package}.aks2"
+
+    @property
+    def name(self) -> str:
+        """The kernel's name in its package."""
+        return self.stem
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,16 @@ class ZipRef:
     @property
     def kernel(self) -> str:
         return self.zip.rsplit("/", 1)[-1].removesuffix(".zip")
+
+    @property
+    def file(self) -> str:
+        """The image zip below aotriton.images/."""
+        return self.zip
+
+    @property
+    def name(self) -> str:
+        """The kernel's name in its member."""
+        return self.entry
 
 
 def parse_zip_table(path: Path) -> list[ZipRef]:
@@ -289,6 +313,34 @@ def read_aks2_images(path: Path, data: bytes | None = None) -> dict[str, bytes]:
     return {e.name: blob[dir_size + off:dir_size + off + e.image_size] for e, off in _entries(blob[:dir_size], count, path)}
 
 
+def packed_kernels(images: Path) -> dict[KernelRef | ZipRef, PackedEntry]:
+    """Every kernel packed below an images folder (an install's or an unpacked bundle's
+    aotriton.images/), by the reference a dispatch table would give it: the `.aks2` packages'
+    directories and the image zips' clusters' directories (only directories are decompressed)."""
+    out: dict[KernelRef | ZipRef, PackedEntry] = {}
+    for path in sorted(p for p in Path(images).rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(images).as_posix()
+        if rel.endswith(".aks2"):
+            out.update((KernelRef(rel.removesuffix(".aks2"), e.name), e) for e in read_aks2_directory(path))
+        elif rel.endswith(".zip"):
+            with _open_zip(path) as z:
+                members = set(z.namelist())
+            for member, entries in read_zip_clusters(path, members).items():
+                out.update((ZipRef(rel, member, name), e) for name, e in entries.items())
+    return out
+
+
+def package_images(images: Path, file: str) -> dict[KernelRef | ZipRef, bytes]:
+    """Every code object of one package below an images folder (`file`: a reference's `.file`, an
+    `.aks2` package or an image zip), by reference."""
+    path = Path(images) / file
+    if file.endswith(".zip"):
+        return {ZipRef(file, member, name): image
+                for member, found in read_zip_images(path).items() for name, image in found.items()}
+    return {KernelRef(file.removesuffix(".aks2"), name): image for name, image in read_aks2_images(path).items()}
+
+
 __all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef", "blake2b_64",
-           "dispatch_tables", "parse_dispatch_table", "parse_zip_table", "read_aks2_directory", "read_aks2_images",
-           "read_zip_clusters", "read_zip_images", "referenced_kernels", "referenced_zip_kernels", "zip_without"]
+           "dispatch_tables", "package_images", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
+           "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
+           "referenced_zip_kernels", "zip_without"]

@@ -9,7 +9,11 @@ their line formats, and the whole-file rewrites that leave kernels and image pac
 - the zip list (`Bare.flatzip`, 0.13b+): one line per image zip, `arch;family;kernel` then the
   `.aks2` clusters (below `aks2/`) that become its members;
 - each zip's member list (`<images>/<arch>/<family>/<kernel>.nsv`): per line the `.aks2` path
-  and the member name, each ended by a NUL.
+  and the member name, each ended by a NUL; each cluster's entry list (0.13b+, beside the cluster:
+  `aks2/.../<package>.nsv`) the same for the `.hsaco` files and their names in the cluster.
+
+`image_refs` says where the runtime finds each listed kernel in the installed images (the package,
+the zip member, the name), as `codegen.formats.aks2` spells a dispatch table's reference.
 
 Paths in the lists are absolute; `rel` makes them relative to the build folder they lie in.
 Rewrites keep every other line byte for byte; they return bytes and write nothing.
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.errors import UpstreamError
+from codegen.formats.aks2 import KernelRef, ZipRef
 from codegen.upstream.releases import IMAGES_DIR
 
 COMPILE_LIST = "Bare.compile"
@@ -208,7 +213,42 @@ def zips_without(v3src: Path, clusters: set[str]) -> ZipRewrite:
     return ZipRewrite(files, stale, dropped)
 
 
+def _nul_pairs(path: Path, base: str) -> dict[str, str]:
+    """A NUL-separated list (a member or entry list): first field relative to `base` -> second."""
+    out = {}
+    for line in read_lines(path) if path.is_file() else []:
+        first, _, second = line.partition("\0")
+        out[rel(first, base)] = second.rstrip("\0")
+    return out
+
+
+def image_refs(v3src: Path) -> dict[str, KernelRef | ZipRef]:
+    """Where each kernel of the cluster list lies in the installed images, by its `.hsaco` relative
+    to v3src: up to 0.12.1b in the `.aks2` package of its cluster under its file name's stem; from
+    0.13b in the image zip whose zip list names its cluster, as the member the zip's member list
+    names, under the name the cluster's entry list gives it. A kernel whose cluster no zip holds,
+    or that its entry list does not name, has none."""
+    base = str(v3src)
+    clusters = read_clusters(v3src)
+    if not (Path(v3src) / FLATZIP_LIST).is_file():
+        return {h: KernelRef(c.aks2.removesuffix(".aks2"), os.path.basename(h).removesuffix(IMAGE_SUFFIX))
+                for c in clusters for h in c.images}
+    where: dict[str, tuple[str, str]] = {}   # cluster relative to v3src -> (image zip, member)
+    for line in read_lines(Path(v3src) / FLATZIP_LIST):
+        f = line.split(";")
+        zip_rel = f"{f[0]}/{f[1]}/{f[2]}.zip"
+        for cluster, member in _nul_pairs(Path(v3src) / member_list(*f[:3]), base).items():
+            where[cluster] = (zip_rel, member)
+    out: dict[str, KernelRef | ZipRef] = {}
+    for c in clusters:
+        if c.cluster_file not in where:
+            continue
+        names = _nul_pairs(Path(v3src) / (c.cluster_file.removesuffix(".aks2") + ".nsv"), base)
+        out.update((h, ZipRef(*where[c.cluster_file], names[h])) for h in c.images if h in names)
+    return out
+
+
 __all__ = ["AKS2_DIR", "CLUSTER_LIST", "COMPILE_LIST", "FLATZIP_LIST", "Cluster", "CompileLine", "ZipRewrite",
-           "clusters_without", "compile_list_without", "count_compiled", "image_names", "images_of",
+           "clusters_without", "compile_list_without", "count_compiled", "image_names", "image_refs", "images_of",
            "member_list", "parse_compile_line", "read_clusters", "read_compile_list", "read_lines", "rel",
            "zips_without"]

@@ -11,8 +11,8 @@ section headers (stripped with sstrip) the dynamic segment still gives the tags 
 AMDGPU code objects (`read_code_object`): the target from `e_flags` (the EF_AMDGPU_MACH value and
 the xnack/sramecc feature bits of code object v4+), the kernel symbols, and the metadata note
 (NT_AMDGPU_METADATA, msgpack: `amdhsa.target`, `amdhsa.kernels[]` with `.kernarg_segment_size`,
-`.max_flat_workgroup_size`, `.wavefront_size`, ...), the sha256 of what a GPU loads of it
-(`loaded_digest`), and how far it reaches from its first byte (`elf_extent`).
+`.max_flat_workgroup_size`, `.wavefront_size`, ...), what a GPU loads of it (`loaded_sections`)
+and its sha256 (`loaded_digest`), and how far it reaches from its first byte (`elf_extent`).
 
 Every file that is not ELF is one ElfError "not an ELF file"; every one pyelftools cannot read
 is one ElfError "truncated or corrupt ELF file (<why>)".
@@ -359,17 +359,38 @@ def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
                       kernels=kernels, symbols=frozenset(symbols))
 
 
-def loaded_digest(image: bytes, what: str = "code object") -> str:
-    """sha256 over the sections of a code object the GPU loads (SHF_ALLOC: `.text`, `.rodata`, the
-    `.note` with the kernel metadata, `.dynsym`, …), not over the DWARF and symbol tables, which
-    name the folders the kernel and Triton were compiled from: equal for the same kernel compiled
-    from two trees."""
+def loaded_sections(image: bytes, what: str = "code object") -> dict[str, bytes]:
+    """What a GPU loader uses of a code object, by name: `header` (the OS ABI and its version,
+    e_machine and e_flags: the target and its features), then every section it maps (SHF_ALLOC: `.text`,
+    `.rodata`, `.dynsym`, `.dynamic`, …) as its bytes, a note section as its AMDGPU notes only
+    (the metadata note the runtime reads; it ignores other owners' notes) and a NOBITS one as its
+    size. Not the DWARF and symbol tables, which name the folders the kernel and Triton were
+    compiled from: equal for the same kernel compiled from two trees."""
     elf = _open(image, what)
-    h = hashlib.sha256()
+    out: dict[str, bytes] = {}
     with _reading(what):
+        # EI_OSABI, EI_ABIVERSION (the code object version), e_machine (as the file spells them), e_flags
+        out["header"] = bytes(image[7:9]) + bytes(image[0x12:0x14]) + int(elf.header.e_flags).to_bytes(4, "little")
         for sec in elf.iter_sections():
-            if sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
-                h.update(sec.name.encode() + b"\0" + len(sec.data()).to_bytes(8, "little") + sec.data())
+            if not sec["sh_flags"] & SH_FLAGS.SHF_ALLOC:
+                continue
+            if sec["sh_type"] == "SHT_NOBITS":
+                data = int(sec["sh_size"]).to_bytes(8, "little")
+            elif sec["sh_type"] == "SHT_NOTE":
+                data = b"".join(str(n["n_type"]).encode() + b"\0" + bytes(n["n_descdata"])
+                                for n in sec.iter_notes() if n["n_name"] == "AMDGPU")
+            else:
+                data = sec.data()
+            name = sec.name if sec.name not in out else f"{sec.name}#{len(out)}"
+            out[name] = data
+    return out
+
+
+def loaded_digest(image: bytes, what: str = "code object") -> str:
+    """sha256 over `loaded_sections`: the same for the same kernel compiled from two trees."""
+    h = hashlib.sha256()
+    for name, data in loaded_sections(image, what).items():
+        h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
     return h.hexdigest()
 
 
@@ -395,4 +416,5 @@ def elf_extent(image: bytes) -> int:
 
 
 __all__ = ["AMDGPU_MACH", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
+           "loaded_sections",
            "parse_dynamic", "read_code_object", "read_dynamic", "text_size", "version_key"]

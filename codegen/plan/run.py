@@ -37,6 +37,7 @@ class PlanOptions:
     as_json: bool = False
     configs: int = 40       # rows of the per-config table; -1: all
     kernels: str = "all"    # 'dispatched': only what build --kernels dispatched compiles (codegen.imagebuild.reach)
+    build_dir: Path | None = None  # keep the generator's output (its v3src) in this new folder; None: thrown away
 
 
 @dataclass(frozen=True)
@@ -95,27 +96,30 @@ def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | N
     # as `mi100-codegen build` configures it: fp32 kernels only when the spec lists fp32
     fp32 = {ENABLE_FP32_ENV: "1" if "fp32" in spec.dtypes else "0"}
     if opts.kernels == "dispatched" and not opts.tuning:
-        entries = _dispatched(opts.tree, spec, python, fp32, timing, console)
+        entries = _dispatched(opts.tree, spec, python, fp32, timing, console, opts.build_dir)
     else:
         entries = generate_kernel_list(opts.tree, list(spec.gpus), python, arch=spec.arch, tuning=opts.tuning,
-                                       env=fp32, timing=timing)
+                                       env=fp32, timing=timing, keep_build_dir=opts.build_dir)
     return PlanRun(loaded, entries, summarize(entries, list(spec.gpus), info.release,
                                               "tuning" if opts.tuning else "normal"), info.adapter, python)
 
 
-def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None = None):
+def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None = None,
+                        keep: Path | None = None):
     """(every kernel the generator lists, those `build --kernels dispatched` compiles, the
-    codegen.plan.reach record): the tables it wrote prove what no dispatch table selects."""
+    codegen.plan.reach record): the tables it wrote prove what no dispatch table selects. `keep`:
+    the generator's output stays in that new folder (else a throwaway one)."""
     with tempfile.TemporaryDirectory(prefix="mi100-codegen-plan-") as tmp:
-        v3src = Path(tmp) / "build" / "v3src"
+        v3src = keep or Path(tmp) / "build" / "v3src"
         entries = generate_kernel_list(tree, list(spec.gpus), python, arch=spec.arch, env=env, timing=timing,
                                        keep_build_dir=v3src)
         kept, reach = dispatched_entries(entries, v3src, tree)
     return entries, kept, reach
 
 
-def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None) -> list:
-    entries, kept, reach = generate_dispatched(tree, spec, python, env, timing)
+def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None,
+                keep: Path | None) -> list:
+    entries, kept, reach = generate_dispatched(tree, spec, python, env, timing, keep)
     if console is not None:
         console.print(f"--kernels dispatched: {len(entries) - len(kept)} of {len(entries)} kernels left out "
                       f"({reach.reason or 'the backward op table never selects them'})", markup=False)
