@@ -16,6 +16,7 @@ releases is not repeated here: `SUPPORTED_TAGS` is the record table
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,6 +40,18 @@ NO_TREE = (
     "needs a real AOTriton tree: set AOTRITON_GIT to a git dir of ROCm/aotriton "
     "(or AOTRITON_SRC to an extracted release tree), or provide ../shared/upstream/aotriton-releases.tar.xz"
 )
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    """Skips the test unless torch sees a GPU (ROCm or CUDA): the GPU-marked tests ask for it, and
+    in CI they skip with the reason. torch is imported only when one of them runs."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch and a GPU visible to it")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU visible to torch")
 
 
 # The HIP majors whose private sysroot must be in the user cache (comma-separated): CI fetches the

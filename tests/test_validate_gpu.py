@@ -14,19 +14,8 @@ from codegen.cli import app
 runner = CliRunner()
 
 
-def _gpu() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
-needs_gpu = pytest.mark.skipif(not _gpu(), reason="needs a GPU visible to torch")
-
-
 @pytest.mark.gpu
-@needs_gpu
+@pytest.mark.usefixtures("gpu")
 def test_validate_sdpa_on_this_gpu(tmp_path):
     r = runner.invoke(app, ["validate", "--no-perf", "--json", str(tmp_path / "r.json"), "--md", str(tmp_path / "r.md")])
     report = json.loads((tmp_path / "r.json").read_text())
@@ -45,7 +34,7 @@ def test_validate_sdpa_on_this_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.triton
 @pytest.mark.aotriton
-@needs_gpu
+@pytest.mark.usefixtures("gpu")
 def test_validate_tree_kernels_on_this_gpu(pristine_tree, tmp_path):
     if importlib.util.find_spec("triton") is None:
         pytest.skip("needs triton")

@@ -171,16 +171,26 @@ def aotriton_proof(arch: str) -> dict:
     return out
 
 
-def profile_kernels(fn) -> list[str]:
-    """Names of the GPU kernels `fn` launches, as torch's profiler sees them."""
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+def profile_run(fn) -> tuple[list[str], list[str]]:
+    """Names of the GPU kernels `fn` launches and of the ATen ops it calls, as torch's profiler
+    sees them (on a machine without a GPU: the ops alone)."""
+    on_gpu = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
         fn()
-        torch.cuda.synchronize()
-    names = set()
+        if on_gpu:
+            torch.cuda.synchronize()
+    kernels, ops = set(), set()
     for e in prof.events():
         if getattr(e, "device_type", None) == DeviceType.CUDA:
-            names.add(e.name)
-    return sorted(names)
+            kernels.add(e.name)
+        elif e.name.startswith("aten::"):
+            ops.add(e.name)
+    return sorted(kernels), sorted(ops)
+
+
+def profile_kernels(fn) -> list[str]:
+    """Names of the GPU kernels `fn` launches, as torch's profiler sees them."""
+    return profile_run(fn)[0]
 
 
 def time_ms(fn, reps: int = 10) -> float:

@@ -53,6 +53,14 @@ EXPECTED_KERNELS = {
     ("cuda", "efficient", "bwd"): r"fmha_cutlassB|efficient_attention|mem_eff",
 }
 ARCH_WARNING = "was not compiled for current AMD GPU architecture"
+# The ATen op scaled_dot_product_attention dispatches to, per backend, as the profiler records it
+# (the backward's name adds "_backward"); "math" is the unfused fallback.
+SDPA_OPS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
 
 
 def _sdpa(backend: str, q, k, v, causal: bool):
