@@ -1,4 +1,4 @@
-"""Link identity (codegen.ship.check.link_identity) on libraries built here with gcc against
+"""Link identity (codegen.ship.identity.link_identity) on libraries built here with gcc against
 the stub HIP runtime of each major (versioned like the real one): what a HIP 6 torch wheel
 accepts, and each way a library can miss it."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from codegen.ship.check import link_identity
+from codegen.ship.identity import link_identity
 from codegen.ship.stub import build_stub
 from codegen.formats.elf import read_dynamic
 from conftest import cached_sysroot

@@ -81,3 +81,21 @@ def test_one_progress_factory_for_the_stages():
     tune = ui.progress(on, label="{task.description}", remaining=False)
     assert not any(isinstance(c, (SpinnerColumn, TimeRemainingColumn)) for c in tune.columns)
     assert ui.progress(on, disable=True).disable
+
+
+def test_untrusted_text_reaches_the_terminal_escaped():
+    """codegen.core.ui.printable, `repr`-style (issue 30 item 9): ESC, a newline, a bidi override
+    print as escapes, printable text (non-ASCII too) as it is; `say` applies it to every part, so an
+    error message naming a file from a bundle or a torch folder cannot drive the terminal or
+    forge a line."""
+    from codegen.core.ui import printable
+
+    assert printable("gfx908 µ é") == "gfx908 µ é"
+    assert printable("a\x1b[2Jb\nproblem: forged\u202e") == "a\\x1b[2Jb\\nproblem: forged\\u202e"
+    code = ("from codegen.core.ui import say\n"
+            "say(('error:', 'red'), ' lib/x\\x1b[2J\\nproblem: forged', ('\\x07', 'dim'))\n")
+    base = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "TERM")}
+    err = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                         env={**base, "PYTHONPATH": str(REPO), "FORCE_COLOR": "1"}).stderr
+    assert "\x1b[2J" not in err and "\x07" not in err and err.count("\n") == 1, repr(err)
+    assert "lib/x\\x1b[2J\\nproblem: forged" in err and "\\x07" in err and "\x1b[31m" in err, repr(err)  # styled still

@@ -239,7 +239,7 @@ def _writer_manifest() -> dict:
     reads (the build report, the library's ELF facts, the sysroot record, the checks' results)."""
     from codegen.models.hip import SysrootRecord
     from codegen.ship.bundle import _manifest
-    from codegen.ship.check import Claim
+    from codegen.ship.identity import Claim
     from codegen.ship.dispatch import DispatchReport
     from codegen.upstream import by_release
 

@@ -1,6 +1,7 @@
 """`torch install` refuses a library built against another ROCm major than torch's HIP runtime
-(real ELF fixtures built with gcc: fake libamdhip64.so.N with their SONAME, a torch whose
-libtorch_hip.so links one, AOTriton libraries that link another), before anything is swapped."""
+(real ELF fixtures built with gcc: fake libamdhip64.so.N with their SONAME and the real one's
+version nodes, a torch whose libtorch_hip.so links one, AOTriton libraries that link another),
+before anything is swapped."""
 
 from __future__ import annotations
 
@@ -26,8 +27,16 @@ from test_torch_install import (
 
 
 def fake_hip(path: Path, major: int) -> Path:
+    """A HIP runtime of `major` as the real one versions its symbols: `hipInit@@hip_4.2`, and the
+    device-properties call of its ROCm (`hipGetDevicePropertiesR0600@@hip_6.0` from 6 on)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    _cc(path, "int hipInit(unsigned f) { return (int)f; }\n", f"-Wl,-soname,libamdhip64.so.{major}")
+    props = "hipGetDevicePropertiesR0600" if major >= 6 else "hipGetDeviceProperties"
+    script = Path(f"{path}.map")
+    script.write_text("hip_4.2 { global: hipInit; local: *; };\nhip_6.0 { global: hipGetDevicePropertiesR0600; } hip_4.2;\n"
+                      if major >= 6 else "hip_4.2 { global: hipInit; hipGetDeviceProperties; local: *; };\n")
+    _cc(path, f"int hipInit(unsigned f) {{ return (int)f; }}\nint {props}(void *p, int d) {{ return d; }}\n",
+        f"-Wl,-soname,libamdhip64.so.{major}", f"-Wl,--version-script={script}")
+    script.unlink()
     return path
 
 
@@ -63,13 +72,18 @@ def torch_with_hip(site: Path, major: int | None, ship: bool = True, hip: str = 
     return root
 
 
-def prefix_with_hip(base: Path, major: int | None) -> Path:
-    prefix = build_prefix(base)
+def prefix_with_hip(base: Path, major: int | None, arch: str = "gfx908") -> Path:
+    """An install prefix whose library needs `libamdhip64.so.<major>` and calls its runtime as a
+    real build does (versioned imports, `hipGetDevicePropertiesR0600` from ROCm 6 on)."""
+    prefix = build_prefix(base, arch=arch)
     if major is not None:
         hipdir = base.parent / f"rocm{major}"
         fake_hip(hipdir / f"libamdhip64.so.{major}", major)
         lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
-        src = aot_source("mi100", [SYM_FWD, SYM_BWD, SYM_CHECK]) + "int hipInit(unsigned);\nint use_hip(void) { return hipInit(0); }\n"
+        props = "hipGetDevicePropertiesR0600" if major >= 6 else "hipGetDeviceProperties"
+        src = aot_source("mi100", [SYM_FWD, SYM_BWD, SYM_CHECK]) + (
+            f"int hipInit(unsigned);\nint {props}(void *, int);\n"
+            f"int use_hip(void) {{ return hipInit(0) + {props}(0, 0); }}\n")
         _cc(lib, src, "-Wl,-soname,libaotriton_v2.so.0.11.0", f"-L{hipdir}", f"-l:libamdhip64.so.{major}",
             "-Wl,--no-as-needed")
     return prefix

@@ -1,7 +1,8 @@
 """`torch install --bundle FILE` on the ELF fixtures of test_torch_install.py: a bundle made
-from a fixture prefix with the bundle writer (codegen.formats.bundle_zip), installed into a fake
-ROCm torch, reported by `status`, restored byte for byte; a tampered, truncated, wrong-arch or
-too-new-glibc bundle is one message, exit 2, nothing touched."""
+from a fixture prefix (its library linked against a HIP 6 runtime, test_torch_hip_runtime.py) with
+the bundle writer (codegen.formats.bundle_zip), installed into a wheel-shaped ROCm torch, reported
+by `status`, restored byte for byte; a tampered, truncated, wrong-arch or too-new-glibc bundle is
+one message, exit 2, nothing touched."""
 
 from __future__ import annotations
 
@@ -11,11 +12,23 @@ from pathlib import Path
 from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
 from codegen.formats.elf import read_dynamic
 from codegen.ship.install import machine_glibc
-from test_torch_install import build_prefix, cli, load_which, site, snapshot  # noqa: F401 (site: the fixture)
+import pytest
+
+from test_torch_hip_runtime import prefix_with_hip, torch_with_hip
+from test_torch_install import cli, load_which, need_cc, site, snapshot  # noqa: F401 (site: the fixture)
+
+
+@pytest.fixture
+def wheel(tmp_path):
+    """site-packages holding a ROCm torch laid out as PyTorch's wheel scripts leave one (HIP 6
+    runtime shipped in torch/lib, test_torch_hip_runtime.torch_with_hip)."""
+    need_cc()
+    torch_with_hip(tmp_path / "wheel", 6)
+    return tmp_path / "wheel"
 
 
 def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) -> Path:
-    prefix = build_prefix(tmp_path / "prefix", arch=arch)
+    prefix = prefix_with_hip(tmp_path / "prefix", 6, arch=arch)
     lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
     files = {f"lib/{lib.name}": lib.read_bytes()}
     for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
@@ -31,7 +44,8 @@ def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) 
     return out
 
 
-def test_install_bundle_status_restore(site, tmp_path):
+def test_install_bundle_status_restore(wheel, tmp_path):
+    site = wheel
     torch_root = site / "torch"
     b = make_bundle(tmp_path)
     before = snapshot(site)

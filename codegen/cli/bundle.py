@@ -28,30 +28,32 @@ bundle_app = typer.Typer(
 
 
 def _say(msg: str) -> None:
-    stderr.print(msg, markup=False)
+    """One line of progress or of a check: control characters escaped (what a bundle holds, an ELF
+    string, a driver's output, is text we did not write)."""
+    stderr.print(ui.printable(msg), markup=False)
 
 
 def _print_check(rep) -> None:
     for c in rep.claims + rep.controls + [x for x in (rep.rows_claim, rep.forced) if x]:
-        stderr.print(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}", markup=False)
+        _say(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
     if rep.rows_note:
-        stderr.print(f"--   tuning rows: {rep.rows_note}", markup=False)
+        _say(f"--   tuning rows: {rep.rows_note}")
     d = rep.dispatch
     if d is not None:
         s = d.summary()
-        stderr.print(f"{'ok  ' if d.ok else 'FAIL'} emulated dispatch on {s['target']} (stub HIP {s['hip_major']}): "
-                     f"check_gpu {s['check_gpu']}, {s['cases_ok']} of {s['cases']} cases, "
-                     f"{s['code_objects_loaded']} code objects, {s['launches']} launches", markup=False)
+        _say(f"{'ok  ' if d.ok else 'FAIL'} emulated dispatch on {s['target']} (stub HIP {s['hip_major']}): "
+             f"check_gpu {s['check_gpu']}, {s['cases_ok']} of {s['cases']} cases, "
+             f"{s['code_objects_loaded']} code objects, {s['launches']} launches")
         for c in d.cases:
             if not c.ok:
-                stderr.print(f"     {c.case}: fwd {c.fwd} bwd {c.bwd}; {'; '.join(c.violations[:2])}", markup=False)
+                _say(f"     {c.case}: fwd {c.fwd} bwd {c.bwd}; {'; '.join(c.violations[:2])}")
         for m in rep.rows:   # the tuning row each tuned launch got
             other = f"  (same config: {', '.join(m.same_config_gpus)})" if m.same_config_gpus else ""
-            stderr.print(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
-                         f"{m.row_id if m.row_id is not None else (m.note or '(unnumbered)')} {m.want or m.got}{other}", markup=False)
+            _say(f"     {'row ' if m.ok else 'FAIL'} {m.case} {m.family}: {m.gpu} row "
+                 f"{m.row_id if m.row_id is not None else (m.note or '(unnumbered)')} {m.want or m.got}{other}")
         if d.stderr_tail and not d.ok:
-            stderr.print(f"     driver: {d.stderr_tail.splitlines()[-1]}", markup=False)
-    stderr.print(f"label: {rep.as_json()['label']}", markup=False)
+            _say(f"     driver: {d.stderr_tail.splitlines()[-1]}")
+    _say(f"label: {rep.as_json()['label']}")
 
 
 @bundle_app.command("build")

@@ -46,11 +46,12 @@ def status(
 ) -> None:
     """Installed torch, HIP version, the AOTriton file it links, images, whether ours is in."""
     # CLI start-up: the status stage (~145 ms) loads when the command runs
+    from codegen.ship.install import backup_location
     from codegen.ship.layout import inspect_torch
     from codegen.ship.status import format_status, torch_status
 
     t = inspect_torch(torch_dir)
-    s = torch_status(t, backup_dir)
+    s = torch_status(t, backup_location(t, backup_dir))
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, sort_keys=True) + "\n")
     else:
@@ -68,35 +69,34 @@ def install(
 ) -> None:
     """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
     # CLI start-up: the install stage (~140 ms) loads when the command runs
-    from codegen.ship.install import apply_install, default_backup_dir, open_bundle_prefix, plan_install
+    from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
     if (prefix is None) == (bundle is None):
         raise UserError("give one of --prefix PREFIX or --bundle FILE")
     t = inspect_torch(torch_dir)
+    bdir = backup_location(t, backup_dir)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
         record = None
         if bundle is not None:
-            p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", arch)
+            p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", t, arch)
         else:
             p, a = inspect_prefix(prefix), _arch(arch, spec)
-        bdir = backup_dir or default_backup_dir(t)
-        plan = plan_install(t, p, a, bdir)
-        plan.bundle = record
+        plan = plan_install(t, p, a, bdir, bundle=record)
         for n in plan.notes:
-            stderr.print(n, style="yellow", markup=False)
+            stderr.print(ui.printable(n), style="yellow", markup=False)
         for act in plan.actions:
-            stderr.print(f"{act.kind:8} {act.rel}", markup=False)
+            stderr.print(ui.printable(f"{act.kind:8} {act.rel}"), markup=False)
         if plan.identical:
-            stderr.print(f"[green]identical:[/] our build is already installed in {t.root}")
+            stderr.print(f"[green]identical:[/] our build is already installed in {escape(ui.printable(str(t.root)))}")
             return
         if dry_run:
-            stderr.print(f"dry run: would {plan.summary()} in {t.root}; nothing changed")
+            stderr.print(ui.printable(f"dry run: would {plan.summary()} in {t.root}; nothing changed"), markup=False)
             return
         apply_install(plan, bdir)
     what = f"bundle {record.file} ({record.label})" if record else p.lib.name
-    stderr.print(f"[green]installed:[/] {escape(what)} as lib/{t.aot_needed.name} + images for {a} "
-                 f"into {escape(str(t.root))} ({plan.summary()}); backup {escape(str(bdir))}")
+    stderr.print("[green]installed:[/] " + escape(ui.printable(
+        f"{what} as lib/{t.aot_needed.name} + images for {a} into {t.root} ({plan.summary()}); backup {bdir}")))
     stderr.print("next: mi100-codegen validate --json report.json --md report.md")
 
 @torch_app.command("restore")
@@ -107,13 +107,12 @@ def restore_cmd(
 ) -> None:
     """Put the original files back (byte-identical) and remove what install added."""
     # CLI start-up: the install stage (~140 ms) loads when the command runs
-    from codegen.ship.install import default_backup_dir, restore
+    from codegen.ship.install import backup_location, restore
     from codegen.ship.layout import inspect_torch
 
     t = inspect_torch(torch_dir)
-    bdir = backup_dir or default_backup_dir(t)
-    m = restore(t, bdir, force=force)
-    stderr.print(f"[green]restored:[/] {len(m.entries)} files in {t.root}; backup removed")
+    m = restore(t, backup_location(t, backup_dir), force=force)
+    stderr.print(f"[green]restored:[/] {len(m.entries)} files in {escape(ui.printable(str(t.root)))}; backup removed")
 
 @torch_app.command("rebuild-recipe")
 def rebuild_recipe(

@@ -27,6 +27,7 @@ from typing import Annotated, Iterable
 from pydantic import AfterValidator
 
 from codegen.core.errors import UserError
+from codegen.core.ui import printable
 
 PERM_BITS = 0o777
 
@@ -88,7 +89,7 @@ def inside(root: Path, rel: str, *, final_link: bool = False) -> Path:
             raise Escape(f"{cur}: cannot be checked ({exc.strerror or exc})") from None
         last = n == len(parts) - 1
         if stat.S_ISLNK(st.st_mode) and not (last and final_link):
-            raise Escape(f"{root}: {'/'.join(parts[:n + 1])} is a symbolic link (to {os.readlink(cur)}); "
+            raise Escape(f"{root}: {'/'.join(parts[:n + 1])} is a symbolic link (to {printable(os.readlink(cur))}); "
                          "refusing to follow it")
         if not last and not stat.S_ISDIR(st.st_mode):
             raise Escape(f"{root}: {'/'.join(parts[:n + 1])} is not a directory")

@@ -11,12 +11,6 @@ EXIT_UPSTREAM = 3
 EXIT_INTERRUPTED = 130
 
 
-def printable(text: str) -> str:
-    """Text for a one-line message: control and other non-printable characters escaped (a key or
-    cell holding a newline or U+001D must not split the message)."""
-    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 class CodegenError(Exception):
     """Base of every user-facing error: `str()` is the whole message, `hint` an optional fix."""
 

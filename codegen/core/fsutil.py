@@ -1,17 +1,23 @@
 """Atomic file writes shared by every stage: write a sibling temp file, then `os.replace`, so a
 reader sees the old bytes or the new ones, never a torn file; a failure leaves no temp behind.
-The one place (with the apply journal) that renames files into place."""
+The one place (with the apply journal) that renames files into place. Also the two rules for
+reading what we did not write: `read_input` (a bounded regular file, never a FIFO or a device)
+and `trusted_storage` (a folder or file we believe without checking each byte: only this user
+can have written it)."""
 
 from __future__ import annotations
 
 import errno
+import grp
 import os
+import pwd
 import shutil
 import stat
 import tempfile
 from pathlib import Path
 
 from codegen.core.errors import UserError
+from codegen.core.ui import printable
 
 
 def atomic_write(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:
@@ -116,3 +122,39 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+
+def _own_group(gid: int) -> bool:
+    """True for the user's private group (the user's primary group, named after the user, no
+    other member): what a umask of 002 leaves writable is then still only the user's."""
+    try:
+        user, group = pwd.getpwuid(os.geteuid()), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def trusted_storage(path: str | Path, *, what: str) -> None:
+    """Refuse (UserError, with the fix) `path` unless only this user (or root) can have changed
+    it, the rule ssh applies to the files it trusts without checking each byte: it exists, is no
+    symbolic link, is owned by this user or root, and no one else may write it (no write bit for
+    others, nor for a group other than the user's private group)."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot check this {what} ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UserError(f"{path}: this {what} is a symbolic link (to {printable(os.readlink(path))}); refusing to follow it",
+                        hint=f"use the real path, or remove the link: rm {path}")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise UserError(f"{path}: this {what} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or root: "
+                        "its owner could have written anything into it",
+                        hint=f"check what it holds, then take it over: chown -R {os.geteuid()} {path}")
+    others = [w for w, bit in (("group", 0o020), ("others", 0o002))
+              if st.st_mode & bit and not (w == "group" and _own_group(st.st_gid))]
+    if others:
+        raise UserError(f"{path}: this {what} is writable by {' and '.join(others)} (mode "
+                        f"{stat.S_IMODE(st.st_mode):04o}): any of them could have written anything into it",
+                        hint=f"check what it holds, then: chmod go-w {path}")

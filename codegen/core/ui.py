@@ -10,6 +10,12 @@ Colour follows the conventions rich follows: NO_COLOR turns it off, and so does 
 unknown) even when forced; FORCE_COLOR turns it on; otherwise a terminal gets colour and a pipe
 or a file plain text. Text is never parsed for markup or emoji codes: a path like `out[red]`
 prints as it is.
+
+Text we did not write (a label from a bundle, a file name or version from a torch folder, an ELF
+string) may hold control characters: `printable` escapes them the way `repr` does (ESC prints as
+`\x1b`, a newline as `\n`), so it can neither drive the terminal nor forge a line. `say` applies
+it to every part; a caller that prints through a rich console applies it to the text it hands
+over.
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ STYLES: dict[str, dict] = {
 }
 
 
+def printable(text: str) -> str:
+    """`text` fit for one line of a terminal: control and other non-printable characters escaped,
+    `repr`-style (`\x1b`, `\n`, `\u202e`); printable text (also non-ASCII) is returned as it is."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def use_color() -> bool | None:
     """False/True when the environment decides, None to let the stream decide (a TTY gets colour)."""
     if os.environ.get("NO_COLOR") or os.environ.get("TERM") in ("dumb", "unknown"):
@@ -43,8 +55,9 @@ def use_color() -> bool | None:
 
 
 def say(*parts: str | tuple[str, str]) -> None:
-    """Write `parts` (plain text, or (text, style) with a style of STYLES) as one line to stderr."""
-    text = "".join(p if isinstance(p, str) else typer.style(p[0], **STYLES[p[1]]) for p in parts)
+    """Write `parts` (plain text, or (text, style) with a style of STYLES) as one line to stderr,
+    each with its control characters escaped (`printable`)."""
+    text = "".join(printable(p) if isinstance(p, str) else typer.style(printable(p[0]), **STYLES[p[1]]) for p in parts)
     typer.echo(text, err=True, color=use_color())
 
 
@@ -83,4 +96,4 @@ def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: 
     return Progress(*columns, console=on, transient=False, disable=disable)
 
 
-__all__ = ["STYLES", "console", "progress", "say", "use_color", "warn"]
+__all__ = ["STYLES", "console", "printable", "progress", "say", "use_color", "warn"]

@@ -7,30 +7,32 @@ spec's GPUs' tuning rows, read and validated by rows.py; absent from bundles mad
 manifest lists every other member with its sha256 and size.
 
 A bundle is hostile input. `open_bundle` reads only a bounded regular file; every member name
-goes through `codegen.core.contain.rel_path`; links, directories posing as files, duplicates, members
-the manifest does not list (or listed ones that are missing) and any sha256 or size that differs
-are refused with one message (exit 2) before anything is extracted. The manifest is one model
-(`codegen.models.bundle.BundleManifest`, every field checked: the arch a processor name, the
-release one of `codegen.upstream`'s, the HIP major a known one, every path clean), read through
-the records' one reader (`codegen.models.records`): anything else is one located message
-(`BUNDLE: manifest.json: FIELD: what is wrong`, exit 2). `extract` then writes each member below
-one new folder through `codegen.core.contain.inside`.
+goes through `codegen.core.contain.rel_path` and is at most 32 folders deep; links, directories
+posing as files, duplicates, members the manifest does not list (or listed ones that are
+missing) and any sha256 or size that differs are refused with one message (exit 2) before
+anything is extracted. The manifest is one model (`codegen.models.bundle.BundleManifest`, every
+field checked: the arch a processor name, the release one of `codegen.upstream`'s, the HIP major
+a known one, every path clean), read through the records' one reader (`codegen.models.records`):
+anything else is one located message (`BUNDLE: manifest.json: FIELD: what is wrong`, exit 2).
+`extract` then writes each member below one new folder through `codegen.core.contain.inside`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import lzma
 import stat
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside, rel_path
-from codegen.core.errors import UserError
+from codegen.core.errors import UserError, os_failure, os_reason
 from codegen.core.fsutil import move_into_place, read_input, stage_write
 from codegen.models.bundle import MANIFEST_FORMAT, MANIFEST_LIMIT, BundleManifest
-from codegen.models.records import parse_record, validate_record, write_json
+from codegen.models.records import clip, parse_record, validate_record, write_json
 from codegen.upstream.releases import SUPPORTED, version_text
 
 FORMAT = MANIFEST_FORMAT
@@ -38,6 +40,7 @@ MANIFEST = "manifest.json"
 SPEC = "spec.yaml"
 BUNDLE_LIMIT = 2 << 30          # bytes of one bundle file
 MEMBER_LIMIT = 1 << 30          # uncompressed bytes of one member
+MEMBER_DEPTH = 32               # folders of one member's path: ours go 5 deep (lib/aotriton.images/amd-<arch>/flash/…)
 TOTAL_LIMIT = 4 << 30           # uncompressed bytes of all members
 
 
@@ -105,7 +108,8 @@ def open_bundle(path: Path) -> Bundle:
                           hint="download or build it again: mi100-codegen bundle build TREE --hip N") from None
     try:
         return _verify(path, z)
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError) as exc:
+    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, zlib.error,
+            lzma.LZMAError, RuntimeError) as exc:   # RuntimeError: an encrypted member, an unknown compression
         raise BundleError(f"{path}: corrupt bundle ({type(exc).__name__}: {exc})",
                           hint="download or build it again") from None
 
@@ -117,7 +121,9 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
         try:
             rel_path(info.filename, (".git",))
         except ValueError as exc:
-            raise BundleError(f"{path}: refusing member {info.filename!r}: {exc}") from None
+            raise BundleError(f"{path}: refusing member '{clip(info.filename)}': {exc}") from None
+        if info.filename.count("/") > MEMBER_DEPTH:
+            raise BundleError(f"{path}: refusing member '{clip(info.filename)}': more than {MEMBER_DEPTH} folders deep")
         kind = stat.S_IFMT(info.external_attr >> 16)   # 0: no Unix mode recorded
         if info.is_dir() or (kind and kind != stat.S_IFREG):
             raise BundleError(f"{path}: member {info.filename} is not a regular file")
@@ -155,14 +161,17 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
 
 def extract(bundle: Bundle, dest: Path) -> Path:
     """Write the verified members below `dest` (a new or empty folder); returns it."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name, blob in sorted(bundle.members.items()):
-        try:
-            target = inside(dest, name)
-        except Escape as exc:
-            raise BundleError(f"{bundle.path}: {exc}") from None
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(blob)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+        for name, blob in sorted(bundle.members.items()):
+            try:
+                target = inside(dest, name)
+            except Escape as exc:
+                raise BundleError(f"{bundle.path}: {exc}") from None
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(blob)
+    except OSError as exc:
+        raise os_failure(f"{bundle.path}: cannot extract it into {dest} ({os_reason(exc)})", exc) from None
     return dest
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, get_args
 import re
 from pydantic import BaseModel, ValidationError
 
-from codegen.core.errors import SpecError, UserError, printable
+from codegen.core.errors import SpecError, UserError
+from codegen.core.ui import printable
 from codegen.core.fsutil import read_input
 from codegen.models import Diagnostic, TargetSpec, check_target
 from codegen.core.resources import default_spec_path, display_path

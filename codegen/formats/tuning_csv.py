@@ -26,7 +26,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from codegen.core.errors import DataFileError, printable
+from codegen.core.errors import DataFileError
+from codegen.core.ui import printable
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.models import TargetSpec
 from codegen.models.target import tile_problems

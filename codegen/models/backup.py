@@ -2,13 +2,15 @@
 added and removed in a torch folder, and (for `--bundle`) which bundle it installed. Written by
 `codegen.ship.install`, read by `torch restore` and `torch status` as possibly hostile (a backup
 folder someone else can write): every path stays inside the torch folder (`RelPath`), every hash
-is a sha256, the bundle's record holds what its (validated) manifest said, bounded."""
+is a sha256 and each entry has the ones its action has, the bundle's record holds what its
+(validated) manifest said, bounded. Which paths install may have changed at all is restore's
+rule (`codegen.ship.install`: it knows torch's layout)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from codegen.core.contain import RelPath
 from codegen.models.archs import Arch
@@ -31,10 +33,20 @@ class BundleRecord(Record):
 
 
 class BackupEntry(Record):
+    """One file install changed: `add` has only the sha256 after, `remove` only the one before
+    (the backup copy's), `replace` both."""
+
     path: RelPath
     action: Literal["add", "replace", "remove"]
     sha256_before: Sha256 | None
     sha256_after: Sha256 | None
+
+    @model_validator(mode="after")
+    def _hashes(self):
+        if (self.sha256_before is None) != (self.action == "add") or (self.sha256_after is None) != (self.action == "remove"):
+            raise ValueError(f"{self.action!r} entries have "
+                             + {"add": "only sha256_after", "remove": "only sha256_before", "replace": "both sha256s"}[self.action])
+        return self
 
 
 class BackupManifest(Record):

@@ -31,7 +31,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError
 from pydantic_core import from_json
 
-from codegen.core.errors import UserError, printable
+from codegen.core.errors import UserError
+from codegen.core.ui import printable
 from codegen.core.fsutil import read_input
 
 RECORD_LIMIT = 16 << 20   # bytes: the largest record we write (a lock of a whole overlay) is well under 1 MB

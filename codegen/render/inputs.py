@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from codegen.core.errors import DataFileError, printable
+from codegen.core.errors import DataFileError
+from codegen.core.ui import printable
 from codegen.models.records import RecordError, describe, parse_json
 from codegen.core.fsutil import read_input
 from codegen.models import TargetSpec

@@ -1,14 +1,11 @@
 """`bundle check`: everything a CPU can prove about a bundle.
 
 1. Integrity: every member against the manifest (archive.open_bundle).
-2. Link identity of the library (the one ELF reader): it needs the HIP runtime of the bundle's
-   major, `libamdhip64.so.<N>` (a torch wheel ships that runtime as `torch/lib/libamdhip64.so`
-   with SONAME `.so.<N>`, and the loader matches our DT_NEEDED to it), and no other; no RPATH or
-   RUNPATH but `$ORIGIN` (a build folder there would be searched on the user's machine); every
-   HIP symbol it imports bound to a version node the real runtime of that major defines
-   (read from the private sysroot's library), and with HIP >= 6 `hipGetDevicePropertiesR0600`,
-   not the pre-6.0 `hipGetDeviceProperties` (whose struct layout differs); the GLIBC/GLIBCXX
-   versions it needs equal what the manifest states (the baseline `torch install` checks).
+2. Identity of the library (codegen.ship.identity, the checks `torch install --bundle` makes
+   again): the HIP runtime of the bundle's major and no other, no RPATH or RUNPATH but `$ORIGIN`,
+   every HIP import bound to a version node the real runtime of that major defines (read from the
+   private sysroot's library), `hipGetDevicePropertiesR0600` with HIP >= 6, the GLIBC/GLIBCXX needs,
+   the release (SONAME and file name) and every ELF fact the manifest states.
 3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case, and the
    tuning-database row each tuned launch got (rows.py): the spec GPU's row for the case's inputs,
    its configuration the launched one's; rows read from the applied tree the bundle was built
@@ -34,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from codegen.formats.elf import AMDGPU_MACH, DynamicInfo, read_dynamic
+from codegen.formats.elf import AMDGPU_MACH, read_dynamic
 from codegen.core.resources import user_cache_dir
 from codegen.formats.spec import load_spec
 from codegen.formats.bundle_zip import SPEC, Bundle, extract, open_bundle
@@ -42,6 +39,7 @@ from codegen.models.bundle import BundleManifest
 from codegen.models.dtypes import DTYPE_INFO
 from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.models.cases import SHAPES
+from codegen.ship.identity import Claim, library_identity
 from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, dispatch_cases, remove_image,
                        run_dispatch)
 from codegen.ship.rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
@@ -49,52 +47,7 @@ from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
 from codegen.upstream.releases import IMAGES_DIR
 
-HIP_RE_PREFIX = "libamdhip64"
 NO_ROWS = "not named (this bundle carries no rows; give --tree)"
-
-
-@dataclass
-class Claim:
-    name: str
-    ok: bool
-    detail: str
-    where: str = "CPU: ELF read with codegen.formats.elf"
-    observed: dict | None = None   # what the verdict was made from, as fields (the forced-backend probe)
-
-    def as_json(self) -> dict:
-        out = {"claim": self.name, "ok": self.ok, "detail": self.detail, "verified": self.where}
-        return out if self.observed is None else {**out, "observed": self.observed}
-
-
-def link_identity(dyn: DynamicInfo, hip: int, hip_nodes: set[str], stated: dict | None = None) -> list[Claim]:
-    out = []
-    hips = [n for n in dyn.needed if n.startswith(HIP_RE_PREFIX)]
-    want = f"libamdhip64.so.{hip}"
-    out.append(Claim("DT_NEEDED names the HIP runtime of its major", hips == [want],
-                     f"needs {', '.join(hips) or 'no HIP runtime'}; a HIP {hip} torch wheel loads {want} "
-                     f"(its torch/lib/libamdhip64.so carries that SONAME)"))
-    paths = list(dyn.rpath) + list(dyn.runpath)
-    out.append(Claim("no RPATH/RUNPATH outside the library's folder", all(p == "$ORIGIN" for p in paths),
-                     f"RPATH {list(dyn.rpath) or 'none'}, RUNPATH {list(dyn.runpath) or 'none'}"))
-    imports = {s: v for s, v in dyn.import_versions if s.startswith("hip")}
-    foreign = sorted(f"{s}@{v}" for s, v in imports.items() if v not in hip_nodes)
-    out.append(Claim(f"HIP symbols bound to nodes HIP {hip} defines", not foreign and bool(imports),
-                     f"{len(imports)} versioned HIP imports ({', '.join(sorted(set(imports.values())))})"
-                     + (f"; not defined by HIP {hip}: {', '.join(foreign)}" if foreign else "")))
-    unversioned = sorted(s for s in dyn.undefined if s.startswith("hip") and s not in imports)
-    if hip >= 6:
-        old = "hipGetDeviceProperties" in imports or "hipGetDeviceProperties" in unversioned
-        out.append(Claim("hipDeviceProp_t of HIP >= 6 (hipGetDevicePropertiesR0600)",
-                         "hipGetDevicePropertiesR0600" in imports and not old,
-                         "imports " + ", ".join(x for x in ("hipGetDevicePropertiesR0600", "hipGetDeviceProperties")
-                                                if x in imports or x in unversioned)))
-    glibc, glibcxx = dyn.highest("GLIBC"), dyn.highest("GLIBCXX")
-    if stated is not None:
-        ok = stated.get("glibc") == glibc and stated.get("glibcxx") == glibcxx
-        out.append(Claim("GLIBC/GLIBCXX needs as the manifest states", ok,
-                         f"needs {glibc}, {glibcxx or 'no GLIBCXX'}; manifest {stated.get('glibc')}, "
-                         f"{stated.get('glibcxx') or 'no GLIBCXX'}"))
-    return out
 
 
 @dataclass
@@ -248,9 +201,7 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
     rep = CheckReport(name or str(root), manifest)
     sysroot = ensure_sysroot(hip, progress=progress)
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
-    dyn = read_dynamic(root / manifest.library.file)
-    needs = manifest.library.needs
-    rep.claims = link_identity(dyn, hip, nodes, needs.model_dump() if needs is not None else None)
+    rep.claims = library_identity(read_dynamic(root / manifest.library.file), manifest, nodes)
     progress(f"emulated dispatch: {manifest.arch} ({load_spec(root / SPEC).spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
@@ -297,4 +248,4 @@ def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None
         return check_extracted(root, b.manifest, progress=progress, name=str(path), rows=rows)
 
 
-__all__ = ["NO_ROWS", "CheckReport", "Claim", "check_bundle", "check_extracted", "check_rows", "link_identity"]
+__all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_rows"]

@@ -9,7 +9,7 @@ second runtime or loads two. Pure functions over `DynamicInfo` plus reading torc
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from codegen.formats.elf import DynamicInfo, ElfError, read_dynamic
@@ -22,6 +22,8 @@ class HipRuntime:
     name: str           # the DT_NEEDED (or SONAME) spelling
     major: int | None   # the ROCm major, when the name or SONAME carries it
     source: str         # how we know: "DT_NEEDED", "ships <path>", "torch.version.hip"
+    # the version nodes the runtime defines, where a copy was read (torch's shipped one); None otherwise
+    nodes: frozenset[str] | None = field(default=None, compare=False)
 
 
 def _major(name: str | None) -> int | None:
@@ -44,17 +46,19 @@ def library_hip(dyn: DynamicInfo) -> HipRuntime | None:
 
 def torch_hip(lib_dir: Path, hip_dyn: DynamicInfo | None, hip_version: str | None) -> HipRuntime | None:
     """The HIP runtime torch's libtorch_hip.so loads: the copy in torch/lib when the wheel ships
-    one (its SONAME), else the DT_NEEDED name, else the major of torch.version.hip."""
+    one (its SONAME and the version nodes it defines), else the DT_NEEDED name, else the major of
+    torch.version.hip."""
     name = needed_hip(hip_dyn)
     if name:
         shipped = Path(lib_dir) / name
         if shipped.is_file():
             try:
-                soname = read_dynamic(shipped).soname
+                copy = read_dynamic(shipped)
+                soname, nodes = copy.soname, frozenset(copy.version_defs) or None
             except ElfError:
-                soname = None
+                soname = nodes = None
             major = _major(soname) if _major(soname) is not None else _major(name)
-            return HipRuntime(soname or name, major, f"ships {shipped}")
+            return HipRuntime(soname or name, major, f"ships {shipped}", nodes)
         if _major(name) is not None:
             return HipRuntime(name, _major(name), "DT_NEEDED of libtorch_hip.so")
     m = re.match(r"^(\d+)\.", hip_version or "")

@@ -8,27 +8,42 @@ files back (same bytes, mode and mtime) and removes what was added.
 
 The backup lives beside the torch package (`<site-packages>/torch.mi100-codegen-backup/`),
 not inside it, so that after `restore` the torch folder is byte-identical to before.
+
+A torch folder, a bundle and a backup may each come from someone else (docs/trust.md). Install
+touches only torch's AOTriton library and `lib/aotriton.images/amd-<arch>/` (the arch a processor
+name, never a path), through no symbolic link: one on the way or inside that folder is refused,
+never followed or removed. A bundle's library passes the checks `bundle check` makes
+(codegen.ship.identity) against the HIP runtime torch ships. Restore reads a backup only from
+trusted storage (`codegen.core.fsutil.trusted_storage`: no link, only this user can have written
+it), only entries that name what install touches, and puts back only bytes whose sha256 the
+manifest recorded, every copy checked before the first file is touched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+from pydantic import TypeAdapter, ValidationError
 
-from codegen.core.contain import inside
-from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError
-from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place
+from codegen.core.contain import Escape, inside, is_rel_path
+from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError, os_failure, os_reason
+from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, trusted_storage
+from codegen.core.ui import printable
 from codegen.formats.bundle_zip import extract, open_bundle, sha256
 from codegen.formats.elf import ElfError, read_dynamic, version_key
+from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
-from codegen.models.records import RecordError, read_record, validate_record, write_json
+from codegen.models.records import RECORD_LIMIT, RecordError, read_record, validate_record, write_json
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
+from codegen.ship.identity import library_identity
 from codegen.ship.layout import (
+    AotLib,
     inspect_prefix,
     IMAGES_DIR,
     PrefixInstall,
@@ -41,6 +56,7 @@ from codegen.ship.layout import (
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = BACKUP_SCHEMA
 TOOL = "mi100-codegen torch install"
+BACKUP_LIMIT = RECORD_LIMIT   # bytes of a backup manifest: restore reads no more, install writes no more
 
 
 class InstallError(CodegenError):
@@ -51,6 +67,17 @@ class InstallError(CodegenError):
 
 def default_backup_dir(torch: TorchInstall) -> Path:
     return torch.root.parent / f"{torch.root.name}.mi100-codegen-backup"
+
+
+def backup_location(torch: TorchInstall, backup_dir: Path | None) -> Path:
+    """The backup folder: `--backup-dir` (the folder that holds it resolved once, like the torch
+    folder: codegen.ship.layout.find_torch_dir), else beside the torch folder."""
+    if backup_dir is None:
+        return default_backup_dir(torch)
+    name = Path(backup_dir).name
+    if name in ("", ".", ".."):
+        raise UserError(f"--backup-dir {backup_dir}: name a folder of its own (it is created, and removed by restore)")
+    return Path(backup_dir).parent.resolve() / name
 
 
 @dataclass(frozen=True)
@@ -72,6 +99,7 @@ class InstallPlan:
     notes: list[str] = field(default_factory=list)
     identical: bool = False
     bundle: BundleRecord | None = None      # what the backup manifest records of an installed bundle
+    backup: BackupManifest | None = None    # what install will write, checked before anything is touched
 
     def summary(self) -> str:
         counts = {k: sum(1 for a in self.actions if a.kind == k) for k in ("add", "replace", "remove")}
@@ -85,6 +113,7 @@ def _refuse(msg: str, hint: str | None = None) -> None:
 
 def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> list[str]:
     """Every refusal of `install`, as one clear error; returns notes (non-fatal) otherwise."""
+    _check_arch(arch)
     _check_rocm_torch(torch)
     _check_library(torch, prefix)
     notes: list[str] = []
@@ -97,6 +126,14 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
     _check_symbols(torch, prefix)
     _check_images(prefix, arch)
     return notes
+
+
+def _check_arch(arch: str) -> None:
+    """The arch names a folder below torch (`amd-<arch>`): a processor name, never a path."""
+    try:
+        TypeAdapter(Arch).validate_python(arch)
+    except ValidationError as exc:
+        _refuse(f"--arch: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}")
 
 
 def _check_rocm_torch(torch: TorchInstall) -> None:
@@ -181,7 +218,41 @@ def _check_images(prefix: PrefixInstall, arch: str) -> None:
 
 # --- plan ----------------------------------------------------------------------------------------
 def _files_under(d: Path) -> list[Path]:
+    """The files of a prefix's folder (ours: extracted from a bundle, or the user's own build)."""
     return sorted(p for p in d.rglob("*") if p.is_file() or p.is_symlink()) if d.is_dir() else []
+
+
+def _torch_files(torch: TorchInstall, rel: str) -> list[str]:
+    """The files below torch's folder `rel` (paths relative to torch), none reached through a
+    symbolic link: a link on the way to it or anywhere inside it, anything there that is neither a
+    file nor a folder, or a name the backup manifest cannot hold, is refused (exit 2), never
+    followed or removed."""
+    top = inside(torch.root, rel)
+    if not os.path.lexists(top):
+        return []
+    hint = "a torch wheel holds no links there: remove it (rm), then install again"
+    out = []
+
+    def fail(exc: OSError) -> None:
+        raise os_failure(f"{torch.root}: cannot read {rel} ({os_reason(exc)}); nothing was changed", exc)
+
+    for dirpath, dirnames, filenames in os.walk(top, onerror=fail):
+        for n in sorted(dirnames + filenames):
+            p = Path(dirpath, n)
+            st = os.lstat(p)
+            rel_p = p.relative_to(torch.root).as_posix()
+            where = printable(rel_p)    # a name from the torch folder: escaped in every message
+            if stat.S_ISLNK(st.st_mode):
+                raise Escape(f"{torch.root}: {where} is a symbolic link (to {printable(os.readlink(p))}); refusing to "
+                             "follow or remove it", hint=hint)
+            if stat.S_ISREG(st.st_mode):
+                if not is_rel_path(rel_p):
+                    raise UserError(f"{torch.root}: {where}: a file name install cannot record in its backup (it "
+                                    "holds a control character or a backslash); remove or rename it")
+                out.append(rel_p)
+            elif not stat.S_ISDIR(st.st_mode):
+                raise Escape(f"{torch.root}: {where} is neither a file nor a folder; refusing to remove it", hint=hint)
+    return sorted(out)
 
 
 def machine_glibc() -> str | None:
@@ -194,12 +265,14 @@ def machine_glibc() -> str | None:
     return f"GLIBC_{parts[1]}" if len(parts) == 2 and parts[0] == "glibc" else None
 
 
-def open_bundle_prefix(path: Path, work: Path, arch: str | None,
+def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | None = None,
                        glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
-    """A bundle file, verified (every member against its manifest) and checked against this
-    machine (its glibc against the library's needs), extracted below `work` as an install prefix.
-    Returns the prefix, the arch and what the backup manifest records of the bundle. Every
-    refusal is one message (exit 2) before anything of torch is touched."""
+    """A bundle file, verified (every member against its manifest), its library proven what the
+    manifest says with the checks `bundle check` makes (codegen.ship.identity, against the version
+    nodes of the HIP runtime torch ships), checked against this machine (its glibc against the
+    library's needs) and extracted below `work` as an install prefix. Returns the prefix, the arch
+    and what the backup manifest records of the bundle. Every refusal is one message (exit 2)
+    before anything of torch is touched."""
     b = open_bundle(path)
     m = b.manifest
     if arch is not None and arch != m.arch:
@@ -211,12 +284,23 @@ def open_bundle_prefix(path: Path, work: Path, arch: str | None,
                 hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build")
     root = extract(b, work)
     prefix = inspect_prefix(root)
-    record = BundleRecord(file=path.name, sha256=sha256(path.read_bytes()), release=m.release, arch=m.arch,
-                          hip_major=m.hip_major, label=m.label, spec_sha256=m.spec.sha256)
+    runtime = torch_hip(torch.lib_dir, torch.hip_dyn, torch.hip)
+    nodes = set(runtime.nodes) if runtime is not None and runtime.nodes else None
+    failed = [c for c in library_identity(read_dynamic(root / m.library.file), m, nodes) if not c.ok]
+    if failed or prefix.lib != root / m.library.file:
+        why = "; ".join(f"{c.name} ({c.detail})" for c in failed) or \
+            f"its library is {m.library.file}, the prefix's {prefix.lib.relative_to(root)}"
+        _refuse(f"{path}: its library is not what its manifest says, or cannot load into torch: {why}",
+                hint="the bundle was changed after it was built, or built wrong: download or build it again "
+                     "(`mi100-codegen bundle check FILE` shows every check)")
+    record = validate_record(BundleRecord, {
+        "file": path.name, "sha256": sha256(path.read_bytes()), "release": m.release, "arch": m.arch,
+        "hip_major": m.hip_major, "label": m.label, "spec_sha256": m.spec.sha256}, where=str(path), what="bundle")
     return prefix, m.arch, record
 
 
-def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path) -> InstallPlan:
+def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path,
+                 bundle: BundleRecord | None = None) -> InstallPlan:
     notes = check_compatible(torch, prefix, arch)
     want = torch.aot_needed
     assert want is not None
@@ -224,13 +308,13 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
     dirs: set[str] = set()
 
     def add_or_replace(rel: str, src: Path) -> None:
-        dest = torch.root / rel
+        dest = inside(torch.root, rel)        # no link on the way, none at the end
         after = sha256_file(src)
-        if dest.is_file() and not dest.is_symlink():
+        if dest.is_file():
             before = sha256_file(dest)
             if before != after:
                 actions.append(Action(rel, "replace", src, before, after))
-        elif dest.exists() or dest.is_symlink():
+        elif os.path.lexists(dest):
             _refuse(f"{dest} exists and is not a regular file; refusing to replace it")
         else:
             actions.append(Action(rel, "add", src, None, after))
@@ -242,22 +326,25 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
     img_rel = f"lib/{IMAGES_DIR}/amd-{arch}"
     src_img = prefix.lib_dir / IMAGES_DIR / f"amd-{arch}"
     ours = {p.relative_to(src_img).as_posix(): p for p in _files_under(src_img)}
+    theirs = _torch_files(torch, img_rel)
     for relf in sorted(ours):
         add_or_replace(f"{img_rel}/{relf}", ours[relf])
-    for p in _files_under(torch.root / img_rel):
-        relf = p.relative_to(torch.root / img_rel).as_posix()
-        if relf not in ours:  # stale images of another build would be loaded by our library
-            actions.append(Action(f"{img_rel}/{relf}", "remove", None, sha256_file(p), None))
+    for rel in theirs:
+        if rel.removeprefix(f"{img_rel}/") not in ours:  # stale images of another build would be loaded by our library
+            actions.append(Action(rel, "remove", None, sha256_file(torch.root / rel), None))
     add_or_replace(f"lib/{want.name}", prefix.lib)  # the library last: it switches torch over
 
-    plan = InstallPlan(torch, prefix, arch, actions, sorted(dirs, key=lambda d: (d.count("/"), d)), notes)
+    plan = InstallPlan(torch, prefix, arch, actions, sorted(dirs, key=lambda d: (d.count("/"), d)), notes,
+                       bundle=bundle)
     plan.identical = not actions
-    if backup_dir.exists() and not plan.identical:
+    if os.path.lexists(backup_dir) and not plan.identical:
         _refuse(
             f"our build is already installed into {torch.root} (backup at {backup_dir}); "
             "a second install would overwrite that backup of the original files",
             hint="run `mi100-codegen torch restore` first, then install again",
         )
+    if not plan.identical:
+        plan.backup = _backup_manifest(plan, backup_dir / MANIFEST)
     return plan
 
 
@@ -265,11 +352,17 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
 @contextmanager
 def _locked(torch: TorchInstall):
     lock_path = torch.root.parent / f".{torch.root.name}.mi100-codegen.lock"
+    if os.path.islink(lock_path):   # the lock is opened for writing: never through a link
+        raise UserError(f"{lock_path} is a symbolic link (to {printable(os.readlink(lock_path))}); refusing to open it",
+                        hint=f"remove it (rm {lock_path}) and run the command again")
     lock = FileLock(str(lock_path))
     try:
         lock.acquire(timeout=5)
     except Timeout:
         raise UserError(f"another mi100-codegen torch command holds {lock_path}") from None
+    except OSError as exc:
+        raise os_failure(f"cannot take the lock {lock_path} ({os_reason(exc)}); nothing was changed", exc,
+                         hint=f"the folder that holds torch ({lock_path.parent}) must be writable") from None
     try:
         yield
     finally:
@@ -281,9 +374,10 @@ def _locked(torch: TorchInstall):
 
 
 def _backup_manifest(plan: InstallPlan, where: Path) -> BackupManifest:
-    """What restore will read back, checked before anything is copied (one message, exit 2)."""
+    """What restore will read back, checked before anything is copied (one message, exit 2): the
+    model restore reads, within the size restore reads (BACKUP_LIMIT)."""
     torch = plan.torch
-    return validate_record(BackupManifest, {
+    manifest = validate_record(BackupManifest, {
         "schema": MANIFEST_SCHEMA,
         "tool": TOOL,
         "torch_version": torch.version,
@@ -297,33 +391,60 @@ def _backup_manifest(plan: InstallPlan, where: Path) -> BackupManifest:
             for a in plan.actions
         ],
     }, where=str(where), what="backup manifest")
+    size = len(write_json(manifest))
+    if size > BACKUP_LIMIT:
+        raise UserError(f"{where}: this install's backup manifest would be {size:,} bytes, more than restore reads "
+                        f"back ({BACKUP_LIMIT:,}); nothing was changed")
+    problems = _not_ours(manifest)
+    if problems:   # install writes only what restore accepts
+        raise UserError(f"{where}: restore would not accept this install's backup manifest ({problems[0]}); "
+                        "nothing was changed")
+    return manifest
 
 
-def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
+def _stage_backup(plan: InstallPlan, backup_dir: Path) -> None:
+    """The backup, complete (a copy of every file replaced or removed, then the manifest), moved
+    into place in one rename. Folders 0755 and files without group or other write bits whatever
+    the umask: restore trusts only storage no one else can have written (trusted_storage)."""
     torch = plan.torch
-    if plan.identical:
-        return
-    manifest = _backup_manifest(plan, backup_dir / MANIFEST)
-    with _locked(torch):
-        staging = backup_dir.with_name(backup_dir.name + ".tmp")
-        shutil.rmtree(staging, ignore_errors=True)
+    staging = backup_dir.with_name(backup_dir.name + ".tmp")
+    if os.path.islink(staging):
+        staging.unlink()          # a link left there: removed itself, never followed
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
         (staging / "files").mkdir(parents=True)
         for a in plan.actions:
             if a.kind in ("replace", "remove"):
                 dest = staging / "files" / a.rel
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(torch.root / a.rel, dest)
+                os.chmod(dest, stat.S_IMODE(os.lstat(dest).st_mode) & ~0o022)
                 if sha256_file(dest) != a.sha_before:
-                    shutil.rmtree(staging, ignore_errors=True)
                     raise InstallError(f"{torch.root / a.rel} changed while it was backed up; nothing was changed")
-        atomic_write(staging / MANIFEST, write_json(manifest))
+        for d, _subdirs, _files in os.walk(staging):
+            os.chmod(d, 0o755)
+        atomic_write(staging / MANIFEST, write_json(plan.backup))
         move_into_place(staging, backup_dir)  # from here on the original files are safe
+    except OSError as exc:
+        raise os_failure(f"cannot write the backup {backup_dir} ({os_reason(exc)}); nothing was changed", exc) from None
+    finally:
+        if staging.is_dir() and not staging.is_symlink():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
+    torch = plan.torch
+    if plan.identical:
+        return
+    manifest = plan.backup
+    with _locked(torch):
+        _stage_backup(plan, backup_dir)
         done: list[Action] = []
         try:
             for d in plan.created_dirs:
-                (torch.root / d).mkdir(exist_ok=True)
+                inside(torch.root, d).mkdir(exist_ok=True)
             for a in plan.actions:
-                dest = torch.root / a.rel
+                dest = inside(torch.root, a.rel)
                 if a.kind == "remove":
                     dest.unlink()
                 else:
@@ -344,26 +465,68 @@ def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
 
 
 # --- restore -------------------------------------------------------------------------------------
+def _not_ours(m: BackupManifest) -> list[str]:
+    """Why a backup manifest cannot be one our install wrote (none: it can be). Install changes
+    torch's AOTriton library (`library`: lib/libaotriton<suffix>_v2.so.X.Y.Z) and files below
+    lib/aotriton.images/amd-<arch>/, each once, and creates only the folders on the way there."""
+    lib, out = m.library, []
+    name = lib.removeprefix("lib/") if lib is not None else ""
+    if lib is not None and (name == lib or "/" in name or AotLib.parse(name) is None):
+        out.append(f"library: {lib} is not an AOTriton library of torch's lib/")
+    images = f"lib/{IMAGES_DIR}/amd-{m.arch}" if m.arch is not None else None
+    seen: set[str] = set()
+    for e in m.entries:
+        if e.path in seen:
+            out.append(f"{e.path}: listed twice")
+        seen.add(e.path)
+        if e.path != lib and (images is None or not e.path.startswith(images + "/")):
+            out.append(f"{e.path}: not a file install changes (torch's AOTriton library, or a file below "
+                       f"lib/{IMAGES_DIR}/amd-<arch>/)")
+    for d in m.created_dirs:
+        if images is None or not (d == f"lib/{IMAGES_DIR}" or d == images or d.startswith(images + "/")):
+            out.append(f"created_dirs: {d} is not a folder install creates")
+    return out
+
+
 def read_manifest(backup_dir: Path) -> BackupManifest:
-    """The backup's manifest, read as possibly hostile (codegen.models.records): every path stays
-    inside the torch folder, so a damaged or planted manifest cannot make restore touch anything else."""
+    """The backup's manifest, read as possibly hostile: from trusted storage only (the backup
+    folder, its manifest and its files/ folder no link and writable by no one else:
+    codegen.core.fsutil.trusted_storage), through its one model (codegen.models.records: every
+    path relative and clean), and only when every entry names what install changes (`_not_ours`):
+    a damaged or planted manifest cannot make restore touch anything else."""
     path = backup_dir / MANIFEST
-    if not os.path.lexists(path):
+    if not os.path.lexists(backup_dir) or (not os.path.islink(backup_dir) and not os.path.lexists(path)):
         raise UserError(f"nothing to restore: no backup at {backup_dir}",
                         hint="`mi100-codegen torch status` shows what is installed")
     hint = f"the original files are in {backup_dir / 'files'}; reinstall torch to start over"
+    trusted_storage(backup_dir, what="backup folder")
+    trusted_storage(path, what="backup manifest")
+    if os.path.lexists(backup_dir / "files"):
+        trusted_storage(backup_dir / "files", what="folder of backed-up files")
     try:
-        return read_record(BackupManifest, path, what="backup manifest", hint=hint)
+        manifest = read_record(BackupManifest, path, what="backup manifest", hint=hint, limit=BACKUP_LIMIT)
     except RecordError as exc:
         raise UserError(f"{path}: damaged backup manifest ({exc.problem}); nothing was changed", hint=hint) from None
+    problems = _not_ours(manifest)
+    if problems:
+        raise UserError(f"{path}: not a backup our install wrote ({problems[0]}"
+                        + (f", and {len(problems) - 1} more" if len(problems) > 1 else "") + "); nothing was changed",
+                        hint=hint)
+    return manifest
 
 
 def _current_problems(torch: TorchInstall, manifest: BackupManifest) -> list[str]:
-    """What changed since install; every path of the manifest is checked against the containment
-    rule here, before restore touches anything (Escape, exit 2)."""
-    for d in manifest.created_dirs:
-        inside(torch.root, d)
+    """What changed since install (a folder install created that now holds more than what install
+    added is one: restore could not remove it); every path of the manifest is checked against the
+    containment rule here, before restore touches anything (Escape, exit 2)."""
     problems = []
+    ours = {e.path for e in manifest.entries if e.action == "add"} | set(manifest.created_dirs)
+    for d in manifest.created_dirs:
+        p = inside(torch.root, d)
+        more = sorted(n for n in os.listdir(p) if f"{d}/{n}" not in ours) if p.is_dir() else []
+        if more:
+            problems.append(f"{d}/{printable(more[0])}: in a folder install created, but not added by install"
+                            + (f" (and {len(more) - 1} more)" if len(more) > 1 else ""))
     for e in manifest.entries:
         p = inside(torch.root, e.path)
         if e.action in ("add", "replace"):
@@ -371,9 +534,25 @@ def _current_problems(torch: TorchInstall, manifest: BackupManifest) -> list[str
                 problems.append(f"{e.path}: missing (we installed it)")
             elif sha256_file(p) != e.sha256_after:
                 problems.append(f"{e.path}: changed since install")
-        elif p.exists():
+        elif os.path.lexists(p):
             problems.append(f"{e.path}: exists again (we removed it)")
     return problems
+
+
+def _check_copies(backup_dir: Path, manifest: BackupManifest) -> None:
+    """Every copy restore would put back is a regular file of the backup holding the bytes whose
+    sha256 the manifest recorded: checked for all of them before the first file is touched."""
+    for e in manifest.entries:
+        if e.action == "add":
+            continue
+        src = inside(backup_dir / "files", e.path)
+        try:
+            regular = stat.S_ISREG(os.lstat(src).st_mode)
+        except OSError as exc:
+            raise UserError(f"{src}: cannot read the backup copy ({exc.strerror or exc}); nothing was changed") from None
+        if not regular or sha256_file(src) != e.sha256_before:
+            raise UserError(f"{src}: the backup copy is {'not a regular file' if not regular else 'damaged'} (not "
+                            "the bytes whose sha256 the manifest recorded); nothing was changed")
 
 
 def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: BackupManifest, force: bool,
@@ -423,6 +602,12 @@ def restore(torch: TorchInstall, backup_dir: Path, force: bool = False) -> Backu
             + "\n".join(problems),
             hint="use --force to restore anyway",
         )
+    _check_copies(backup_dir, manifest)
     with _locked(torch):
-        _restore_from(torch, backup_dir, manifest, force=force)
+        try:
+            _restore_from(torch, backup_dir, manifest, force=force)
+        except OSError as exc:
+            raise os_failure(f"restore stopped ({os_reason(exc)}): the files put back so far stay, the backup "
+                             f"stays in {backup_dir}", exc,
+                             hint="fix the cause, then run `mi100-codegen torch restore --force`") from None
     return manifest

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from codegen.core.errors import UserError
+from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.formats.elf import DynamicInfo, read_dynamic
 from codegen.upstream.releases import IMAGES_DIR, SUPPORTED, TORCH_LINES, by_release, release_name
 
@@ -206,7 +206,12 @@ def _version_py(path: Path) -> dict[str, object]:
 
 
 def find_torch_dir(torch_dir: Path | None) -> Path:
-    """The torch package folder: given, or the one this Python would import (not imported)."""
+    """The torch package folder: given, or the one this Python would import (not imported), as its
+    one canonical path (links resolved, once, here): install, status and restore reached through a
+    link or through the real path find the same folder, and the same backup beside it.
+
+    No torch in this environment is a missing environment (EnvironmentMissing, exit 3, as for
+    `tune` and `validate`); a `--torch-dir` that holds no torch is a path the user chose (exit 2)."""
     if torch_dir is not None:
         root = Path(torch_dir)
         if root.name != "torch" and (root / "torch" / "version.py").is_file():
@@ -214,12 +219,12 @@ def find_torch_dir(torch_dir: Path | None) -> Path:
         if not (root / "version.py").is_file():
             raise UserError(f"{torch_dir}: not a torch package folder (no version.py)",
                             hint="pass the folder that holds torch/version.py, e.g. .../site-packages/torch")
-        return root
+        return root.resolve()
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("torch is not installed in this Python environment",
-                        hint="activate the environment of your ROCm PyTorch, or pass --torch-dir")
-    return Path(list(spec.submodule_search_locations)[0])
+        raise EnvironmentMissing("torch is not installed in this Python environment",
+                                 hint="activate the environment of your ROCm PyTorch, or pass --torch-dir")
+    return Path(list(spec.submodule_search_locations)[0]).resolve()
 
 
 def inspect_torch(torch_dir: Path | None) -> TorchInstall:

@@ -1,10 +1,16 @@
-"""`torch status`: what an installed PyTorch links, and whether our build is in it."""
+"""`torch status`: what an installed PyTorch links, and whether our build is in it.
+
+Everything it prints comes from a torch folder and a backup that may be someone else's: the text
+form escapes control characters line by line (`codegen.core.ui.printable`: a version string's ESC
+prints as `\x1b`, a newline cannot start a forged `problem:` line); JSON escapes them itself."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from codegen.core.errors import UserError
+from codegen.core.ui import printable
 from codegen.formats.elf import ElfError, read_dynamic
 from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
@@ -53,7 +59,7 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
         out["aotriton_file"] = info
     elif torch.hip_dyn is not None:
         out["problems"].append("libtorch_hip.so needs no libaotriton_v2.so.X.Y.Z (static or no AOTriton)")
-    if (backup_dir / MANIFEST).is_file():
+    if os.path.islink(backup_dir) or os.path.lexists(backup_dir / MANIFEST):
         try:
             m = read_manifest(backup_dir)
         except UserError as exc:  # a damaged backup is reported, not fatal
@@ -112,4 +118,4 @@ def format_status(s: dict) -> str:
         lines.append("our build:        not installed")
     for p in s["problems"]:
         lines.append(f"problem:          {p}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"

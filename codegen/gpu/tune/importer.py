@@ -25,7 +25,8 @@ from typing import Annotated, Union
 from pydantic import (AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError,
                       model_validator)
 
-from codegen.core.errors import DataFileError, printable
+from codegen.core.errors import DataFileError
+from codegen.core.ui import printable
 from codegen.core.fsutil import read_input
 from codegen.models import FAMILIES, KernelConfig, TargetSpec
 from codegen.models.target import tile_problems
