@@ -15,7 +15,7 @@ from codegen.cli import SpecOpt
 from codegen.cli.build import AITER_HELP, KERNELS_HELP, check_outputs
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
 from codegen.core import ui
-from codegen.core.errors import printable
+from codegen.core.ui import printable
 from codegen.core.preflight import path_option
 
 stderr = ui.console()

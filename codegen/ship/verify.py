@@ -41,7 +41,8 @@ from codegen.apply.engine import apply_overlay
 from codegen.compile import engine
 from codegen.compile.sample import stratified_sample
 from codegen.core import ui
-from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError, printable
+from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
+from codegen.core.ui import printable
 from codegen.formats.aks2 import KernelRef, ZipRef, package_images, packed_kernels
 from codegen.formats.bundle_zip import Bundle, BundleError, extract, open_bundle
 from codegen.formats.compile_list import image_refs
