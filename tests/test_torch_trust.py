@@ -488,6 +488,22 @@ def test_12_status_without_torch_in_the_environment_exits_3(monkeypatch):
     refused(r, "torch is not installed in this Python environment", code=EXIT_UPSTREAM)
 
 
+def test_12_the_exit_code_page_says_what_the_code_does_for_a_missing_environment():
+    """docs/reference/exit-codes.md is generated (scripts/mkdocs_hooks.py) from codegen.core.errors:
+    its row for 3 names a missing environment and the class every such refusal raises."""
+    import importlib.util as iu
+
+    from codegen.core.errors import EnvironmentMissing
+
+    hooks = Path(__file__).resolve().parents[1] / "scripts" / "mkdocs_hooks.py"
+    spec = iu.spec_from_file_location("mkdocs_hooks", hooks)
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = next(line for line in mod.exit_codes_reference().splitlines() if line.startswith(f"| {EXIT_UPSTREAM} |"))
+    assert "missing environment (no torch" in row and "`EnvironmentMissing`" in row, row
+    assert EnvironmentMissing.exit_code == EXIT_UPSTREAM
+
+
 # -------------------------------------------------------------------------- property tests --
 
 @pytest.fixture(scope="module")
