@@ -37,7 +37,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fuzz_profiles import fast, slow
+from fuzz_profiles import byte_edits, damaged, fast, slow
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -64,7 +64,6 @@ member_names = st.one_of(
 )
 MODES = {"file": stat.S_IFREG | 0o644, "link": stat.S_IFLNK | 0o777, "fifo": stat.S_IFIFO | 0o644,
          "dir": stat.S_IFDIR | 0o755, "no mode": 0, "duplicate": stat.S_IFREG | 0o644, "setuid": stat.S_IFREG | 0o4755}
-edits = st.lists(st.tuples(st.sampled_from(["flip", "insert", "cut"]), st.floats(0, 1), st.integers(0, 255)), max_size=2)
 
 
 @st.composite
@@ -73,7 +72,7 @@ def bundle_zips(draw):
                for _ in range(draw(st.integers(0, 5)))]
     listing = draw(st.sampled_from(["listed", "listed", "listed", "unlisted", "no manifest"]))
     plant = draw(st.sampled_from([None, None, None, "lib", "lib/aotriton.images", "lib/aotriton.images/amd-gfx908"]))
-    return members, listing, draw(st.one_of(st.just([]), st.just([]), edits)), plant
+    return members, listing, draw(st.one_of(st.just([]), st.just([]), byte_edits)), plant
 
 
 def _zip_bytes(members, listing) -> bytes:
@@ -100,19 +99,6 @@ def _zip_bytes(members, listing) -> bytes:
     return buf.getvalue()
 
 
-def _damaged(raw: bytes, damage) -> bytes:
-    out = bytearray(raw)
-    for how, where, byte in damage:
-        i = min(int(where * len(out)), max(len(out) - 1, 0))
-        if how == "flip" and out:
-            out[i] ^= byte or 1
-        elif how == "insert":
-            out.insert(i, byte)
-        else:
-            del out[i:]
-    return bytes(out)
-
-
 def _changed(before: dict, after: dict) -> set[str]:
     return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
 
@@ -124,7 +110,7 @@ def _zip_case(case) -> bool:
         (base / "outside").mkdir()
         (base / "outside" / "victim").write_bytes(b"precious\n")
         zpath = base / "b.mi100-bundle.zip"
-        zpath.write_bytes(_damaged(_zip_bytes(members, listing), damage))
+        zpath.write_bytes(damaged(_zip_bytes(members, listing), damage))
         root = base / "root"
         root.mkdir()
         if plant:  # a link below the extraction root, pointing out

@@ -179,15 +179,20 @@ def _check_cwd() -> None:
                         hint="cd to an existing folder and run the command again") from None
 
 
+def _to_devnull(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null (what is still buffered then goes nowhere, quietly)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _mute_stdout() -> None:
     """Point stdout at /dev/null once writing to it failed (ENOSPC): the shutdown's flush of the
     buffered rest then succeeds instead of printing a traceback."""
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-        os.close(fd)
-    except (OSError, ValueError, AttributeError):
-        pass
+    _to_devnull(sys.stdout)
 
 
 def _report(exc: CodegenError) -> None:
@@ -293,11 +298,7 @@ def _closed_stdout(exc: BaseException) -> bool:
 def _quiet_exit_on_closed_stdout() -> None:
     """The reader of stdout is gone: point stdout at /dev/null (so the interpreter's final flush
     does not complain) and exit 0."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
+    _to_devnull(sys.stdout)
     raise SystemExit(0)
 
 
@@ -337,22 +338,14 @@ class _DroppingStderr:
         try:
             return self._stream.write(text)
         except BrokenPipeError:
-            self._drop()
+            _to_devnull(self._stream)
             return len(text)
 
     def flush(self) -> None:
         try:
             self._stream.flush()
         except BrokenPipeError:
-            self._drop()
-
-    def _drop(self) -> None:
-        try:
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, self._stream.fileno())
-            os.close(null)
-        except (OSError, ValueError, AttributeError):
-            pass
+            _to_devnull(self._stream)
 
     def __getattr__(self, name: str):
         return getattr(self._stream, name)
