@@ -8,11 +8,14 @@ in the default run (well under a minute on 2 cores), >= 1,000 per input kind und
 | compile reports (tests/test_fuzz_data_files.py: reader, through the CLI) | 40 + 15 = 55 | 400 (reader) |
 | upstream tuning logs (tests/test_fuzz_data_files.py: `tune import`) | 40 | 400 |
 | records: bundle and backup manifests, reach and kernel-cache records (tests/test_fuzz_records.py) | 4 x 60 = 240 | 4 x 1,000 = 4,000 |
+| what travels: bundle zip members, a planted backup folder, a reach record in a prefix (tests/test_fuzz_travel.py) | 3 x 40 = 120 | 3 x 1,000 = 3,000 |
+| a card report's allow-list: planted secrets, any text (tests/test_report.py) | 3 x 150 + 300 = 750 | 3 x 3,000 + 5,000 = 14,000 |
 """
 
 from __future__ import annotations
 
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 
 _BASE = settings(deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -40,3 +43,22 @@ def node_paths(node, loc=()):
     elif isinstance(node, list):
         for i, v in enumerate(node):
             yield from node_paths(v, loc + (i,))
+
+
+# byte-level changes of a file: (how, where as a fraction of its length, a byte), applied by `damaged`
+byte_edits = st.lists(st.tuples(st.sampled_from(["flip", "insert", "cut"]), st.floats(0, 1), st.integers(0, 255)),
+                      min_size=1, max_size=6)
+
+
+def damaged(raw: bytes, edits) -> bytes:
+    """`raw` with `edits` (byte_edits) applied: bytes flipped, inserted or cut anywhere."""
+    out = bytearray(raw)
+    for how, where, byte in edits:
+        i = min(int(where * len(out)), max(len(out) - 1, 0))
+        if how == "flip" and out:
+            out[i] ^= byte or 1
+        elif how == "insert":
+            out.insert(i, byte)
+        else:
+            del out[i:]
+    return bytes(out)

@@ -64,3 +64,18 @@ def test_debug_shows_traceback():
     result = CliRunner().invoke(app, ["--debug", "spec", "check", "tests/golden/specs/empty.yaml"])
     assert result.exit_code == 2
     assert "Traceback" in result.output
+
+
+def test_a_python_object_tag_is_refused_by_name_and_nothing_runs(tmp_path, monkeypatch):
+    """Issue 30 item 12: `arch: !!python/object/apply:os.system [...]` is exit 2 (a user error, not
+    drift), the message names the tag, and the command it carries never runs."""
+    spec = (REPO / "rules" / "mi100.yaml").read_text().replace(
+        "\narch: gfx908", '\narch: !!python/object/apply:os.system ["touch ran"]', 1)
+    assert "os.system" in spec
+    (tmp_path / "evil.yaml").write_text(spec)
+    monkeypatch.chdir(tmp_path)
+    for args in (["spec", "check", "evil.yaml"], ["render", "--spec", "evil.yaml", "--out", "overlay"]):
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "tag !!python/object/apply:os.system is not allowed" in result.output, result.output
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.yaml"]

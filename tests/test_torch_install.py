@@ -388,7 +388,7 @@ def test_rebuild_recipe_run_needs_rocm(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setenv("ROCM_PATH", str(tmp_path / "no-rocm"))
     r = cli("torch", "rebuild-recipe", "--prefix", str(prefix), "--run", "--workdir", str(tmp_path / "w"))
-    assert r.exit_code == 2 and "no ROCm found" in r.output
+    assert r.exit_code == 3 and "no ROCm found" in r.output  # a missing environment (docs/reference/exit-codes.md)
     assert not (tmp_path / "w").exists()
 
 

@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fuzz_profiles import fast, slow
+from fuzz_profiles import byte_edits, damaged, fast, slow
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -488,6 +488,22 @@ def test_12_status_without_torch_in_the_environment_exits_3(monkeypatch):
     refused(r, "torch is not installed in this Python environment", code=EXIT_UPSTREAM)
 
 
+def test_12_the_exit_code_page_says_what_the_code_does_for_a_missing_environment():
+    """docs/reference/exit-codes.md is generated (scripts/mkdocs_hooks.py) from codegen.core.errors:
+    its row for 3 names a missing environment and the class every such refusal raises."""
+    import importlib.util as iu
+
+    from codegen.core.errors import EnvironmentMissing
+
+    hooks = Path(__file__).resolve().parents[1] / "scripts" / "mkdocs_hooks.py"
+    spec = iu.spec_from_file_location("mkdocs_hooks", hooks)
+    mod = iu.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = next(line for line in mod.exit_codes_reference().splitlines() if line.startswith(f"| {EXIT_UPSTREAM} |"))
+    assert "missing environment (no torch" in row and "`EnvironmentMissing`" in row, row
+    assert EnvironmentMissing.exit_code == EXIT_UPSTREAM
+
+
 # -------------------------------------------------------------------------- property tests --
 
 @pytest.fixture(scope="module")
@@ -533,25 +549,9 @@ def _case(template: Path, which: str, prepare, *args: str) -> int:
 INSTALL = ("torch", "install", "--bundle", "CASE/b.zip", "--torch-dir", "CASE/site-packages/torch")
 
 
-@st.composite
-def zip_bytes(draw):
-    """Byte-level changes of a bundle file: bytes flipped, inserted or cut anywhere."""
-    return [(draw(st.sampled_from(["flip", "insert", "cut"])), draw(st.floats(0, 1)), draw(st.integers(0, 255)))
-            for _ in range(draw(st.integers(1, 6)))]
-
-
 def _bundle_zip(template: Path, edits) -> None:
     def prepare(case: Path) -> None:
-        raw = bytearray((case / "b.zip").read_bytes())
-        for how, where, byte in edits:
-            i = min(int(where * len(raw)), max(len(raw) - 1, 0))
-            if how == "flip" and raw:
-                raw[i] ^= byte or 1
-            elif how == "insert":
-                raw.insert(i, byte)
-            else:
-                del raw[i:]
-        (case / "b.zip").write_bytes(bytes(raw))
+        (case / "b.zip").write_bytes(damaged((case / "b.zip").read_bytes(), edits))
     _case(template, "case", prepare, *INSTALL)
 
 
@@ -589,7 +589,7 @@ def _backup_doc(template: Path) -> dict:
 
 def _run(template: Path, kind: str, profile) -> None:
     if kind == "bundle zip":
-        strategy, case = zip_bytes(), _bundle_zip
+        strategy, case = byte_edits, _bundle_zip
     elif kind == "bundle manifest":
         strategy, case = manifests(_manifest_doc(template)), _bundle_manifest
     else:

@@ -71,6 +71,12 @@ CASES = {
     "reordered": (",".join(reversed(WINNER_CSV_COLUMNS)) + "\n", "winners.csv:1: header: columns out of order"),
     "field_count": (_winners_text() + "x,y\n", "winners.csv:4: expected 25 fields, found 2"),
     "empty_file": ("", "winners.csv:1: file is empty"),
+    # issue 30 item 12: a NUL (or another control character) never becomes part of a name
+    "nul_in_family": (_winners_text(family="attn_fwd\x00x"),
+                      "winners.csv:2: family: character '\\x00' is not allowed"),
+    "escape_in_device": (_winners_text(device="\x1b[2J"), "winners.csv:2: device: character '\\x1b' is not allowed"),
+    "newline_in_family": (_winners_text().replace(",attn_fwd,", ',"attn\nfwd",', 1),
+                          "winners.csv:2: family: character '\\n' is not allowed"),
 }
 
 

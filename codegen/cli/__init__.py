@@ -134,7 +134,8 @@ def guarded(fn: Callable) -> Callable:
         try:
             _check_cwd()
             result = fn(*args, **kwargs)
-            sys.stdout.flush()  # a full disk under stdout shows here, not as a shutdown traceback
+            if sys.stdout is not None:  # None: stdout closed (`>&-`) and the command not run by main
+                sys.stdout.flush()  # a full disk under stdout shows here, not as a shutdown traceback
             return result
         except typer.Exit:
             raise
@@ -178,15 +179,20 @@ def _check_cwd() -> None:
                         hint="cd to an existing folder and run the command again") from None
 
 
+def _to_devnull(stream) -> None:
+    """Point `stream`'s descriptor at /dev/null (what is still buffered then goes nowhere, quietly)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, stream.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _mute_stdout() -> None:
     """Point stdout at /dev/null once writing to it failed (ENOSPC): the shutdown's flush of the
     buffered rest then succeeds instead of printing a traceback."""
-    try:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, sys.stdout.fileno())
-        os.close(fd)
-    except (OSError, ValueError, AttributeError):
-        pass
+    _to_devnull(sys.stdout)
 
 
 def _report(exc: CodegenError) -> None:
@@ -292,17 +298,66 @@ def _closed_stdout(exc: BaseException) -> bool:
 def _quiet_exit_on_closed_stdout() -> None:
     """The reader of stdout is gone: point stdout at /dev/null (so the interpreter's final flush
     does not complain) and exit 0."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError, AttributeError):
-        pass
+    _to_devnull(sys.stdout)
     raise SystemExit(0)
 
 
+def _reopen_closed_streams() -> None:
+    """stdout or stderr closed by the caller (`>&-`, `2>&-`): Python leaves `sys.stdout` None and
+    the first write or flush is a traceback. The closed descriptor is pointed at /dev/null (so a
+    file opened later cannot take its number and receive a child process's output) and the stream
+    writes there: what would have been printed is dropped, as for a reader that went away; the exit
+    code still tells how the command ended."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            try:
+                os.fstat(fd)
+            except OSError:  # closed: /dev/null takes its number
+                null = os.open(os.devnull, os.O_WRONLY)
+                if null != fd:
+                    os.dup2(null, fd)
+                    os.close(null)
+                setattr(sys, name, open(fd, "w", encoding="utf-8", errors="replace", closefd=False))
+            else:  # something else holds the number: never write into it
+                setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
+        except OSError:  # no /dev/null: leave it; the command's own errors still exit non-zero
+            pass
+
+
+class _DroppingStderr:
+    """sys.stderr whose reader may go away (`cmd 2>&1 | head -1`): a write past that is dropped
+    (the descriptor then points at /dev/null) instead of ending the command, so an error still
+    exits with its own code and a running stage is not cut short by its messages."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _to_devnull(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _to_devnull(self._stream)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
-    """The console script: the app, plus Ctrl-C between start-up and the first command, and a
-    closed stdout pipe (`plan | head`) as a quiet exit 0."""
+    """The console script: the app, plus Ctrl-C between start-up and the first command, a closed
+    stdout pipe (`plan | head`) as a quiet exit 0, and a closed stdout or stderr (`>&-`) as a
+    stream that drops what is written to it."""
+    _reopen_closed_streams()
+    if sys.stderr is not None and not isinstance(sys.stderr, _DroppingStderr):
+        sys.stderr = _DroppingStderr(sys.stderr)
     try:
         app()
     except KeyboardInterrupt:

@@ -70,7 +70,7 @@ class _Positions:
         # CLI start-up: ruamel (~15 ms) loads only when a spec needs its positions (the located path)
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-        # a node ruamel composed without positions (a tagged collection, `arch: !custom [a]`)
+        # a node ruamel composed without positions (one a future ruamel builds differently)
         # takes its parent's: `find` walks up to the nearest located path
         if isinstance(node, CommentedMap):
             for key in node:
@@ -165,6 +165,37 @@ def _mark_error(display: str, exc: MarkedYAMLError) -> str:
         cm = exc.context_mark
         problem = f"{problem} ({exc.context} started at {cm.line + 1}:{cm.column + 1})"
     return f"{display}:{line}:{col}: YAML: {printable(problem)}"
+
+
+# the tags of YAML's core schema: a spec may spell a plain type explicitly (`!!str 0.11b`)
+_CORE_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+
+
+def _tag_errors(yaml: Any, text: str, display: str) -> list[str]:
+    """Every node carrying a tag other than the core schema's (`!!python/object/apply:os.system`,
+    `!custom`): a spec is plain data, and a tag would ask a loader to build an object. Read from
+    the parser's events, before anything is constructed; a text that does not parse is left to
+    the loader's own located error."""
+    # CLI start-up: ruamel (~15 ms) loads only when a spec needs its positions (the located path)
+    from ruamel.yaml.error import YAMLError
+
+    out: list[str] = []
+    try:
+        for ev in yaml.parse(text):
+            tag = getattr(ev, "tag", None)
+            tag = None if tag is None else str(getattr(tag, "value", tag))
+            if tag is None or tag in _CORE_TAGS:
+                continue
+            shown = printable(tag.replace("tag:yaml.org,2002:", "!!"))
+            shown = shown if len(shown) <= 80 else shown[:79] + "…"
+            mark = ev.start_mark
+            out.append(f"{display}:{mark.line + 1}:{mark.column + 1}: YAML: tag {shown} is not allowed: a spec is "
+                       "plain data (mappings, lists, strings, numbers, booleans)")
+            if len(out) >= 20:
+                break
+    except (YAMLError, RecursionError):
+        return out
+    return out
 
 
 _NODE_START = (None, ":", "-", ",", "?", "[", "{")
@@ -318,6 +349,9 @@ def _parse_yaml(text: str, display: str) -> CommentedMap:
         raise SpecError([f"{display}:{deep[0]}:{deep[1]}: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"])
     yaml = YAML(typ="rt")
     yaml.allow_duplicate_keys = False
+    tagged = _tag_errors(yaml, text, display) if "!" in text else []
+    if tagged:
+        raise SpecError(tagged)
     try:
         doc = yaml.load(text)
     except MarkedYAMLError as exc:

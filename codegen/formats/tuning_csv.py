@@ -176,6 +176,11 @@ def read_csv(path: Path) -> list[dict]:
             errors.append(f"{display}:{line}: expected {len(columns)} fields, found {len(cells)}")
             continue
         raw = dict(zip(columns, cells))
+        unprintable = [(col, next(c for c in v if not c.isprintable())) for col, v in raw.items() if not v.isprintable()]
+        if unprintable:  # a NUL, an escape, a newline inside a cell: never part of a name or a number
+            errors.extend(f"{display}:{line}: {col}: character {ascii(ch)} is not allowed (tune writes printable "
+                          "text only)" for col, ch in unprintable)
+            continue
         data = {k: (None if v == "" and k in _OPTIONAL else v) for k, v in raw.items()}
         try:
             row = model.model_validate(data)

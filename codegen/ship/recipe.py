@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core import processes
-from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError
+from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UserError
 from codegen.ship.layout import (TORCH_LINES, TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, inspect_prefix,
                      tag_line, unsupported_line_message)
 
@@ -154,10 +154,11 @@ def run_recipe(r: Recipe, workdir: Path, log=print) -> None:
         raise UserError("--run needs --prefix (the AOTriton install prefix to build against)")
     rocm = os.environ.get("ROCM_PATH", "/opt/rocm")
     if shutil.which("hipcc") is None and not Path(rocm, "bin", "hipcc").exists():
-        raise UserError(f"no ROCm found (hipcc is not on PATH and not in {rocm}/bin): building "
-                        "PyTorch for ROCm needs it", hint="run this on the ROCm machine, or print the recipe without --run")
+        raise EnvironmentMissing(f"no ROCm found (hipcc is not on PATH and not in {rocm}/bin): building "
+                                 "PyTorch for ROCm needs it", hint="run this on the ROCm machine, or print the recipe without --run")
     if shutil.which("git") is None:
-        raise UserError("git is not installed")
+        raise EnvironmentMissing("git is not installed: the recipe clones PyTorch",
+                                 hint="install git (apt-get install -y git) and run it again")
     workdir.mkdir(parents=True, exist_ok=True)
     marks = workdir / ".mi100-recipe"
     marks.mkdir(exist_ok=True)

@@ -1,6 +1,9 @@
 """What `mi100-codegen report` does: on the card owner's machine, collect the environment (torch,
-HIP/ROCm, driver, the GPU's full arch string), `torch status`, and `validate`'s results with its
-speed table into one Markdown file, scrubbed of anything private (`codegen.gpu.report.privacy`).
+HIP/ROCm, driver, the GPU's full arch string, the values of a few known environment variables),
+`torch status`, and `validate`'s results with its speed table into one Markdown file. The file
+is posted publicly: every string collected goes through one allow-list sanitizer
+(`codegen.gpu.report.privacy.scrub`) before it is rendered, and the renderers add only our own
+words. The owner is told how much was replaced and that the file is exactly what they send.
 
 Refusals come first and write nothing: an output that cannot be written (exit 2), no torch or no
 GPU (exit 3, one message). A validation that fails still writes the report (a failure is worth
@@ -13,6 +16,7 @@ import json
 import os
 import platform
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +27,7 @@ from codegen.core.fsutil import atomic_write
 from codegen.apply.applied_spec import resolve_spec
 from codegen.ship.layout import inspect_torch
 from codegen.ship.status import format_status, torch_status
-from codegen.gpu.report.privacy import scrub
+from codegen.gpu.report.privacy import KNOWN_ENV, PATH, REDACTED, URL, sanitize, scrub
 from codegen.gpu.validate.report import render_markdown
 from codegen.gpu.validate import run as validate
 
@@ -68,8 +72,8 @@ def _os_name() -> str | None:
 
 
 def environment(plat=None) -> dict:
-    """The machine's software and GPU, without anything that names its owner (paths are scrubbed
-    later). `plat`: validate's Platform (None before a GPU was found)."""
+    """The machine's software and GPU (scrubbed later, with everything else: compose_report).
+    `plat`: validate's Platform (None before a GPU was found)."""
     env = {
         "mi100_codegen": __version__,
         "python": platform.python_version(),
@@ -78,6 +82,7 @@ def environment(plat=None) -> dict:
         "machine": platform.machine(),
         "rocm": _read_first_line("/opt/rocm/.info/version") or os.environ.get("ROCM_VERSION"),
         "amdgpu_driver": _read_first_line("/sys/module/amdgpu/version"),
+        "variables": {name: os.environ[name] for name in KNOWN_ENV if name in os.environ},
     }
     if plat is not None:
         env.update(plat.as_dict())
@@ -93,27 +98,40 @@ def environment(plat=None) -> dict:
     return env
 
 
-def _torch_status() -> tuple[dict | None, str]:
+def _torch_status() -> tuple[dict | None, str | None]:
+    """torch status as JSON, or why there is none."""
     try:
-        status = torch_status(inspect_torch(None))
+        return torch_status(inspect_torch(None)), None
     except CodegenError as exc:
-        return None, f"torch status failed: {exc}\n"
-    return status, format_status(status)
+        return None, str(exc)
+
+
+def compose_report(env: dict, status: dict | None, status_error: str | None, validation: dict,
+                   counts: Counter | None = None) -> str:
+    """The report's text from what was collected: every string and key scrubbed first
+    (`privacy.scrub`; `counts` gains what was replaced), then rendered."""
+    env, status, validation = scrub(env, counts), scrub(status, counts), scrub(validation, counts)
+    status_text = (format_status(status) if status is not None
+                   else f"torch status failed: {sanitize(status_error or '-', counts)}\n")
+    return render_report(env, status_text, render_markdown(validation), validation, status)
 
 
 def render_report(env: dict, status_text: str, validate_md: str, validate: dict | None,
                   status: dict | None = None) -> str:
-    """The report as Markdown (before scrubbing): the tables, then the same data as JSON
-    (`validate`: validate's JSON report; `status`: torch status as JSON)."""
+    """The report as Markdown from scrubbed data (compose_report): the tables, then the same data
+    as JSON (`validate`: validate's JSON report; `status`: torch status as JSON)."""
     L = ["# mi100-codegen card report", "",
-         f"Written by `mi100-codegen report` {env['mi100_codegen']}. Attach this file to {ISSUE_FORM}; "
-         "it holds no host name, user name or path outside the Python packages.", "",
+         f"Written by `mi100-codegen report` {env['mi100_codegen']}. Attach this file to {ISSUE_FORM}. "
+         f"It keeps only what the tool prints on purpose: any other word, path or address reads {REDACTED}, "
+         f"{PATH} or {URL}.", "",
          "## Environment", "", "| what | value |", "|---|---|"]
     for key in ("device_name", "arch_full", "arch", "compute_units", "platform", "torch_version", "hip_version",
                 "cuda_version", "rocm", "amdgpu_driver", "nvidia_driver", "triton", "python", "os", "kernel",
                 "machine", "mi100_codegen"):
         if key in env:
             L.append(f"| {key} | {env[key] if env[key] is not None else '-'} |")
+    for name, value in sorted((env.get("variables") or {}).items()):
+        L.append(f"| {name} | {value} |")
     L += ["", "## torch status", "", "```", status_text.rstrip("\n"), "```", ""]
     L += ["## validate", ""]
     L += [validate_md.rstrip("\n"), ""]
@@ -135,16 +153,19 @@ def run_report(opts: ReportOptions) -> Path:
 
     plat = detect_platform()  # no GPU: exit 3, nothing written
     stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}", markup=False)
-    status, status_text = _torch_status()
+    status, status_error = _torch_status()
     with stderr.status("validating…") as progress:
         vopts = validate.ValidateOptions(spec=opts.spec, no_perf=opts.no_perf, seed=opts.seed)
         res, label = validate._run_mode(vopts, loaded, plat, progress.update)
     report = validate.build_report(loaded, res, plat, label)
-    text = scrub(render_report(environment(plat), status_text, render_markdown(report), report, status))
+    counts: Counter = Counter()
+    text = compose_report(environment(plat), status, status_error, report, counts)
     atomic_write(opts.out, text)
-    stderr.print(f"wrote {opts.out}: attach it to {ISSUE_FORM}", markup=False)
+    stderr.print(f"wrote {opts.out} ({text.count(chr(10))} lines). It is exactly what you will post: read it, then "
+                 f"attach it to {ISSUE_FORM}. Replaced as not ours to show: {counts[REDACTED]} words "
+                 f"({REDACTED}), {counts[PATH]} paths ({PATH}), {counts[URL]} addresses ({URL}).", markup=False)
     validate._verdict(report, True)
     return opts.out
 
 
-__all__ = ["DEFAULT_OUT", "ReportOptions", "environment", "render_report", "run_report"]
+__all__ = ["DEFAULT_OUT", "ReportOptions", "compose_report", "environment", "render_report", "run_report"]
