@@ -25,6 +25,9 @@ torch_app = typer.Typer(
 
 TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
 BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
+CardOpt = typer.Option(None, "--arch", help="The card's arch (default: the GPU found in the KFD topology, else by torch).")
+# the sysfs root the KFD topology is read from: tests give a fake machine's
+SysfsOpt = typer.Option(Path("/sys"), "--sysfs", hidden=True)
 
 
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
@@ -42,16 +45,20 @@ def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
 def status(
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
+    arch: Optional[str] = CardOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    sysfs: Path = SysfsOpt,
 ) -> None:
-    """Installed torch, HIP version, the AOTriton file it links, images, whether ours is in."""
+    """The card and the spec that serves it; installed torch, HIP, the AOTriton file it links, images, whether ours is in."""
     # CLI start-up: the status stage (~145 ms) loads when the command runs
+    from codegen.ship.detect import DetectOptions, detect_machine
     from codegen.ship.install import backup_location
     from codegen.ship.layout import inspect_torch
     from codegen.ship.status import format_status, torch_status
 
     t = inspect_torch(torch_dir)
-    s = torch_status(t, backup_location(t, backup_dir))
+    machine = detect_machine(t, DetectOptions(arch, sysfs, ask_torch=torch_dir is None and t.is_rocm))
+    s = torch_status(t, backup_location(t, backup_dir), machine)
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, sort_keys=True) + "\n")
     else:
