@@ -1,4 +1,4 @@
-"""`mi100-codegen bundle build|check|verify`."""
+"""`mi100-codegen bundle build|check|verify|index`."""
 
 from __future__ import annotations
 
@@ -156,6 +156,26 @@ def verify(
     if not rep.ok:
         raise BundleDiffers(f"{file}: not what its recorded release, spec and Triton build (see above)")
     stderr.print("[green]ok:[/] the sampled kernels are what the recorded inputs compile to")
+
+
+@bundle_app.command("index")
+def index(
+    folder: Path = typer.Argument(..., help="A folder of bundle files (*.mi100-bundle.zip)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the index as JSON on stdout."),
+) -> None:
+    """Write FOLDER/index.json listing the bundles in FOLDER (URLs relative to it: serve the folder as it is)."""
+    # CLI start-up: the index module (~20 ms) loads when an index is written
+    from codegen.models.records import write_json
+    from codegen.ship.index import write_index
+
+    dest, idx, changed = write_index(folder, progress=_say)
+    if as_json:
+        sys.stdout.write(write_json(idx).decode())
+    for e in idx.bundles:
+        _say(f"  {e.file}: AOTriton {e.release}, {e.target or e.arch}, HIP {e.hip_major}, "
+             f"torch {', '.join(e.torch_lines) or '?'}, {e.size / 1e6:.1f} MB")
+    stderr.print(f"[green]index:[/] {printable(str(dest))} ({len(idx.bundles)} bundles"
+                 f"{'' if changed else ', unchanged'})")
 
 
 def register(app: typer.Typer, guarded) -> None:
