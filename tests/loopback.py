@@ -16,6 +16,7 @@ from typing import Iterator
 class Site:
     files: dict[str, bytes] = field(default_factory=dict)
     cut_after: int | None = None          # close the connection after this many body bytes (once)
+    cut_path: str | None = None           # ... only when serving this path (None: any)
     ignore_range: bool = False            # answer 200 with the whole file to a Range request
     no_length: bool = False               # no Content-Length: the body ends when the connection closes
     redirects: dict[str, str] = field(default_factory=dict)   # path -> Location
@@ -57,7 +58,7 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
             if not site.no_length:
                 self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            if site.cut_after is not None:
+            if site.cut_after is not None and site.cut_path in (None, self.path):
                 body, site.cut_after = body[:site.cut_after], None
                 self.wfile.write(body)
                 self.wfile.flush()

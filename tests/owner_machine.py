@@ -38,10 +38,12 @@ WHEELS = {
 }
 
 
-def wheel(site: Path, kind: str) -> Path:
+def wheel(site: Path, kind: str, uses: bool = True) -> Path:
     """site/torch laid out as a ROCm wheel of `kind` (WHEELS): version.py, the HIP runtime shipped
     as torch/lib/libamdhip64.so (SONAME libamdhip64.so.<major>), libtorch_hip.so needing it under
-    the unversioned name, and the AOTriton library it needs (none for flash-off), DT_RPATH $ORIGIN."""
+    the unversioned name, and the AOTriton library it needs (none for flash-off), DT_RPATH $ORIGIN.
+    `uses`: libtorch_hip.so calls the fixtures' AOTriton symbols (False: it only needs the file, so
+    a real library with real signatures can go in)."""
     need_cc()
     version, hip, major, aot = WHEELS[kind]
     root = site / "torch"
@@ -61,7 +63,8 @@ def wheel(site: Path, kind: str) -> Path:
         build_aot(lib / f"libaotriton_v2.so.{aot}", "original", aot)
         src = (f'const char *fwd(void) __asm__("{SYM_FWD}");\nconst char *bwd(void) __asm__("{SYM_BWD}");\n'
                f'const char *chk(void) __asm__("{SYM_CHECK}");\nint hipInit(unsigned);\n'
-               "const char *which_aotriton(void) { hipInit(0); bwd(); chk(); return fwd(); }\n")
+               "const char *which_aotriton(void) { hipInit(0); bwd(); chk(); return fwd(); }\n") if uses else \
+            "int hipInit(unsigned);\nint which_hip(void) { return hipInit(0); }\n"
         aot_link = (f"-L{lib}", f"-l:libaotriton_v2.so.{aot}")
     _cc(lib / "libtorch_hip.so", src, f"-L{link}", *aot_link, "-l:libamdhip64.so", "-Wl,-rpath,$ORIGIN",
         "-Wl,--disable-new-dtags", "-Wl,--no-as-needed")

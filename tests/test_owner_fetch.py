@@ -101,6 +101,9 @@ def test_an_unreachable_server_names_the_step(tmp_path):
             fetch_bytes(site.url("/none.json"), limit=1000, step="reading the index")
         with pytest.raises(UserError, match="larger than 10 bytes"):
             fetch_bytes(site.url("/i.json"), limit=10, step="reading the index")
+        site.cut_after = 50
+        with pytest.raises(NetworkError, match="closed the connection after 50 of 200 bytes"):
+            fetch_bytes(site.url("/i.json"), limit=1000, step="reading the index")
 
 
 def test_only_https_or_loopback_http_and_redirects_under_the_same_rule(tmp_path):

@@ -203,7 +203,7 @@ def wheel_lines() -> list[str]:
     whose AOTriton release mi100-codegen builds, where the wheels' ROCm versions are known."""
     out = []
     for t in TORCH_LINES:
-        known = [v for v in getattr(t, "rocm", ()) if re.fullmatch(r"[0-9]+\.[0-9]+", v)]
+        known = [v for v in t.rocm if re.fullmatch(r"[0-9]+\.[0-9]+", v)]   # '7.x': a major, no index
         if known and build_release_for_line(tag_line(t.aotriton) or "") is not None:
             index = PYTORCH_ROCM_INDEX.format(rocm=known[-1])
             out.append(f"torch {t.torch} (ROCm {', '.join(known)}): pip install 'torch=={t.torch}.*' "

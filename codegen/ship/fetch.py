@@ -46,16 +46,24 @@ class NetworkError(EnvironmentMissing):
         self.step = step
 
 
-def _loopback(host: str | None) -> bool:
+LOOPBACK_HOSTS = ("localhost",)
+
+
+def loopback(host: str | None) -> bool:
+    """`host` names this machine: a loopback address (127.0.0.1, ::1) or `localhost`."""
+    if host is None:
+        return False
+    if host in LOOPBACK_HOSTS:
+        return True
     try:
-        return host is not None and ipaddress.ip_address(host).is_loopback
+        return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
 
 
 def check_url(url: str, *, what: str = "URL") -> str:
-    """`url` when it is one we fetch: https://, or http:// to a loopback address (127.0.0.1, ::1:
-    a server on this machine, as the tests run one); anything else is a UserError."""
+    """`url` when it is one we fetch (the one rule, the index's location included): https://, or
+    http:// to this machine (`loopback`: a server the tests run); anything else is a UserError."""
     try:
         parts = urllib.parse.urlsplit(url)
         host = parts.hostname
@@ -63,7 +71,7 @@ def check_url(url: str, *, what: str = "URL") -> str:
         raise UserError(f"{what} {printable(url[:200])!s}: not a URL") from None
     if parts.scheme == "https" and host:
         return url
-    if parts.scheme == "http" and _loopback(host):
+    if parts.scheme == "http" and loopback(host):
         return url
     raise UserError(f"{what} {printable(url[:200])}: only https:// URLs are fetched (plain http:// only from "
                     "this machine's loopback address)")
@@ -192,23 +200,7 @@ def fetch(want: Wanted, dest: Path, *, step: str, on_bytes: Callable[[int, int],
                 h, have = hashlib.sha256(), 0   # the server sends the whole file: start over
             out.seek(have)
             out.truncate()
-            while True:
-                try:
-                    chunk = stream.read(CHUNK)
-                except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-                    out.flush()
-                    raise _offline(step, want, exc, have, partial) from None
-                if not chunk:
-                    break
-                if have + len(chunk) > want.size:
-                    out.close()
-                    partial.unlink()
-                    raise UserError(f"{step}: {want.where} sends more than the {want.size:,} bytes the index "
-                                    f"gives for {want.name}; not the file the index names (deleted)")
-                out.write(chunk)
-                h.update(chunk)
-                have += len(chunk)
-                on_bytes(have, want.size)
+            have = _copy(stream, out, h, have, want, step, partial, on_bytes)
     if have < want.size:
         raise NetworkError(step, f"{want.where} closed the connection after {have:,} of {want.size:,} bytes",
                            hint=f"{have:,} bytes are kept in {partial}: run the same command again to resume")
@@ -220,6 +212,28 @@ def fetch(want: Wanted, dest: Path, *, step: str, on_bytes: Callable[[int, int],
     return final
 
 
+def _copy(stream: BinaryIO, out: BinaryIO, h, have: int, want: Wanted, step: str, partial: Path,
+          on_bytes: Callable[[int, int], None]) -> int:
+    """The rest of the stream appended to `out` and `h`, never past the index's size; the bytes held."""
+    while True:
+        try:
+            chunk = stream.read(CHUNK)
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+            out.flush()
+            raise _offline(step, want, exc, have, partial) from None
+        if not chunk:
+            return have
+        if have + len(chunk) > want.size:
+            out.close()
+            partial.unlink()
+            raise UserError(f"{step}: {want.where} sends more than the {want.size:,} bytes the index "
+                            f"gives for {want.name}; not the file the index names (deleted)")
+        out.write(chunk)
+        h.update(chunk)
+        have += len(chunk)
+        on_bytes(have, want.size)
+
+
 def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) -> bytes:
     """The body of `url` (`check_url`), at most `limit` bytes (more: UserError), for a small
     document such as an index; a network failure is a NetworkError naming `step`."""
@@ -227,6 +241,7 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
     try:
         with open_url(url, timeout=timeout) as resp:
             data = resp.read(limit + 1)
+            declared = resp.headers.get("Content-Length")
     except urllib.error.HTTPError as exc:
         raise NetworkError(step, f"{where} answers HTTP {exc.code} ({printable(str(exc.reason))}) for "
                            f"{printable(url)}") from None
@@ -236,6 +251,9 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
                            ) from None
     if len(data) > limit:
         raise UserError(f"{step}: {printable(url)} is larger than {limit:,} bytes; refusing to read it")
+    if declared is not None and declared.isdigit() and len(data) < int(declared):
+        raise NetworkError(step, f"{where} closed the connection after {len(data):,} of {int(declared):,} bytes",
+                           hint="run the same command again")
     return data
 
 
@@ -246,4 +264,4 @@ def _offline(step: str, want: Wanted, exc: Exception, have: int, partial: Path) 
                         hint=f"{kept}run the same command again when online (it resumes), or use an index folder: --index DIR")
 
 
-__all__ = ["NetworkError", "Wanted", "check_url", "fetch", "fetch_bytes", "open_url"]
+__all__ = ["LOOPBACK_HOSTS", "NetworkError", "Wanted", "check_url", "fetch", "fetch_bytes", "loopback", "open_url"]

@@ -26,7 +26,6 @@ of the same line (point releases of a line are ABI-compatible)."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import stat
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from codegen.formats.bundle_zip import Bundle, BundleError, open_bundle, bundle_
 from codegen.formats.elf import ElfError, parse_dynamic
 from codegen.models.index import INDEX_FILE, INDEX_FORMAT, INDEX_LIMIT, BundleIndex, IndexEntry
 from codegen.models.records import RecordError, clip, parse_json, validate_record, write_json
+from codegen.ship.fetch import loopback
 from codegen.ship.identity import library_identity
 from codegen.ship.layout import parse_tag, tag_line
 
@@ -49,7 +49,6 @@ DEFAULT_INDEX_URL = "https://github.com/mi100-codegen/mi100-codegen/releases/lat
 INDEX_ENV = "MI100_CODEGEN_INDEX"
 """Environment variable naming the index (a folder or a URL) when `--index` is not given."""
 BUNDLE_SUFFIX = ".mi100-bundle.zip"
-LOOPBACK_HOSTS = ("localhost",)
 
 _HINT = "the index is not one mi100-codegen wrote (`mi100-codegen bundle index DIR`), or was changed"
 
@@ -88,17 +87,6 @@ def index_source(option: str | None = None) -> tuple[str, str]:
     return DEFAULT_INDEX_URL, "the published index"
 
 
-def _loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host in LOOPBACK_HOSTS:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def index_location(source: str, origin: str = "--index") -> IndexLocation:
     """An index named as a folder, a URL of a folder or the URL of `index.json` itself (https;
     http only to this machine), else one message (exit 2)."""
@@ -108,7 +96,7 @@ def index_location(source: str, origin: str = "--index") -> IndexLocation:
             parts.port
         except ValueError:
             raise UserError(f"{origin} {clip(source)}: not a valid port") from None
-        ok = parts.scheme == "https" or (parts.scheme == "http" and _loopback(parts.hostname))
+        ok = parts.scheme == "https" or (parts.scheme == "http" and loopback(parts.hostname))
         if not ok or not parts.hostname or "@" in parts.netloc or not source.isprintable() or " " in source:
             raise UserError(f"{origin} {clip(source)}: an index URL is https:// with a host and no credentials "
                             "(http:// only to this machine)", hint="or name a folder holding index.json")
