@@ -66,8 +66,8 @@ def wheel(site: Path, kind: str, uses: bool = True) -> Path:
                "const char *which_aotriton(void) { hipInit(0); bwd(); chk(); return fwd(); }\n") if uses else \
             "int hipInit(unsigned);\nint which_hip(void) { return hipInit(0); }\n"
         aot_link = (f"-L{lib}", f"-l:libaotriton_v2.so.{aot}")
-    _cc(lib / "libtorch_hip.so", src, f"-L{link}", *aot_link, "-l:libamdhip64.so", "-Wl,-rpath,$ORIGIN",
-        "-Wl,--disable-new-dtags", "-Wl,--no-as-needed")
+    _cc(lib / "libtorch_hip.so", src, "-Wl,--no-as-needed", f"-L{link}", *aot_link, "-l:libamdhip64.so",
+        "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags")
     img = lib / "aotriton.images" / "amd-gfx90a" / "flash"
     if aot is not None:
         img.mkdir(parents=True)

@@ -26,8 +26,8 @@ torch_app = typer.Typer(
 TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
 BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
 CardOpt = typer.Option(None, "--arch", help="The card's arch (default: the GPU found in the KFD topology, else by torch).")
-# the sysfs root the KFD topology is read from: tests give a fake machine's
-SysfsOpt = typer.Option(Path("/sys"), "--sysfs", hidden=True)
+SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
+                        help="The sysfs root the KFD topology is read from (tests give a fake machine's).")
 
 
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
@@ -67,9 +67,9 @@ def status(
 @torch_app.command("install")
 def install(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
-    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE|auto", help="A bundle file (mi100-codegen bundle build) instead of a prefix; "
+    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (mi100-codegen bundle build) instead of a prefix; "
                                          "`auto`: detect the card and torch, take the matching bundle from the index or build it here, check, install, validate."),
-    index: Optional[str] = typer.Option(None, "--index", metavar="URL|DIR", help="--bundle auto: the bundle index (a folder, or an https URL of "
+    index: Optional[str] = typer.Option(None, "--index", metavar="URL", help="--bundle auto: the bundle index (a folder, or an https URL of "
                                         "a folder or of its index.json; default: $MI100_CODEGEN_INDEX, else the published one)."),
     build_locally: bool = typer.Option(False, "--build-locally", help="--bundle auto: build the bundle here even when the index has one."),
     arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own; "

@@ -227,7 +227,8 @@ def describe(plan: OwnerPlan) -> list[str]:
     ]
     if plan.wanted is not None:
         w = plan.wanted
-        lines.append(f"bundle:   {w.name} from the index ({w.size / 1e6:.1f} MB, sha256 {w.sha256[:16]}…)")
+        size = f"{w.size / 1e6:.1f} MB" if w.size >= 100_000 else f"{w.size / 1e3:.1f} kB"
+        lines.append(f"bundle:   {w.name} from the index ({size}, sha256 {w.sha256[:16]}…)")
         lines.append(f"          {w.source}")
     else:
         lines.append(f"bundle:   {bundle_name(plan.release, plan.arch, plan.hip)}, built here: {plan.local_why}")
