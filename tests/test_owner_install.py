@@ -74,6 +74,7 @@ def test_dry_run_prints_the_plan_and_touches_nothing(machine, dist):
         assert site.requests == [("/r/index.json", None)]
     assert r.exit_code == 0, r.output
     for words in ("card:     gfx908 (1 device(s), KFD topology", "torch:    2.9.1+rocm6.4",
+                  "release:  AOTriton 0.11b (the release torch links)",
                   "links AOTriton 0.11b (libaotriton_v2.so.0.11.0)", "HIP:      6 (libamdhip64.so.6",
                   "spec:     mi100 (rules/mi100.yaml", f"bundle:   {NAME} from the index",
                   "dry run: nothing fetched, built or installed"):
@@ -180,6 +181,7 @@ def test_several_archs_need_arch(machine, dist):
     r = cli("torch", "install", "--bundle", "auto", "--index", str(dist), "--torch-dir", str(machine.torch),
             "--sysfs", str(two), "--arch", "gfx1030", "--dry-run")
     assert r.exit_code == 0 and "aotriton-0.11b-gfx1030-hip6.mi100-bundle.zip from the index" in r.output, r.output
+    assert "this machine also has gfx908: the bundle's library dispatches for gfx1030 only" in r.output
 
 
 def test_an_rdna2_variant_takes_the_gfx1030_bundle_and_says_the_override(machine, dist, monkeypatch):
@@ -198,8 +200,9 @@ def test_no_bundle_in_the_index_or_no_index_plans_a_build_here(tmp_path, dist, m
             str(sysfs(tmp_path / "sys", "gfx908")), "--dry-run"]
     r = cli(*args, "--index", str(dist))
     assert r.exit_code == 0, r.output
-    assert ("aotriton-0.13b-gfx908-hip7.mi100-bundle.zip, built here: the index has no bundle for AOTriton 0.13b "
-            "(its line), gfx908, HIP 7") in r.output
+    assert ("aotriton-0.13b-gfx908-hip7.mi100-bundle.zip, built here: the index has no bundle of the AOTriton 0.13 "
+            "line for gfx908, HIP 7") in r.output
+    assert "release:  AOTriton 0.13b (the release torch links)" in r.output
     assert "time: about" in r.output and "3,043 kernels, 4,269 CPU-s measured for 0.13b mi100" in r.output
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

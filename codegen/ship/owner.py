@@ -51,7 +51,7 @@ from codegen.models.index import INDEX_LIMIT
 from codegen.render.workspace import RENDER_INPUTS, is_shipped, results_dir
 from codegen.ship.bundle import BundleBuildError, build_bundle
 from codegen.ship.check import check_bundle
-from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, has_gpu
+from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import index_location, index_source, read_index, read_index_file, select_bundle
 from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install, restore
@@ -89,7 +89,7 @@ class OwnerPlan:
     machine: Machine
     loaded: LoadedSpec
     arch: str                         # the bundle's arch (the family's)
-    release: str                      # the release a build here builds
+    release: str                      # the bundle's release: the index entry's, or the one a build here builds
     hip: int
     wanted: Wanted | None = None      # the index's bundle; None: built here
     index: str | None = None          # where the index is, for messages
@@ -143,6 +143,10 @@ def plan_owner(opts: OwnerOptions, say: Callable[[str], None]) -> OwnerPlan:
     plan = OwnerPlan(torch, machine, loaded, machine.card.family.arch, facts.build_release, facts.hip_major)
     plan.notes += list(loaded.warnings)
     plan.validate = _no_validate(plan)
+    others = sorted({g.arch for g in machine.gpus if g.devices and family_of(g.arch) != machine.card.family})
+    if others:
+        plan.notes.append(f"this machine also has {', '.join(others)}: the bundle's library dispatches for "
+                          f"{plan.arch} only, so flash attention there goes")
     own = _own_results(loaded)
     if opts.build_locally:
         plan.local_why = "--build-locally"
@@ -192,10 +196,11 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
     except NetworkError as exc:
         plan.local_why = f"the index cannot be read ({exc})"
         return
-    choice = select_bundle(index, release=plan.release, arch=plan.arch, hip_major=plan.hip)
-    e = choice.entry
+    facts = plan.machine.torch
+    e = select_bundle(index, release=facts.release_tag, arch=plan.arch, hip_major=plan.hip).entry
     if e is None:
-        plan.local_why = (f"the index has no bundle for AOTriton {plan.release} (its line), {plan.arch}, HIP {plan.hip}")
+        plan.local_why = (f"the index has no bundle of the AOTriton {facts.release_line} line for {plan.arch}, "
+                          f"HIP {plan.hip}")
         return
     if e.spec.sha256 != plan.loaded.sha256:
         theirs = f"spec {e.spec.name or '?'} (sha256 {e.spec.sha256[:12]}…)"
@@ -207,7 +212,7 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
     if e.size > BUNDLE_LIMIT:
         raise UserError(f"{loc.document}: {e.file} is {e.size:,} bytes by the index, more than a bundle may be "
                         f"({BUNDLE_LIMIT:,}); nothing fetched")
-    plan.wanted = Wanted(loc.bundle(e), e.file, e.size, e.sha256)
+    plan.wanted, plan.release = Wanted(loc.bundle(e), e.file, e.size, e.sha256), e.release
 
 
 def describe(plan: OwnerPlan) -> list[str]:
@@ -222,6 +227,8 @@ def describe(plan: OwnerPlan) -> list[str]:
                      + ("set here" if card.override_ok else "NOT set here: export it before you use torch"))
     lines += [
         f"torch:    {f.version} ({f.torch_dir}), links AOTriton {f.release_tag} ({f.aotriton_file})",
+        f"release:  AOTriton {plan.release} " + ("(the release torch links)" if plan.release == f.release_tag else
+                                                  f"(line {f.release_line}: ABI-compatible with the {f.release_tag} torch links)"),
         f"HIP:      {plan.hip} ({f.hip_source})",
         f"spec:     {plan.loaded.spec.name} ({plan.loaded.display}, sha256 {plan.loaded.sha256[:12]}…)",
     ]
@@ -356,7 +363,7 @@ def check_downloaded(path: Path, say: Callable[[str], None]) -> None:
     say("bundle check: every check passed (CPU-built, dispatch emulated)")
 
 
-def _validate(plan: OwnerPlan, bdir: Path | None, say: Callable[[str], None]) -> Path:
+def _validate(plan: OwnerPlan, bdir: Path | None, bundle: Path, say: Callable[[str], None]) -> Path:
     """validate in a child process on the card; on failure torch is restored from `bdir` (None:
     this run installed nothing, torch stays as it was) and ValidateFailed raised."""
     out = owner_cache() / "validate"
@@ -378,9 +385,8 @@ def _validate(plan: OwnerPlan, bdir: Path | None, say: Callable[[str], None]) ->
         undo()
         raise ValidateFailed(
             f"validate failed on {card.arch} (exit {r.returncode}, above); torch is as it was before this command",
-            hint="the failure is worth a report: install the same bundle again with `mi100-codegen torch install "
-                 "--bundle FILE` (the file is named above), run `mi100-codegen report` and send the file, then "
-                 "`mi100-codegen torch restore`")
+            hint=f"the failure is worth a report: mi100-codegen torch install --bundle {bundle}, then "
+                 "mi100-codegen report (send the file), then mi100-codegen torch restore")
     return out / "validate.md"
 
 
@@ -411,7 +417,7 @@ def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callab
                 f"{plan.torch.root} ({inst.summary()}); backup {bdir}")
     validated = plan.validate is None
     if validated:
-        _validate(plan, bdir if not inst.identical else None, say)
+        _validate(plan, bdir if not inst.identical else None, path, say)
     return OwnerResult(path, not inst.identical, validated, inst.summary())
 
 
