@@ -157,3 +157,14 @@ def test_detect_machine_asks_torch_only_without_kfd(tmp_path):
     assert asked and m.card.family.spec == "mi50" and m.gpus[0].target == "gfx906:sramecc+:xnack-"
     m = detect_machine(None, DetectOptions(sysfs=sysfs(tmp_path / "sys", "gfx908")), env={}, probe=probe)
     assert len(asked) == 1 and m.card.family.spec == "mi100"
+
+
+def test_torch_is_asked_in_a_child_process():
+    """The torch this Python imports, asked for real (a CPU or CUDA build here): no AMD GPU, no note."""
+    import importlib.util
+
+    from codegen.ship.detect import torch_gpus
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch")
+    assert torch_gpus() == ([], None)
