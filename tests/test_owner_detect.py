@@ -113,7 +113,7 @@ def test_torch_facts_of_each_wheel(tmp_path):
     off = torch_facts(inspect_torch(wheel(tmp_path / "c", "flash-off")), "gfx1030")
     assert off.aotriton == "none" and off.hip_major == 7
     assert "does not link AOTriton at all" in off.problem and "TheRock" in off.problem
-    assert "torch rebuild-recipe --release 0.11.2b --arch gfx1030" in off.problem
+    assert "torch rebuild-recipe --release 0.11b --arch gfx1030" in off.problem
     for line in wheel_lines():
         assert line in off.problem
     assert "download.pytorch.org/whl/rocm6.4" in off.problem

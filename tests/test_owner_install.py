@@ -168,7 +168,7 @@ def test_a_torch_without_aotriton_is_refused_before_anything(tmp_path, dist, mon
         assert s.requests == []
     assert r.exit_code == 2, r.output
     for words in ("does not link AOTriton at all", "pip install 'torch==2.9.*' --index-url "
-                  "https://download.pytorch.org/whl/rocm6.4", "torch rebuild-recipe --release 0.11.2b --arch gfx1030"):
+                  "https://download.pytorch.org/whl/rocm6.4", "torch rebuild-recipe --release 0.11b --arch gfx1030"):
         assert words in r.output, r.output
     assert snapshot(tmp_path / "site") == before
 

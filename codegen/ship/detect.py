@@ -43,7 +43,7 @@ from codegen.models.hip import HIP_MAJORS
 from codegen.models.machine import CardMatch, Family, Gpu, Machine, TorchFacts
 from codegen.models.target import DEVICE_TARGET_PATTERN
 from codegen.ship.hip import torch_hip
-from codegen.ship.layout import (TORCH_LINES, TORCH_TO_AOTRITON, TorchInstall, aotriton_namespaces,
+from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON, TorchInstall, aotriton_namespaces,
                                  build_release_for_line, tag_line, unsupported_line_message)
 from codegen.upstream.releases import SUPPORTED
 
@@ -212,9 +212,10 @@ def wheel_lines() -> list[str]:
 
 
 def recipe_command(torch: TorchInstall, arch: str) -> str:
-    """The `torch rebuild-recipe` call for this torch's line and the card's arch."""
+    """The `torch rebuild-recipe` call for this torch's line (the release its official wheels link,
+    else the newest of that line we build) and the card's arch."""
     tag = TORCH_TO_AOTRITON.get(torch.feature_release)
-    release = build_release_for_line(tag_line(tag) or "") if tag else None
+    release = tag if tag in TORCH_RELEASES else build_release_for_line(tag_line(tag) or "") if tag else None
     return f"mi100-codegen torch rebuild-recipe --release {release or 'TAG'} --arch {arch}"
 
 
