@@ -237,3 +237,15 @@ def test_a_failed_validate_restores_torch(machine, dist, monkeypatch):
     assert f"installed: {NAME}" in r.output
     assert "validate failed on gfx908" in r.output and "torch is as it was before this command" in r.output
     assert snapshot(machine.site) == before
+
+
+def test_a_bundle_for_a_newer_glibc_is_built_here_instead(machine, dist):
+    index = json.loads((dist / "index.json").read_text())
+    for e in index["bundles"]:
+        e["glibc"] = "GLIBC_9.99"
+    site = site_of(dist)
+    site.files["/r/index.json"] = json.dumps(index).encode()
+    with serve(site) as s:
+        r = auto(machine, s.url("/r/"), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "built here: the index's bundle needs GLIBC_9.99, this machine has GLIBC_" in r.output

@@ -42,6 +42,7 @@ from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing,
 from codegen.core.fsutil import move_into_place
 from codegen.core.resources import user_cache_dir
 from codegen.formats.bundle_zip import BUNDLE_LIMIT, bundle_name, open_bundle
+from codegen.formats.elf import version_key
 from codegen.formats.spec import LoadedSpec, load_spec
 from codegen.imagebuild.cost import build_cost, estimate_s
 from codegen.imagebuild.run import cpu_count
@@ -54,7 +55,7 @@ from codegen.ship.check import check_bundle
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import index_location, index_source, read_index, read_index_file, select_bundle
-from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install, restore
+from codegen.ship.install import apply_install, backup_location, machine_glibc, open_bundle_prefix, plan_install, restore
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
 from codegen.upstream.trees import release_tree
@@ -92,14 +93,9 @@ class OwnerPlan:
     release: str                      # the bundle's release: the index entry's, or the one a build here builds
     hip: int
     wanted: Wanted | None = None      # the index's bundle; None: built here
-    index: str | None = None          # where the index is, for messages
     local_why: str | None = None      # why it is built here
     validate: str | None = None       # None: validate runs after the install; else why it does not
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def local(self) -> bool:
-        return self.wanted is None
 
 
 # --- plan ----------------------------------------------------------------------------------------
@@ -182,7 +178,6 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
     """The index's bundle for the plan, or why there is none (plan.local_why)."""
     source, origin = index_source(opts.index)
     loc = index_location(source, origin)
-    plan.index = loc.document
     say(f"reading the index {loc.document} ({origin})")
     try:
         if loc.is_url:
@@ -209,6 +204,10 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
             return
         plan.notes.append(f"the index's bundle was built from {theirs}, this mi100-codegen's {plan.loaded.display} "
                           f"is sha256 {plan.loaded.sha256[:12]}…")
+    have = machine_glibc()
+    if e.glibc and have and version_key(have) < version_key(e.glibc):
+        plan.local_why = f"the index's bundle needs {e.glibc}, this machine has {have}"
+        return
     if e.size > BUNDLE_LIMIT:
         raise UserError(f"{loc.document}: {e.file} is {e.size:,} bytes by the index, more than a bundle may be "
                         f"({BUNDLE_LIMIT:,}); nothing fetched")
