@@ -19,8 +19,9 @@ from codegen.core.errors import UserError
 from codegen.formats.bundle_zip import bundle_name, manifest_of, open_bundle, sha256, write_bundle
 from codegen.models.index import INDEX_LIMIT, BundleIndex
 from codegen.models.records import RecordError
-from codegen.ship.index import (DEFAULT_INDEX_URL, INDEX_ENV, entry_of, index_json_schema, index_location,
-                                index_source, read_index, read_index_file, select_bundle, write_index)
+from codegen.ship.index import (DEFAULT_INDEX_URL, INDEX_ENV, entry_differences, entry_of, index_json_schema,
+                                index_location, index_source, read_index, read_index_file, select_bundle,
+                                write_index)
 from codegen.ship.layout import TORCH_LINES
 
 from conftest import REPO
@@ -79,7 +80,11 @@ def test_index_lists_every_bundle_from_its_manifest(bundles, tmp_path):
     assert raw.endswith(b"}\n") and b"\r" not in raw and raw == json.dumps(json.loads(raw), indent=2,
                                                                            sort_keys=True).encode() + b"\n"
     # an entry derived from the bundle as the reader opens it is the entry listed
-    assert entry_of(open_bundle(folder / idx.bundles[0].file)) == idx.bundles[0]
+    first = open_bundle(folder / idx.bundles[0].file)
+    assert entry_of(first) == idx.bundles[0] and entry_differences(first, idx.bundles[0]) == []
+    lie = idx.bundles[0].model_copy(update={"hip_major": 7, "release": "0.11.1b"})
+    assert entry_differences(first, lie) == ["hip_major: the index says 7, the bundle 6",
+                                             "release: the index says 0.11.1b, the bundle 0.11b"]
 
 
 def _refused(folder: Path, *words: str) -> str:
@@ -306,3 +311,10 @@ def test_the_bundles_page_quotes_the_wheels_rocm_of_the_records():
     for lines, cell in rows:
         for torch in lines.replace("/ main", "").split(","):
             assert tuple(v.strip() for v in cell.split("(")[0].split(",")) == rocm[torch.strip()], (torch, cell)
+
+
+def test_an_index_that_cannot_be_written_is_one_message(bundles, tmp_path):
+    folder = _copy(bundles, tmp_path / "ro")
+    (folder / "index.json").mkdir()   # in the way: not replaceable by a file
+    r = cli("bundle", "index", str(folder))
+    assert r.exit_code in (2, 3) and "cannot write it" in r.output and "Traceback" not in r.output
