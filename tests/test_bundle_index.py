@@ -16,43 +16,27 @@ import pytest
 
 from codegen.core.contain import Escape
 from codegen.core.errors import UserError
-from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
-from codegen.formats.elf import read_dynamic
+from codegen.formats.bundle_zip import bundle_name, manifest_of, open_bundle, sha256, write_bundle
 from codegen.models.index import INDEX_LIMIT, BundleIndex
 from codegen.models.records import RecordError
-from codegen.ship.index import (DEFAULT_INDEX_URL, INDEX_ENV, entry_of, index_json_schema, index_location,
-                                index_source, read_index, read_index_file, select_bundle, write_index)
+from codegen.ship.index import (DEFAULT_INDEX_URL, INDEX_ENV, entry_differences, entry_of, index_json_schema,
+                                index_location, index_source, read_index, read_index_file, select_bundle,
+                                write_index)
 from codegen.ship.layout import TORCH_LINES
-from codegen.formats.bundle_zip import open_bundle
 
 from conftest import REPO
-from test_torch_hip_runtime import prefix_with_hip
+from test_torch_install_bundle import make_bundle as make_install_bundle
 from test_torch_install import cli, need_cc
 
 COMMIT = "1234567890abcdef1234567890abcdef12345678"
 
 
-def make_bundle(out_dir: Path, work: Path, arch: str = "gfx908", hip: int = 6, name: str | None = None) -> Path:
-    """A bundle of AOTriton 0.11b for `arch` and HIP `hip`: a real library linked against
-    `libamdhip64.so.<hip>`, images, and a manifest with the provenance `bundle build` records."""
-    prefix = prefix_with_hip(work / f"prefix-{arch}-{hip}", hip, arch=arch)
-    lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
-    files = {f"lib/{lib.name}": lib.read_bytes()}
-    for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
-        if p.is_file():
-            files[p.relative_to(prefix).as_posix()] = p.read_bytes()
-    dyn = read_dynamic(lib)
-    manifest = {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
-                "version": "0.11.0", "torch_lines": ["2.9", "2.10"], "arch": arch, "hip_major": hip,
-                "spec": {"name": "smoke", "sha256": "a" * 64},
-                "library": {"file": f"lib/{lib.name}", "needs": {"glibc": dyn.highest("GLIBC"), "glibcxx": None}},
-                "built_with": {"project": {"version": "0.1.0", "commit": COMMIT, "modified": False},
-                               "builder": "test", "toolchain": {"triton": "3.6.0"}},
-                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    out = out_dir / (name or bundle_name("0.11b", arch, hip))
-    write_bundle(out, manifest_of(manifest, str(out)), files)
-    return out
+def make_bundle(out_dir: Path, work: Path, arch: str = "gfx908", hip: int = 6) -> Path:
+    """A bundle of AOTriton 0.11b for `arch` and HIP `hip` with the provenance `bundle build` records."""
+    return make_install_bundle(work, arch, hip=hip, out_dir=out_dir, version="0.11.0", torch_lines=["2.9", "2.10"],
+                               spec={"name": "smoke", "sha256": "a" * 64},
+                               built_with={"project": {"version": "0.1.0", "commit": COMMIT, "modified": False},
+                                           "builder": "test", "toolchain": {"triton": "3.6.0"}})
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +80,11 @@ def test_index_lists_every_bundle_from_its_manifest(bundles, tmp_path):
     assert raw.endswith(b"}\n") and b"\r" not in raw and raw == json.dumps(json.loads(raw), indent=2,
                                                                            sort_keys=True).encode() + b"\n"
     # an entry derived from the bundle as the reader opens it is the entry listed
-    assert entry_of(open_bundle(folder / idx.bundles[0].file)) == idx.bundles[0]
+    first = open_bundle(folder / idx.bundles[0].file)
+    assert entry_of(first) == idx.bundles[0] and entry_differences(first, idx.bundles[0]) == []
+    lie = idx.bundles[0].model_copy(update={"hip_major": 7, "release": "0.11.1b"})
+    assert entry_differences(first, lie) == ["hip_major: the index says 7, the bundle 6",
+                                             "release: the index says 0.11.1b, the bundle 0.11b"]
 
 
 def _refused(folder: Path, *words: str) -> str:
@@ -312,3 +300,21 @@ def test_bundle_build_records_its_provenance(monkeypatch):
 
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
         assert p["commit"] == head.strip() and isinstance(p["modified"], bool)
+
+
+def test_the_bundles_page_quotes_the_wheels_rocm_of_the_records():
+    """docs/bundles.md's table: the ROCm versions of each torch line are the records' (`TorchLine.rocm`)."""
+    text = (REPO / "docs" / "bundles.md").read_text(encoding="utf-8")
+    rocm = {t.torch: t.rocm for t in TORCH_LINES}
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line.startswith("| 2.")]
+    assert rows
+    for lines, cell in rows:
+        for torch in lines.replace("/ main", "").split(","):
+            assert tuple(v.strip() for v in cell.split("(")[0].split(",")) == rocm[torch.strip()], (torch, cell)
+
+
+def test_an_index_that_cannot_be_written_is_one_message(bundles, tmp_path):
+    folder = _copy(bundles, tmp_path / "ro")
+    (folder / "index.json").mkdir()   # in the way: not replaceable by a file
+    r = cli("bundle", "index", str(folder))
+    assert r.exit_code in (2, 3) and "cannot write it" in r.output and "Traceback" not in r.output

@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 from codegen.core.contain import inside
-from codegen.core.errors import UserError
+from codegen.core.errors import UserError, os_failure, os_reason
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.core.ui import printable
 from codegen.formats.bundle_zip import Bundle, BundleError, open_bundle, bundle_name
@@ -161,6 +161,18 @@ def entry_of(bundle: Bundle, url: str | None = None) -> IndexEntry:
         where=f"{bundle.path}: manifest.json", what="bundle index entry")
 
 
+def entry_differences(bundle: Bundle, entry: IndexEntry) -> list[str]:
+    """What the index says of a bundle that the bundle itself does not (empty: the entry is the
+    bundle's own, as `bundle index` would write it): for a downloaded bundle, after it is opened."""
+    try:
+        own = entry_of(bundle, entry.url).to_json()
+    except RecordError as exc:
+        return [exc.problem]
+    theirs = entry.to_json()
+    return [f"{k}: the index says {clip(str(theirs.get(k)))}, the bundle {clip(str(own.get(k)))}"
+            for k in sorted(set(own) | set(theirs)) if own.get(k) != theirs.get(k)]
+
+
 def bundle_problems(bundle: Bundle) -> list[str]:
     """Why `bundle` cannot be listed (empty: it can): its file name, its library's identity against
     the manifest, the checks its build recorded."""
@@ -203,7 +215,10 @@ def build_index(folder: Path, *, progress=lambda line: None) -> BundleIndex:
     folder = Path(folder)
     if not folder.is_dir():
         raise UserError(f"{folder}: not a folder of bundles")
-    files = _bundle_files(folder.resolve())
+    try:
+        files = _bundle_files(folder.resolve())
+    except OSError as exc:
+        raise os_failure(f"{folder}: cannot list its bundles ({os_reason(exc)})", exc) from None
     if not files:
         raise UserError(f"{folder}: no *{BUNDLE_SUFFIX} files to index",
                         hint="build some: mi100-codegen bundle build TREE --hip N --out DIR")
@@ -234,7 +249,11 @@ def write_index(folder: Path, *, progress=lambda line: None) -> tuple[Path, Bund
     Returns (its path, the index, whether it changed)."""
     index = build_index(folder, progress=progress)
     dest = Path(folder) / INDEX_FILE
-    changed = write_if_changed(dest, write_json(index))
+    try:
+        changed = write_if_changed(dest, write_json(index))
+    except OSError as exc:
+        raise os_failure(f"{dest}: cannot write it ({os_reason(exc)}); the old index, if any, is unchanged",
+                         exc) from None
     return dest, index, changed
 
 
@@ -279,5 +298,5 @@ def index_json_schema() -> dict:
 
 
 __all__ = ["BUNDLE_SUFFIX", "DEFAULT_INDEX_URL", "INDEX_ENV", "Choice", "IndexLocation", "build_index",
-           "bundle_problems", "entry_of", "index_json_schema", "index_location", "index_source", "read_index",
+           "bundle_problems", "entry_differences", "entry_of", "index_json_schema", "index_location", "index_source", "read_index",
            "read_index_file", "select_bundle", "write_index"]
