@@ -13,6 +13,7 @@ bundle, and tests/test_owner_build.py (slow) runs this command with the real che
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -137,6 +138,25 @@ def test_an_index_entry_that_lies_is_refused(machine, dist, tmp_path, field, val
     with serve(site) as s:
         r = auto(machine, s.url("/r/"))
     assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    assert snapshot(machine.site) == before and machine.checked == []
+    assert list((machine.cache / "owner" / "downloads").iterdir()) == []
+
+
+def test_an_entry_that_says_another_bundle_than_the_file_is_refused(machine, dist):
+    """The gfx1030 bundle served as the gfx908 entry, its size and sha256 right: downloaded and
+    verified, then the entry's claims checked against the bundle's own manifest."""
+    other = (dist / "aotriton-0.11b-gfx1030-hip6.mi100-bundle.zip").read_bytes()
+    index = json.loads((dist / "index.json").read_text())
+    entry = next(e for e in index["bundles"] if e["file"] == NAME)
+    entry["size"], entry["sha256"] = len(other), hashlib.sha256(other).hexdigest()
+    site = site_of(dist)
+    site.files["/r/index.json"], site.files[f"/r/{NAME}"] = json.dumps(index).encode(), other
+    before = snapshot(machine.site)
+    with serve(site) as s:
+        r = auto(machine, s.url("/r/"))
+    assert r.exit_code == 2, r.output
+    assert "the index's entry does not describe the bundle it names: arch: the index says gfx908, the bundle gfx1030" \
+        in r.output
     assert snapshot(machine.site) == before and machine.checked == []
     assert list((machine.cache / "owner" / "downloads").iterdir()) == []
 

@@ -8,7 +8,8 @@
    reached, `--build-locally` is given, or the published bundle cannot carry what you asked for
    (a spec of yours, tuning results of yours for the shipped spec).
 2. **The bundle**: downloaded (codegen.ship.fetch: resumable, bounded by the index's size, its
-   sha256 checked before the file is opened) into the user cache; or built here in the user cache:
+   sha256 checked before the file is opened) into the user cache, then what the index's entry
+   says of it compared with its own manifest (codegen.ship.index.entry_differences); or built here:
    a pristine tree of the release (`AOTRITON_SRC`, `AOTRITON_GIT`, the release archive, else `git
    clone` over HTTPS), the spec applied, `bundle build` with the time the cost table
    (codegen.imagebuild.cost) gives; every part resumable after an interruption (the tree and
@@ -48,13 +49,14 @@ from codegen.imagebuild.cost import build_cost, estimate_s
 from codegen.imagebuild.run import cpu_count
 from codegen.models.archs import HSA_OVERRIDE_ENV
 from codegen.models.machine import Machine
-from codegen.models.index import INDEX_LIMIT
+from codegen.models.index import INDEX_LIMIT, IndexEntry
 from codegen.render.workspace import RENDER_INPUTS, is_shipped, results_dir
 from codegen.ship.bundle import BundleBuildError, build_bundle
 from codegen.ship.check import check_bundle
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
-from codegen.ship.index import index_location, index_source, read_index, read_index_file, select_bundle
+from codegen.ship.index import (entry_differences, index_location, index_source, read_index, read_index_file,
+                                select_bundle)
 from codegen.ship.install import apply_install, backup_location, machine_glibc, open_bundle_prefix, plan_install, restore
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
@@ -93,6 +95,7 @@ class OwnerPlan:
     release: str                      # the bundle's release: the index entry's, or the one a build here builds
     hip: int
     wanted: Wanted | None = None      # the index's bundle; None: built here
+    entry: IndexEntry | None = None   # what the index says of it
     local_why: str | None = None      # why it is built here
     validate: str | None = None       # None: validate runs after the install; else why it does not
     notes: list[str] = field(default_factory=list)
@@ -211,7 +214,7 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
     if e.size > BUNDLE_LIMIT:
         raise UserError(f"{loc.document}: {e.file} is {e.size:,} bytes by the index, more than a bundle may be "
                         f"({BUNDLE_LIMIT:,}); nothing fetched")
-    plan.wanted, plan.release = Wanted(loc.bundle(e), e.file, e.size, e.sha256), e.release
+    plan.wanted, plan.entry, plan.release = Wanted(loc.bundle(e), e.file, e.size, e.sha256), e, e.release
 
 
 def describe(plan: OwnerPlan) -> list[str]:
@@ -262,9 +265,17 @@ def owner_cache() -> Path:
 
 def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Path, bool]:
     """The bundle file and whether it was built (and so checked) here."""
-    if plan.wanted is not None:
-        return _download(plan.wanted, console), False
-    return build_here(plan, opts, console, say), True
+    if plan.wanted is None:
+        return build_here(plan, opts, console, say), True
+    path = _download(plan.wanted, console)
+    lies = entry_differences(open_bundle(path), plan.entry)
+    if lies:   # the file is the one the index names, but not what the index says it is
+        path.unlink()
+        raise UserError(f"{path.name}: the index's entry does not describe the bundle it names: " + "; ".join(lies[:3])
+                        + (f" (and {len(lies) - 3} more)" if len(lies) > 3 else "") + "; deleted, torch untouched",
+                        hint="the index was changed or not written by `mi100-codegen bundle index`: use another "
+                             "(--index), or --build-locally")
+    return path, False
 
 
 def _download(want: Wanted, console: Console) -> Path:
