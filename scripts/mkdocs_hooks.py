@@ -5,13 +5,15 @@ code, and a link out of docs/ must name a file of the repository.
   usage, help, options with their help and defaults.
 - `<!-- generated: spec -->`: every field of the target spec, from the Pydantic JSON Schema
   (`codegen.formats.spec.spec_json_schema`): path, type, default, description.
+- `<!-- generated: index -->`: every field of the bundle index (`index.json`), from its Pydantic
+  JSON Schema (`codegen.ship.index.index_json_schema`), and the schema itself.
 - `<!-- generated: exit-codes -->`: the exit codes of `codegen.core.errors` and the error classes that
   carry them.
 - A relative link that leaves docs/ (`../rules/mi50.yaml`) must name a file or folder of the
   repository, else the build warns (and `mkdocs build --strict` fails); it becomes a link to the
   repository when `repo_url` is set, else the path as code.
 
-`python scripts/mkdocs_hooks.py cli|spec|exit-codes` prints a generated section (for review)."""
+`python scripts/mkdocs_hooks.py cli|spec|index|exit-codes` prints a generated section (for review)."""
 
 from __future__ import annotations
 
@@ -122,15 +124,12 @@ def _fields(model: dict, required: set[str]) -> list[str]:
     return rows
 
 
-def spec_reference() -> str:
-    from codegen.formats.spec import spec_json_schema
-
-    schema = json.loads(spec_json_schema())
+def _schema_reference(schema: dict, top: str, level: str = "##") -> str:
     head = ["| field | type | default | description |", "|---|---|---|---|"]
-    L = ["## The spec (top level)", "", _cell(schema.get("description", "")), "", *head,
+    L = [f"{level} {top}", "", _cell(schema.get("description", "")), "", *head,
          *_fields(schema, set(schema.get("required", []))), ""]
     for name, model in sorted(schema.get("$defs", {}).items()):
-        L += [f"## {name}", ""]
+        L += [f"{level} {name}", ""]
         if model.get("description"):
             L += [_cell(model["description"]), ""]
         if "properties" in model:
@@ -138,6 +137,23 @@ def spec_reference() -> str:
         else:
             L += [f"Type: {_cell(_type(model))}", ""]
     return "\n".join(L)
+
+
+def spec_reference() -> str:
+    from codegen.formats.spec import spec_json_schema
+
+    return _schema_reference(json.loads(spec_json_schema()), "The spec (top level)")
+
+
+def index_reference() -> str:
+    """The bundle index's fields, then its JSON Schema (`codegen.ship.index.index_json_schema`)."""
+    from codegen.ship.index import index_json_schema
+
+    schema = index_json_schema()
+    return (_schema_reference(schema, "index.json (top level)", "###")
+            + "\n??? note \"The JSON Schema of index.json\"\n    ```json\n"
+            + "\n".join(f"    {line}" for line in json.dumps(schema, indent=2, sort_keys=True).splitlines())
+            + "\n    ```\n")
 
 
 # ------------------------------------------------------------------------------ exit codes --
@@ -161,7 +177,8 @@ def exit_codes_reference() -> str:
     return "\n".join(L) + "\n"
 
 
-GENERATORS = {"cli": cli_reference, "spec": spec_reference, "exit-codes": exit_codes_reference}
+GENERATORS = {"cli": cli_reference, "spec": spec_reference, "exit-codes": exit_codes_reference,
+              "index": index_reference}
 
 
 # ------------------------------------------------------------------------------- the hooks --

@@ -6,11 +6,12 @@ replaced) and byte-level ones (deep nesting, 5,000-digit numbers, inserted bytes
   torch install call),
 - a torch backup manifest as `torch install` writes it (read by restore and status),
 - a reach record (`BUILD/mi100-codegen/reach.json`, the prefix copy),
-- a kernel-cache record (`CompileCache.get`: a record it cannot read is a miss, never an error).
+- a kernel-cache record (`CompileCache.get`: a record it cannot read is a miss, never an error),
+- a bundle index (`codegen.ship.index.read_index`, what `torch install --bundle auto` fetches).
 
 Each case ends in the model, or in one UserError (exit 2) whose one-line message starts with the
 file it names; never another exception; nothing is written outside the case's folder.
-Default run: 4 properties x 60 cases; `-m slow`: 4 x 1,000 (tests/fuzz_profiles.py)."""
+Default run: 5 properties x 60 cases; `-m slow`: 5 x 1,000 (tests/fuzz_profiles.py)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,15 @@ BACKUP = {"schema": 1, "tool": "mi100-codegen torch install", "torch_version": "
 REACH = {"format": 2, "mode": "dispatched", "proven_by": "v3src/flash/iface.op_attn_bwd.cc", "reason": None,
          "fused_kernels": 12, "kernels_left_out": 6, "packages_left_out": WRITTEN["built_with"]["reach"]["left_out"],
          "held": WRITTEN["built_with"]["reach"]["held"]}
+INDEX = {"format": 1, "bundles": [
+    {"file": "aotriton-0.11b-gfx908-hip6.mi100-bundle.zip", "url": "aotriton-0.11b-gfx908-hip6.mi100-bundle.zip",
+     "size": 123, "sha256": "b" * 64, "release": "0.11b", "version": "0.11.0", "arch": "gfx908",
+     "target": "gfx908:sramecc+:xnack-", "hip_major": 6, "torch_lines": ["2.9"], "glibc": "GLIBC_2.34",
+     "label": "CPU-built", "spec": {"name": "mi100", "sha256": "a" * 64},
+     "provenance": {"project_version": "0.1.0", "spec_sha256": "a" * 64, "triton": "3.6.0", "builder": "local"}},
+    {"file": "b.mi100-bundle.zip", "url": "https://example.com/b.mi100-bundle.zip", "size": 1, "sha256": "c" * 64,
+     "release": "0.13b", "arch": "gfx1030", "hip_major": 7, "label": "x", "spec": {"sha256": "a" * 64},
+     "provenance": {"spec_sha256": "a" * 64}}]}
 CACHE = {"format": 5, "key": "e" * 64, "ok": False, "id": "k", "compile_s": 1.5, "error": "x"}
 
 
@@ -118,7 +128,22 @@ def _cache_case(content: bytes):
         return got
 
 
-CASES = {"manifest": (WRITTEN, _manifest_case), "backup": (BACKUP, _backup_case), "reach": (REACH, _reach_case),
+def _index_case(content: bytes):
+    from codegen.models.index import BundleIndex
+    from codegen.ship.index import read_index
+
+    where = "https://example.com/index.json"
+    try:
+        idx = read_index(content, where)
+    except UserError as exc:
+        assert exc.exit_code == EXIT_USER and str(exc).startswith(where) and "\n" not in str(exc), str(exc)
+        return None
+    assert isinstance(idx, BundleIndex)
+    assert all(e.url.startswith("https://") or ".." not in e.url.split("/") for e in idx.bundles)
+    return idx
+
+
+CASES = {"manifest": (WRITTEN, _manifest_case), "index": (INDEX, _index_case), "backup": (BACKUP, _backup_case), "reach": (REACH, _reach_case),
          "cache": (CACHE, _cache_case)}
 
 

@@ -27,8 +27,12 @@ def wheel(tmp_path):
     return tmp_path / "wheel"
 
 
-def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) -> Path:
-    prefix = prefix_with_hip(tmp_path / "prefix", 6, arch=arch)
+def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None, hip: int = 6,
+                out_dir: Path | None = None, **fields) -> Path:
+    """A bundle of AOTriton 0.11b for `arch` and HIP `hip` (its library linked against
+    `libamdhip64.so.<hip>`), written to `out_dir` (default `tmp_path`); `fields`: more manifest
+    fields (`built_with`, `torch_lines`, …)."""
+    prefix = prefix_with_hip(tmp_path / f"prefix-{arch}-{hip}", hip, arch=arch)
     lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
     files = {f"lib/{lib.name}": lib.read_bytes()}
     for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
@@ -36,10 +40,11 @@ def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None) 
             files[p.relative_to(prefix).as_posix()] = p.read_bytes()
     dyn = read_dynamic(lib)
     manifest = {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
-                "arch": arch, "hip_major": 6, "spec": {"sha256": "0" * 64},
+                "arch": arch, "hip_major": hip, "spec": {"sha256": "0" * 64},
                 "library": {"file": f"lib/{lib.name}", "needs": {"glibc": glibc or dyn.highest("GLIBC"), "glibcxx": None}},
-                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}}
-    out = tmp_path / bundle_name("0.11b", arch, 6)
+                "files": {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}, **fields}
+    out = (out_dir or tmp_path) / bundle_name("0.11b", arch, hip)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_bundle(out, manifest_of(manifest, str(out)), files)
     return out
 

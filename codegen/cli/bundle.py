@@ -1,4 +1,4 @@
-"""`mi100-codegen bundle build|check|verify`."""
+"""`mi100-codegen bundle build|check|verify|index|matrix`."""
 
 from __future__ import annotations
 
@@ -156,6 +156,45 @@ def verify(
     if not rep.ok:
         raise BundleDiffers(f"{file}: not what its recorded release, spec and Triton build (see above)")
     stderr.print("[green]ok:[/] the sampled kernels are what the recorded inputs compile to")
+
+
+@bundle_app.command("index")
+def index(
+    folder: Path = typer.Argument(..., help="A folder of bundle files (*.mi100-bundle.zip)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the index as JSON on stdout."),
+) -> None:
+    """Write FOLDER/index.json listing the bundles in FOLDER (URLs relative to it: serve the folder as it is)."""
+    # CLI start-up: the index module (~20 ms) loads when an index is written
+    from codegen.models.records import write_json
+    from codegen.ship.index import write_index
+
+    dest, idx, changed = write_index(folder, progress=_say)
+    if as_json:
+        sys.stdout.write(write_json(idx).decode())
+    for e in idx.bundles:
+        _say(f"  {e.file}: AOTriton {e.release}, {e.target or e.arch}, HIP {e.hip_major}, "
+             f"torch {', '.join(e.torch_lines) or '?'}, {e.size / 1e6:.1f} MB")
+    stderr.print(f"[green]index:[/] {printable(str(dest))} ({len(idx.bundles)} bundles"
+                 f"{'' if changed else ', unchanged'})")
+
+
+@bundle_app.command("matrix")
+def matrix(
+    specs: Optional[list[Path]] = typer.Argument(None, help="Specs to build (default: every card spec at the top "
+                                                 "of rules/: mi100, mi50, rdna2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the matrix as one line of JSON on stdout "
+                                 "(`bundles`: one per bundle, `kernels`: one per release and arch)."),
+) -> None:
+    """List the bundles a release publishes: each release a torch line links x each card's spec x the HIP majors of its wheels."""
+    # CLI start-up: the matrix (~60 ms: spec loading) loads when it is listed
+    from codegen.ship.matrix import matrix_json, release_matrix
+
+    rows = release_matrix(specs or None)
+    if as_json:
+        sys.stdout.write(json.dumps(matrix_json(rows), sort_keys=True, separators=(",", ":")) + "\n")
+        return
+    for r in rows:
+        sys.stdout.write(f"{r.bundle}  spec {r.spec_name}  torch {', '.join(r.torch)}\n")
 
 
 def register(app: typer.Typer, guarded) -> None:

@@ -25,6 +25,9 @@ torch_app = typer.Typer(
 
 TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
 BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
+CardOpt = typer.Option(None, "--arch", help="The card's arch (default: the GPU found in the KFD topology, else by torch).")
+SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
+                        help="The sysfs root the KFD topology is read from (tests give a fake machine's).")
 
 
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
@@ -42,16 +45,20 @@ def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
 def status(
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
+    arch: Optional[str] = CardOpt,
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
+    sysfs: Path = SysfsOpt,
 ) -> None:
-    """Installed torch, HIP version, the AOTriton file it links, images, whether ours is in."""
+    """The card and the spec that serves it; installed torch, HIP, the AOTriton file it links, images, whether ours is in."""
     # CLI start-up: the status stage (~145 ms) loads when the command runs
+    from codegen.ship.detect import DetectOptions, detect_machine
     from codegen.ship.install import backup_location
     from codegen.ship.layout import inspect_torch
     from codegen.ship.status import format_status, torch_status
 
     t = inspect_torch(torch_dir)
-    s = torch_status(t, backup_location(t, backup_dir))
+    machine = detect_machine(t, DetectOptions(arch, sysfs, ask_torch=torch_dir is None and t.is_rocm))
+    s = torch_status(t, backup_location(t, backup_dir), machine)
     if as_json:
         sys.stdout.write(json.dumps(s, indent=2, sort_keys=True) + "\n")
     else:
@@ -60,20 +67,37 @@ def status(
 @torch_app.command("install")
 def install(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
-    bundle: Optional[Path] = typer.Option(None, "--bundle", help="A bundle file (mi100-codegen bundle build) instead of a prefix."),
-    arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own)."),
+    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (mi100-codegen bundle build) instead of a prefix; "
+                                         "`auto`: detect the card and torch, take the matching bundle from the index or build it here, check, install, validate."),
+    index: Optional[str] = typer.Option(None, "--index", metavar="URL", help="--bundle auto: the bundle index (a folder, or an https URL of "
+                                        "a folder or of its index.json; default: $MI100_CODEGEN_INDEX, else the published one)."),
+    build_locally: bool = typer.Option(False, "--build-locally", help="--bundle auto: build the bundle here even when the index has one."),
+    arch: Optional[str] = typer.Option(None, "--arch", help="GPU arch whose images must be present (default: the spec's, gfx908; a bundle's own; "
+                                       "--bundle auto: the card found)."),
     spec: Optional[Path] = SpecOpt,
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing (--bundle auto: print the plan only)."),
+    sysfs: Path = SysfsOpt,
 ) -> None:
     """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
+    if bundle == "auto":
+        if prefix is not None:
+            raise UserError("give one of --prefix PREFIX or --bundle auto")
+        # CLI start-up: the owner's command loads the index, the fetcher, check, build and install (~1 s) when it runs
+        from codegen.ship.owner import OwnerOptions, install_auto
+
+        install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs), stderr)
+        return
+    if index is not None or build_locally:
+        raise UserError("--index and --build-locally go with --bundle auto")
     # CLI start-up: the install stage (~140 ms) loads when the command runs
     from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
     if (prefix is None) == (bundle is None):
-        raise UserError("give one of --prefix PREFIX or --bundle FILE")
+        raise UserError("give one of --prefix PREFIX or --bundle FILE (or --bundle auto)")
+    bundle = Path(bundle) if bundle is not None else None
     t = inspect_torch(torch_dir)
     bdir = backup_location(t, backup_dir)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:

@@ -80,16 +80,18 @@ def console(*, stderr: bool = True, log_width: int | None = None) -> "Console":
 
 
 def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: str = "", tail: str = "",
-             spinner: bool = False, remaining: bool = True, disable: bool = False) -> "Progress":
-    """The stages' progress bar (build, precompile, bench, tune), kept on screen when done:
+             spinner: bool = False, remaining: bool = True, disable: bool = False, data: bool = False) -> "Progress":
+    """The stages' progress bar (build, precompile, bench, tune, downloads), kept on screen when done:
     `[spinner] LABEL bar done/total DETAIL elapsed [remaining] TAIL`; LABEL, DETAIL and TAIL are
-    rich format strings over the task (`{task.description}`, `{task.fields[NAME]}`)."""
+    rich format strings over the task (`{task.description}`, `{task.fields[NAME]}`). `data`: the
+    task counts bytes (done/total in MB, and the rate)."""
     # CLI start-up: rich.progress (~10 ms beyond the console) loads only when a bar is drawn
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 
     columns = [SpinnerColumn()] if spinner else []
-    columns += [TextColumn(label), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn(label), BarColumn()]
+    columns += [DownloadColumn(), TransferSpeedColumn()] if data else [MofNCompleteColumn()]
     columns += [TextColumn(detail)] if detail else []
     columns += [TimeElapsedColumn()] + ([TimeRemainingColumn()] if remaining else [])
     columns += [TextColumn(tail)] if tail else []

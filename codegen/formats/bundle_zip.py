@@ -25,7 +25,7 @@ import lzma
 import stat
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside, rel_path
@@ -76,6 +76,8 @@ class Bundle:
     path: Path
     manifest: BundleManifest
     members: dict[str, bytes]     # every member but manifest.json, verified
+    size: int = 0                 # bytes of the file as it was read (the bytes verified)
+    sha256: str = ""              # their sha256 (what an index lists)
 
     @property
     def library(self) -> str:
@@ -107,7 +109,7 @@ def open_bundle(path: Path) -> Bundle:
         raise BundleError(f"{path}: not a bundle or a truncated one ({exc})",
                           hint="download or build it again: mi100-codegen bundle build TREE --hip N") from None
     try:
-        return _verify(path, z)
+        return replace(_verify(path, z), size=len(data), sha256=sha256(data))
     except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, zlib.error,
             lzma.LZMAError, RuntimeError) as exc:   # RuntimeError: an encrypted member, an unknown compression
         raise BundleError(f"{path}: corrupt bundle ({type(exc).__name__}: {exc})",

@@ -1,6 +1,11 @@
 """AMDGPU processors LLVM knows (`-mcpu=`/`--offload-arch=` names, GCN and later): data, so a
 spec's arch can be checked before anything is generated for it. Extend when LLVM adds one.
-`Arch`: a record's field holding one of them."""
+`Arch`: a record's field holding one of them.
+
+Also the two spellings ROCm uses for a processor besides its name: the KFD topology's
+`gfx_target_version` (major * 10000 + minor * 100 + stepping: 90008 is gfx908, 90010 gfx90a,
+100300 gfx1030) and `HSA_OVERRIDE_GFX_VERSION`'s `major.minor.stepping` (10.3.0), and which
+processors run another's code objects when the runtime is told to take them for it (`RUNS_AS`)."""
 
 from __future__ import annotations
 
@@ -30,4 +35,29 @@ def _known(value: str) -> str:
 Arch = Annotated[str, Field(max_length=16), AfterValidator(_known)]
 """One of LLVM_AMDGPU_TARGETS (a name, never a path)."""
 
-__all__ = ["Arch", "LLVM_AMDGPU_TARGETS"]
+# The environment variable that makes ROCm's runtime take every GPU for the processor it names.
+HSA_OVERRIDE_ENV = "HSA_OVERRIDE_GFX_VERSION"
+# processor -> the processor whose code objects it runs under HSA_OVERRIDE_GFX_VERSION (the RDNA2
+# family runs gfx1030's; ROCm ships code for gfx1030 only)
+RUNS_AS: dict[str, str] = {a: "gfx1030" for a in ("gfx1031", "gfx1032", "gfx1033", "gfx1034", "gfx1035", "gfx1036")}
+
+
+def arch_of_target_version(value: int) -> str | None:
+    """KFD's `gfx_target_version` as a processor name (90008 -> 'gfx908', 90010 -> 'gfx90a',
+    100300 -> 'gfx1030'); None for 0 (a CPU node) and for a value no processor name can spell
+    (minor or stepping above 15). The name may be one LLVM does not know yet (a newer GPU)."""
+    if not 0 < value < 1_000_000:
+        return None
+    major, minor, stepping = value // 10000, value // 100 % 100, value % 100
+    if major == 0 or minor > 15 or stepping > 15:
+        return None
+    return f"gfx{major}{minor:x}{stepping:x}"
+
+
+def hsa_version(arch: str) -> str:
+    """`HSA_OVERRIDE_GFX_VERSION`'s spelling of a processor: 'gfx1030' -> '10.3.0', 'gfx90a' -> '9.0.10'."""
+    digits = arch.removeprefix("gfx")
+    return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
+
+
+__all__ = ["Arch", "HSA_OVERRIDE_ENV", "LLVM_AMDGPU_TARGETS", "RUNS_AS", "arch_of_target_version", "hsa_version"]

@@ -12,8 +12,8 @@ bounded integer; every string bounded (a label at most 200 printable characters)
 GLIBC/GLIBCXX needs parsed strictly (`GLIBC_2.34`, at most four numbers of at most four
 digits); every path relative and clean (`RelPath`), the library and the spec among `files`.
 
-Fields the writer added over time (`version`, `torch_lines`, `device_target`, `built_with`,
-`kernels`, `compile_report`, `verified`, `rows_added`) are optional; a manifest is written with
+Fields the writer added over time (`version`, `torch_lines`, `device_target`, `built_with` and
+its `project` and `builder`, `kernels`, `compile_report`, `verified`, `rows_added`) are optional; a manifest is written with
 exactly the fields it was made with (`Record.to_json`), so the writer's bytes do not change."""
 
 from __future__ import annotations
@@ -85,9 +85,23 @@ class Library(Record):
     hip_imports: dict[Name, Name] = {}
 
 
-class BuiltWith(Record):
-    """What the bundle was built with and how this run got its kernels."""
+class Project(Record):
+    """The mi100-codegen that built the bundle: its version, and the commit of the checkout it ran
+    from (None: not a git checkout, e.g. an installed wheel; `modified`: the checkout had changes
+    to tracked files)."""
 
+    version: Name
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")] | None = None
+    modified: StrictBool | None = None
+
+
+class BuiltWith(Record):
+    """What the bundle was built with and how this run got its kernels; `project` and `builder`
+    (who ran the build: `$MI100_CODEGEN_BUILDER`, e.g. the release workflow's run, else 'local')
+    are its provenance, which the bundle index lists."""
+
+    project: Project | None = None
+    builder: Name | None = None
     hip_headers: dict[Name, Name] = {}
     hip_suite: Name | None = None
     toolchain: dict[Name, Text | None] = {}
@@ -225,5 +239,5 @@ class BundleManifest(Record):
 
 
 __all__ = ["MANIFEST_FORMAT", "MANIFEST_LIMIT", "BuiltWith", "BundleManifest", "ClaimRecord",
-           "CompileReportSummary", "DispatchSummary", "FileRecord", "KernelCounts", "Library", "Needs",
-           "RowsAdded", "SpecRecord", "Verified"]
+           "CompileReportSummary", "DispatchSummary", "FileRecord", "GlibcNode", "GlibcxxNode", "KernelCounts",
+           "Library", "Needs", "Project", "RowsAdded", "TorchLine", "VersionText", "SpecRecord", "Verified"]

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -30,6 +32,9 @@ from typing import Callable, Iterator
 
 from rich.console import Console
 
+from codegen import __version__
+from codegen.core import processes
+from codegen.core.ui import printable
 from codegen.formats.elf import read_dynamic
 from codegen.core.errors import UpstreamError, UserError
 from codegen.apply.lock import read_lock
@@ -225,6 +230,32 @@ def add_rows(bundle: Path, tree: Path, dest: Path) -> Path:
     return dest
 
 
+BUILDER_ENV = "MI100_CODEGEN_BUILDER"
+"""Who builds (the release workflow sets its run's URL); recorded as the manifest's `built_with.builder`."""
+_PROJECT_PATHS = ("codegen", "rules", "templates", "tuning")
+
+
+def project_provenance() -> dict:
+    """The mi100-codegen building: its version, and when it runs from a git checkout, the commit
+    and whether tracked files of the package or its data differ from it (the bundle index's
+    provenance)."""
+    out: dict = {"version": __version__}
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():
+        return out
+    git = ["git", "-C", str(root)]
+    try:
+        head = processes.run([*git, "rev-parse", "HEAD"], timeout=30, capture_output=True, text=True)
+        dirty = processes.run([*git, "status", "--porcelain", "--untracked-files=no", "--", *_PROJECT_PATHS],
+                              timeout=30, capture_output=True, text=True)
+    except (OSError, subprocess.TimeoutExpired):
+        return out
+    commit = head.stdout.strip()
+    if head.returncode == 0 and dirty.returncode == 0 and re.fullmatch(r"[0-9a-f]{40}", commit):
+        out.update(commit=commit, modified=bool(dirty.stdout.strip()))
+    return out
+
+
 def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
               files: dict[str, bytes]) -> dict:
     """The bundle's manifest as data, before its `verified` record (`manifest_of` makes it the model)."""
@@ -246,6 +277,7 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
             "hip_imports": dict(x for x in dyn.import_versions if x[0].startswith("hip")),
         },
         "built_with": {
+            "project": project_provenance(), "builder": printable(os.environ.get(BUILDER_ENV) or "local")[:200],
             "hip_headers": {k: v.version for k, v in sysroot.record.packages.items()},
             "hip_suite": sysroot.record.suite, "toolchain": rep.toolchain, "machine": platform.machine(),
             "build_log": rep.log,
@@ -280,4 +312,5 @@ def _compile_report(loaded) -> dict | None:
             "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
 
 
-__all__ = ["BundleBuildError", "BundleResult", "add_rows", "build_bundle", "rows_member", "torch_lines"]
+__all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "add_rows", "build_bundle", "project_provenance",
+           "rows_member", "torch_lines"]

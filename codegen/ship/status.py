@@ -12,12 +12,16 @@ from pathlib import Path
 from codegen.core.errors import UserError
 from codegen.core.ui import printable
 from codegen.formats.elf import ElfError, read_dynamic
+from codegen.models.archs import HSA_OVERRIDE_ENV
+from codegen.models.machine import Machine
 from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
                      unsupported_line_message)
 
 
-def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
+def torch_status(torch: TorchInstall, backup_dir: Path | None = None, machine: Machine | None = None) -> dict:
+    """What `torch status` prints; `machine`: what detection found (codegen.ship.detect), shown
+    first as `machine` (the GPUs, the card and the family that serves it, the torch's facts)."""
     backup_dir = backup_dir or default_backup_dir(torch)
     out: dict = {
         "torch_dir": str(torch.root),
@@ -35,6 +39,8 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
         "ours_installed": False,
         "problems": [],
     }
+    if machine is not None:
+        out["machine"] = machine.model_dump(mode="json")
     if torch.hip_dyn is not None:
         out["hip_runpath"] = list(torch.hip_dyn.runpath or torch.hip_dyn.rpath)
     need = torch.aot_needed
@@ -82,11 +88,39 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
     return out
 
 
+def machine_lines(m: dict) -> list[str]:
+    """The card and what serves it, as status prints them (from `Machine.model_dump`)."""
+    gpus = ", ".join(f"{g['target'] or g['arch']} ({g['devices']} device{'s' if g['devices'] != 1 else ''})"
+                     for g in m["gpus"] if g["devices"])
+    found = m["gpus"][0]["source"] if m["gpus"] else "; ".join(m["notes"]) or "none found"
+    lines = [f"GPUs:             {gpus or 'none'}  ({found})"]
+    card = m.get("card")
+    if card is None:
+        lines.append("card:             none (no GPU found; --arch names one)")
+    elif card["problem"]:
+        lines.append(f"card:             {card['problem']}")
+    else:
+        fam = card["family"]
+        lines.append(f"card:             {card['arch']} -> spec {fam['spec']} ({fam['spec_file']}), bundle arch {fam['arch']}")
+        if card["override"]:
+            now = card["override_now"]
+            state = ("set" if now == card["override"] else f"set to {now}, not {card['override']}" if now else "NOT set")
+            lines.append(f"HSA override:     {card['arch']} runs {fam['arch']}'s kernels with "
+                         f"{HSA_OVERRIDE_ENV}={card['override']}: {state} in this environment")
+    t = m.get("torch")
+    if t and t["hip_major"] is not None:
+        lines.append(f"HIP major:        {t['hip_major']}  ({t['hip_source']})")
+    if t and t["problem"]:
+        lines.append(f"no bundle fits:   {t['problem']}")
+    return lines
+
+
 def format_status(s: dict) -> str:
     def yn(b: bool) -> str:
         return "yes" if b else "no"
 
-    lines = [
+    lines = [*machine_lines(s["machine"])] if s.get("machine") else []
+    lines += [
         f"torch:            {s['torch_version']}  ({s['torch_dir']})",
         f"HIP version:      {s['hip_version'] or '-'}" + (f"   CUDA: {s['cuda_version']}" if s["cuda_version"] else ""),
         f"ROCm build:       {yn(s['rocm_build'])}",

@@ -61,12 +61,20 @@ def version_text(version: Version) -> str:
 
 @dataclass(frozen=True)
 class TorchLine:
-    """A PyTorch feature release whose official wheels link a release, and the PyTorch branch a
-    from-source rebuild uses."""
+    """A PyTorch feature release whose official wheels link a release, the PyTorch branch a
+    from-source rebuild uses, and the ROCm versions of its wheels on download.pytorch.org
+    (`rocm`: '6.4'; '7.x' where only the major is known, not checked here): their majors are the
+    HIP majors a bundle for this line is built for."""
 
     torch: str   # '2.13'
     branch: str  # 'release/2.13'
     note: str = ""
+    rocm: tuple[str, ...] = ()
+
+    @property
+    def hip_majors(self) -> tuple[int, ...]:
+        """(6,) for ROCm 6.3 and 6.4 wheels: a ROCm wheel ships the HIP runtime of its ROCm major."""
+        return tuple(sorted({int(v.split(".")[0]) for v in self.rocm}))
 
 
 @dataclass(frozen=True)
@@ -237,28 +245,29 @@ def _torch(*lines: tuple) -> tuple[TorchLine, ...]:
 
 
 # The table. Commit, tree and date: the tags on github.com/ROCm/aotriton (the shared archive's
-# TAGS). Torch lines: docs/torch.md and docs/releases.md list the sources.
+# TAGS). Torch lines: docs/torch.md and docs/releases.md list the sources; their ROCm versions:
+# PyTorch's release posts and install matrix (docs/bundles.md), '7.x' where the minor is not checked.
 RELEASES: tuple[Release, ...] = (
-    Release("0.9.2b", (0, 9, 2), supported=False, torch_lines=_torch(("2.7", "release/2.7"))),
+    Release("0.9.2b", (0, 9, 2), supported=False, torch_lines=_torch(("2.7", "release/2.7", "", ("6.2.4", "6.3")))),
     _release("0.10b", (0, 10, 0), "v3python-central-db",
              commit="6fca155f4deeb8d9529326f7b69f350aeeb93477", tree="f2c099e3dc10d6458c7c74c9e272541632743439",
-             date="2025-06-17", shipped_archs=_BASE, torch_lines=_torch(("2.8", "release/2.8"))),
+             date="2025-06-17", shipped_archs=_BASE, torch_lines=_torch(("2.8", "release/2.8", "", ("6.3", "6.4")))),
     _release("0.11b", (0, 11, 0), "v3python-central-db",
              commit="972223c501ffc22068bb035ac5d64cf54318d895", tree="c0bd86c32752dadf9aa64e65a3a554b7990c3d66",
-             date="2025-08-28", shipped_archs=_BASE + ("gfx1102",), torch_lines=_torch(("2.9", "release/2.9"))),
+             date="2025-08-28", shipped_archs=_BASE + ("gfx1102",), torch_lines=_torch(("2.9", "release/2.9", "", ("6.3", "6.4")))),
     _release("0.11.1b", (0, 11, 1), "v3python-sharded-db",
              commit="98371989e8a23267e284c94e95156a139e4b33c4", tree="0b316c47ac37c46065bb72f66e4f4b7200e29517",
              date="2025-11-11", shipped_archs=_BASE + ("gfx1102", "gfx1103"),
-             torch_lines=_torch(("2.10", "release/2.10"))),
+             torch_lines=_torch(("2.10", "release/2.10", "", ("7.0", "7.1")))),
     _release("0.11.2b", (0, 11, 2), "v3python-sharded-db",
              commit="dd1b68b604b5258ee7a9f7b66ad95e7a82c18065", tree="d4b4bf094ce2701afd1bfb099358e8103b733f1a",
              date="2026-01-28", shipped_archs=_RDNA3_PLUS,
-             torch_lines=_torch(("2.11", "release/2.11", "AMD's own ROCm/pytorch builds of 2.11 link 0.13b"),
-                                ("2.12", "release/2.12", "AMD's own ROCm/pytorch builds of 2.12 link 0.13b"))),
+             torch_lines=_torch(("2.11", "release/2.11", "AMD's own ROCm/pytorch builds of 2.11 link 0.13b", ("7.x",)),
+                                ("2.12", "release/2.12", "AMD's own ROCm/pytorch builds of 2.12 link 0.13b", ("7.x",)))),
     _release("0.12b", (0, 12, 0), "v3python-sharded-db",
              commit="269036897bcee4292f4e928767df1e3dd0e3c8bd", tree="35bfbd0ebe2fd774e97cdc12421592c23f59abfe",
              date="2026-05-18", shipped_archs=_RDNA3_PLUS,
-             torch_lines=_torch(("2.13", "release/2.13", "0.12.1b is its ABI-compatible point release"))),
+             torch_lines=_torch(("2.13", "release/2.13", "0.12.1b is its ABI-compatible point release", ("7.x",)))),
     # point release of 0.12b: same layout (docs/releases.md)
     _release("0.12.1b", (0, 12, 1), "v3python-sharded-db",
              commit="8fdb4a4353f95b88c9542f5e5637efc1e1e0e530", tree="d912dfe9683287670a30fef0ba8a72ff557c5a35",
@@ -266,7 +275,7 @@ RELEASES: tuple[Release, ...] = (
     _release("0.13b", (0, 13, 0), "aotriton-python",
              commit="6e00ef3e335b45dfb49065259533b59c68995bfe", tree="0a9c220761603465c794bc6522564452d43ebc23",
              date="2026-07-07", shipped_archs=_RDNA3_PLUS,
-             torch_lines=_torch(("2.14", "main", "PyTorch main (next: 2.14)"))),
+             torch_lines=_torch(("2.14", "main", "PyTorch main (next: 2.14)", ("7.x",)))),
     # main, not a release: recognised by its layout and by the varlen API it still has (0.14b
     # replaces `VarlenType` by `VarlenBits`, pytorch#197747). Its tree id is not known (the
     # snapshot is a git archive): builds of an extract without .git need AOTRITON_GIT_TREESHA1.
@@ -298,6 +307,8 @@ class TorchLink:
     aotriton: str
     branch: str
     note: str = ""
+    rocm: tuple[str, ...] = ()
+    hip_majors: tuple[int, ...] = ()
 
 
 def _torch_key(line: str) -> tuple[int, ...]:
@@ -305,7 +316,7 @@ def _torch_key(line: str) -> tuple[int, ...]:
 
 
 TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
-    (TorchLink(t.torch, r.release, t.branch, t.note) for r in RELEASES for t in r.torch_lines),
+    (TorchLink(t.torch, r.release, t.branch, t.note, t.rocm, t.hip_majors) for r in RELEASES for t in r.torch_lines),
     key=lambda t: _torch_key(t.torch)))
 
 

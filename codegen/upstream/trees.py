@@ -11,7 +11,8 @@ the tests take them (tests/conftest.py reads the archive through this module):
    in `aotriton-main-<yyyymmdd>.tar.xz` beside it, top folder `aotriton-main/`.
 
 Else one message naming the three (exit 2). The tree is written into the new folder the caller
-names, nothing else is written. No network: fetching a tag is the owner's command's business."""
+names, nothing else is written. No network here: a caller that may fetch a tag (the owner's
+`torch install --bundle auto`, codegen.ship.owner) passes its fetch as a last source."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 from codegen.core import processes
 from codegen.core.errors import UserError
@@ -112,11 +114,12 @@ def _from_archive(release: str, dest: Path) -> str | None:
     return str(holder)
 
 
-def release_tree(release: str, dest: Path) -> str:
+def release_tree(release: str, dest: Path, fetch: Callable[[str, Path], str | None] | None = None) -> str:
     """A pristine tree of `release` made at `dest` (a folder that does not exist yet) from the first
-    source that has it (see the module doc); returns where it came from. UserError when none has it."""
+    source that has it (see the module doc), `fetch(release, dest)` last when given; returns where
+    it came from. UserError when none has it."""
     by_release(release)   # a release we know (the bundle's manifest was checked against the same records)
-    for source in (_from_src, _from_git, _from_archive):
+    for source in (_from_src, _from_git, _from_archive, *([fetch] if fetch is not None else [])):
         where = source(release, dest)
         if where is not None:
             return where

@@ -1,0 +1,84 @@
+"""A loopback HTTP server for the owner's command's tests: http.server in a thread of the test
+process, bound to 127.0.0.1 on a free port, serving only the files it is given (bytes by URL
+path), with HTTP Range, and faults on request: a connection cut after N bytes, the Range header
+ignored, a redirect. Bounded: a few seconds' socket timeout, shut down when the test ends."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
+
+
+@dataclass
+class Site:
+    files: dict[str, bytes] = field(default_factory=dict)
+    cut_after: int | None = None          # close the connection after this many body bytes (once)
+    cut_path: str | None = None           # ... only when serving this path (None: any)
+    ignore_range: bool = False            # answer 200 with the whole file to a Range request
+    no_length: bool = False               # no Content-Length: the body ends when the connection closes
+    redirects: dict[str, str] = field(default_factory=dict)   # path -> Location
+    requests: list[tuple[str, str | None]] = field(default_factory=list)   # (path, Range header)
+    port: int = 0
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 5
+
+        def log_message(self, *args) -> None:   # quiet
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            rng = self.headers.get("Range")
+            site.requests.append((self.path, rng))
+            if self.path in site.redirects:
+                self.send_response(302)
+                self.send_header("Location", site.redirects[self.path])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            data = site.files.get(self.path)
+            if data is None:
+                self.send_error(404)
+                return
+            start = 0
+            if rng and rng.startswith("bytes=") and not site.ignore_range:
+                start = int(rng[6:].split("-")[0])
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            else:
+                self.send_response(200)
+            body = data[start:]
+            if not site.no_length:
+                self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if site.cut_after is not None and site.cut_path in (None, self.path):
+                body, site.cut_after = body[:site.cut_after], None
+                self.wfile.write(body)
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(body)
+
+    return Handler
+
+
+@contextmanager
+def serve(site: Site) -> Iterator[Site]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(site))
+    server.daemon_threads = True
+    site.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield site
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
