@@ -14,6 +14,7 @@ Default run: 4 properties x 60 cases; `-m slow`: 4 x 1,000 (tests/fuzz_profiles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import zipfile
@@ -28,6 +29,7 @@ from codegen.core.errors import EXIT_USER, UserError
 from codegen.formats.bundle_zip import MANIFEST, open_bundle
 from codegen.models.bundle import BundleManifest
 from codegen.models.reach import Reach
+import test_kcache as kcache
 from test_fuzz_data_files import _encode, _mutate
 from test_records import _writer_manifest
 
@@ -42,7 +44,9 @@ BACKUP = {"schema": 1, "tool": "mi100-codegen torch install", "torch_version": "
 REACH = {"format": 2, "mode": "dispatched", "proven_by": "v3src/flash/iface.op_attn_bwd.cc", "reason": None,
          "fused_kernels": 12, "kernels_left_out": 6, "packages_left_out": WRITTEN["built_with"]["reach"]["left_out"],
          "held": WRITTEN["built_with"]["reach"]["held"]}
-CACHE = {"format": 5, "key": "e" * 64, "ok": False, "id": "k", "compile_s": 1.5, "error": "x"}
+CACHE_IDENT = kcache.ident(1)
+CACHE = {**kcache.record(CACHE_IDENT), "format": 5, "key": CACHE_IDENT.key,
+         "hsaco_sha256": hashlib.sha256(kcache.IMAGE).hexdigest()}
 
 
 @st.composite
@@ -110,11 +114,12 @@ def _cache_case(content: bytes):
 
     with tempfile.TemporaryDirectory() as d:
         c = CompileCache(Path(d))
-        key = "e" * 64
+        key = CACHE_IDENT.key
         (Path(d) / key[:2]).mkdir()
         (Path(d) / key[:2] / f"{key}.json").write_bytes(content)
-        got = c.get(key)
-        assert got is None or (got["key"] == key and isinstance(got["ok"], bool))
+        (Path(d) / key[:2] / f"{key}.hsaco").write_bytes(kcache.IMAGE)
+        got = c.get(CACHE_IDENT)
+        assert got is None or (got["key"] == key and got["ok"] is True and got["_hsaco"] == kcache.IMAGE)
         return got
 
 
