@@ -9,6 +9,7 @@ in the default run (well under a minute on 2 cores), >= 1,000 per input kind und
 | upstream tuning logs (tests/test_fuzz_data_files.py: `tune import`) | 40 | 400 |
 | records: bundle and backup manifests, reach and kernel-cache records (tests/test_fuzz_records.py) | 4 x 60 = 240 | 4 x 1,000 = 4,000 |
 | what travels: bundle zip members, a planted backup folder, a reach record in a prefix (tests/test_fuzz_travel.py) | 3 x 40 = 120 | 3 x 1,000 = 3,000 |
+| kernel-cache folders: entries, links, modes (tests/test_compile_cache_trust.py) | 30 | 1,000 |
 | a card report's allow-list: planted secrets, any text (tests/test_report.py) | 3 x 150 + 300 = 750 | 3 x 3,000 + 5,000 = 14,000 |
 """
 

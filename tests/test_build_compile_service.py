@@ -228,13 +228,16 @@ def _start_service(tmp_path: Path, cache: Path) -> tuple[subprocess.Popen, str]:
     pytest.fail("the compile service did not start")
 
 
-def _no_half_written(b: Path, cache: Path) -> None:
+def _no_half_written(b: Path, cache: Path, tree: Path, entries: list[KernelEntry]) -> None:
+    from codegen.compile.engine import entry_ident
+
     assert not list(b.rglob("*.mi100-part*"))
     for p in (b / "flash").rglob("*.hsaco"):
         assert p.stat().st_size > 0 and p.with_suffix(".json").is_file()
     c = CompileCache(cache)
+    idents = {i.key: i for i in (entry_ident(tree.resolve(), e, 64, triton_version()) for e in entries)}
     for rec in cache.rglob("*.json"):
-        assert c.get(rec.stem) is not None, rec  # every committed record is whole and checks out
+        assert c.get(idents[rec.stem]) is not None, rec  # every committed record is whole and checks out
 
 
 def test_killed_service_and_interrupted_ninja_resume(small_tree, tmp_path):
@@ -256,7 +259,7 @@ def test_killed_service_and_interrupted_ninja_resume(small_tree, tmp_path):
     assert ninja.returncode != 0 and "is gone" in out
     done = sum(p.is_file() for p in images)
     assert 1 <= done < 4
-    _no_half_written(b, cache)
+    _no_half_written(b, cache, small_tree, entries)
 
     proc, addr = _start_service(tmp_path, cache)
     try:
@@ -267,13 +270,13 @@ def test_killed_service_and_interrupted_ninja_resume(small_tree, tmp_path):
             time.sleep(0.05)
         ninja.send_signal(signal.SIGINT)
         ninja.communicate(timeout=120)
-        _no_half_written(b, cache)
+        _no_half_written(b, cache, small_tree, entries)
         before = {p: p.stat().st_mtime_ns for p in images if p.is_file()}
         r = _ninja(b, {"MI100_CODEGEN_COMPILE_POOL": addr}, jobs=1)
         assert r.returncode == 0, r.stdout
         assert all(p.is_file() for p in images)
         assert all(p.stat().st_mtime_ns == t for p, t in before.items())  # finished kernels kept
-        _no_half_written(b, cache)
+        _no_half_written(b, cache, small_tree, entries)
     finally:
         proc.kill()
         proc.wait()
@@ -359,7 +362,7 @@ def test_build_reports_compiled_and_cached(small_tree, tmp_path, monkeypatch):
                                     show_progress=False, compile_via=via, cache_dir=tmp_path / "kcache")
         rep = builder.BuildReport(tree="", release="0.11b", arch=ARCH, spec="", spec_sha256="", prefix="",
                                   build_dir=str(b), log=str(b / builder.LOG_NAME), mode="images")
-        builder._configure_and_build(opts, b, plan, tc, rep, Console(quiet=True), spec)
+        builder._configure_and_build(opts, b, plan, tc, rep, Console(quiet=True), spec, builder.open_cache(opts))
         for e in entries:
             assert (b / e.hsaco).stat().st_size > 0
         return rep

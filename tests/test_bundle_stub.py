@@ -40,15 +40,18 @@ pytestmark = pytest.mark.skipif(not HEADERS or shutil.which("gcc") is None,
 
 
 def code_object(mach: int, kernel: str = "attn_fwd", kernarg: int = 96, kd_kernarg: int | None = None,
-                max_wg: int = 256, wave: int = 64, features: int = 0x100 | 0x400) -> bytes:
+                max_wg: int = 256, wave: int = 64, features: int = 0x100 | 0x400, note: dict | None = None,
+                target: str = "amdgcn-amd-amdhsa--gfx908") -> bytes:
     """An AMDGPU ELF64 with the parts a runtime reads: e_flags, the metadata note, a symbol
-    table with the kernel and its descriptor `<kernel>.kd` (kernarg_size at byte 8)."""
-    meta = {"amdhsa.version": [1, 2], "amdhsa.target": "amdgcn-amd-amdhsa--gfx908",
+    table with the kernel and its descriptor `<kernel>.kd` (kernarg_size at byte 8). `note`:
+    more (or other) fields of the kernel's metadata entry."""
+    meta = {"amdhsa.version": [1, 2], "amdhsa.target": target,
             "amdhsa.kernels": [{".name": kernel, ".symbol": kernel + ".kd", ".kernarg_segment_size": kernarg,
                                 ".max_flat_workgroup_size": max_wg, ".wavefront_size": wave,
                                 ".args": [{".offset": 0, ".size": 8, ".value_kind": "global_buffer"},
                                           {".offset": 8, ".size": 4, ".value_kind": "by_value"},
-                                          {".offset": 16, ".size": 8, ".value_kind": "hidden_block_count_x"}]}]}
+                                          {".offset": 16, ".size": 8, ".value_kind": "hidden_block_count_x"}],
+                                **(note or {})}]}
     desc = msgpack.packb(meta)
     note = struct.pack("<III", 7, len(desc), 32) + b"AMDGPU\0\0" + desc + b"\0" * (-len(desc) % 4)
     shstr = b"\0.shstrtab\0.note\0.strtab\0.symtab\0.rodata\0"

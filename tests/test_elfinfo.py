@@ -13,7 +13,7 @@ import msgpack
 import pytest
 
 from codegen.formats.elf import (AMDGPU_MACH, ElfError, amdgpu_metadata, elf_extent, loaded_digest, parse_dynamic,
-                                 read_code_object, read_dynamic, text_size, version_key)
+                                 parse_target_id, read_code_object, read_dynamic, text_size, version_key)
 
 CC = shutil.which("gcc") or shutil.which("cc")
 needs_cc = pytest.mark.skipif(CC is None, reason="needs a C compiler (gcc)")
@@ -106,7 +106,12 @@ def test_code_object_target_and_metadata():
                                 ".max_flat_workgroup_size": 256, ".wavefront_size": 64}]}
     co = read_code_object(code_object(AMDGPU_MACH["gfx908"], 0x200 | 0xC00, meta))
     assert co.arch == "gfx908" and co.xnack == "off" and co.sramecc == "on"
-    assert co.target_id() == "gfx908:sramecc+:xnack-"
+    assert co.target_id() == "gfx908:sramecc+:xnack-" and co.features() == {"sramecc": "on", "xnack": "off"}
+    assert parse_target_id(co.target) == parse_target_id(co.target_id()) == ("gfx908", co.features())
+    assert parse_target_id("gfx908") == ("gfx908", {}) and co.text_bytes == 0
+    for bad in ("gfx908:xnack", "gfx908:xnack+:xnack-", "gfx908:+"):
+        with pytest.raises(ValueError, match="not a target feature"):
+            parse_target_id(bad)
     assert co.kernels["attn_fwd"][".kernarg_segment_size"] == 288
     co = read_code_object(code_object(AMDGPU_MACH["gfx1030"], 0, {}))
     assert co.arch == "gfx1030" and co.target_id() == "gfx1030" and co.kernels == {}

@@ -15,6 +15,7 @@ Default run: 5 properties x 60 cases; `-m slow`: 5 x 1,000 (tests/fuzz_profiles.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import zipfile
@@ -29,6 +30,7 @@ from codegen.core.errors import EXIT_USER, UserError
 from codegen.formats.bundle_zip import MANIFEST, open_bundle
 from codegen.models.bundle import BundleManifest
 from codegen.models.reach import Reach
+import test_kcache as kcache
 from test_fuzz_data_files import _encode, _mutate
 from test_records import _writer_manifest
 
@@ -52,7 +54,9 @@ INDEX = {"format": 1, "bundles": [
     {"file": "b.mi100-bundle.zip", "url": "https://example.com/b.mi100-bundle.zip", "size": 1, "sha256": "c" * 64,
      "release": "0.13b", "arch": "gfx1030", "hip_major": 7, "label": "x", "spec": {"sha256": "a" * 64},
      "provenance": {"spec_sha256": "a" * 64}}]}
-CACHE = {"format": 5, "key": "e" * 64, "ok": False, "id": "k", "compile_s": 1.5, "error": "x"}
+CACHE_IDENT = kcache.ident(1)
+CACHE = {**kcache.record(CACHE_IDENT), "format": 5, "key": CACHE_IDENT.key,
+         "hsaco_sha256": hashlib.sha256(kcache.IMAGE).hexdigest()}
 
 
 @st.composite
@@ -120,11 +124,12 @@ def _cache_case(content: bytes):
 
     with tempfile.TemporaryDirectory() as d:
         c = CompileCache(Path(d))
-        key = "e" * 64
+        key = CACHE_IDENT.key
         (Path(d) / key[:2]).mkdir()
         (Path(d) / key[:2] / f"{key}.json").write_bytes(content)
-        got = c.get(key)
-        assert got is None or (got["key"] == key and isinstance(got["ok"], bool))
+        (Path(d) / key[:2] / f"{key}.hsaco").write_bytes(kcache.IMAGE)
+        got = c.get(CACHE_IDENT)
+        assert got is None or (got["key"] == key and got["ok"] is True and got["_hsaco"] == kcache.IMAGE)
         return got
 
 

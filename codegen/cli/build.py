@@ -77,10 +77,15 @@ def check_outputs(aotriton_dir: Path, prefix: Path, build_dir: Path | None, pyth
     if python is None:
         preflight.cache_folder("toolchain")  # the build venv
     if not noimage and compile_via == "workers" and not no_cache:  # the kernel cache
+        # CLI start-up: the kernel cache's module (~450 ms with its models and the ELF reader) loads
+        # when a command that builds checks its outputs, not for `--help` or `bundle check`
+        from codegen.compile.cache import check_cache_dir, default_cache_dir
+
         if cache_dir is not None:
             preflight.output_dir(cache_dir, "--cache-dir")
         else:
             preflight.cache_folder("kernels")  # codegen.compile.cache.default_cache_dir
+        check_cache_dir(cache_dir if cache_dir is not None else default_cache_dir())  # trusted storage
 
 
 def register(app: typer.Typer, guarded) -> None:

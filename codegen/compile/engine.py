@@ -15,7 +15,7 @@ from codegen.models import TargetSpec
 from codegen.plan.kernel_list import KernelEntry
 from codegen.toolchain import installed_triton_version
 from codegen.toolchain.interpreter import CompilerPython
-from codegen.compile.cache import CompileCache, cache_key
+from codegen.compile.cache import CompileCache, KernelIdent, kernel_ident
 from codegen.compile.pool import WorkerPool
 from codegen.compile.report import KernelResult, kernel_result
 
@@ -69,13 +69,18 @@ def task_for(tree: Path, entry: KernelEntry, warp_size: int) -> dict:
     }
 
 
-def entry_cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
-    """The kernel cache key of a planned kernel (codegen.compile.cache.cache_key), as precompile and build
-    look it up; scripts/bench_build_compile.py's reuse shares use it too."""
+def entry_ident(tree: Path, e: KernelEntry, warp_size: int, version: str) -> KernelIdent:
+    """What decides a planned kernel's code object (codegen.compile.cache.KernelIdent), as precompile and
+    build look it up in the kernel cache."""
     c = e.config
-    return cache_key(source=str(tree / e.source), kernel_name=e.kernel_name, signature=e.signature,
-                     num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
-                     warp_size=warp_size, triton_version=version)
+    return kernel_ident(source=str(tree / e.source), kernel_name=e.kernel_name, signature=e.signature,
+                        num_warps=c.num_warps, num_stages=c.num_stages, waves_per_eu=c.waves_per_eu, arch=c.arch,
+                        warp_size=warp_size, triton_version=version)
+
+
+def entry_cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
+    """The kernel cache key of a planned kernel; scripts/bench_build_compile.py's reuse shares use it."""
+    return entry_ident(tree, e, warp_size, version).key
 
 
 def _keep_image(keep: Path | None, entry: KernelEntry, data: bytes | None) -> None:
@@ -105,7 +110,7 @@ def compile_entries(
         if not (tree / e.source).is_file():
             raise UserError(f"{tree / e.source}: Triton source of {e.id} not found")
     by_id = {e.id: e for e in entries}
-    keys = {e.id: entry_cache_key(tree, e, spec.warp_size, version) for e in entries}
+    idents = {e.id: entry_ident(tree, e, spec.warp_size, version) for e in entries}
     results: dict[str, KernelResult] = {}
     todo: list[dict] = []
 
@@ -113,7 +118,7 @@ def compile_entries(
         _keep_image(keep, entry, data)
 
     for e in entries:
-        record = cache.get(keys[e.id]) if cache is not None else None
+        record = cache.get(idents[e.id]) if cache is not None else None
         if record is not None:
             r = kernel_result(e, record, spec.hardware, cached=True)
             results[e.id] = r
@@ -128,7 +133,7 @@ def compile_entries(
         hsaco = raw.pop("hsaco", None)
         if cache is not None and not raw.get("timeout") and not raw.get("crashed"):
             record = {k: v for k, v in raw.items() if k in ("ok", "id", "compile_s", "error", "resources", "sidecar")}
-            cache.put(keys[e.id], record, hsaco if raw.get("ok") else None)
+            cache.put(idents[e.id], record, hsaco if raw.get("ok") else None)
         keep_image(e, hsaco)
         r = kernel_result(e, raw, spec.hardware, cached=False)
         results[e.id] = r

@@ -26,7 +26,7 @@ from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
 from codegen.compile import engine
 from codegen.compile.bench import run_bench
-from codegen.compile.cache import CompileCache, default_cache_dir
+from codegen.compile.cache import CompileCache, check_cache_dir, default_cache_dir
 from codegen.compile.descend import plan_round
 from codegen.compile.prune import compile_report, prune_rules, prune_spec, write_compile_report
 from codegen.compile.report import RunInfo, report_dict, report_json, report_markdown, worst
@@ -70,6 +70,7 @@ class PrecompileOptions:
             preflight.output_dir(self.cache_dir, "--cache-dir")
             if self.cache_dir is None:
                 preflight.cache_folder("kernels")  # codegen.compile.cache.default_cache_dir
+            check_cache_dir(self.cache_dir or default_cache_dir())  # trusted storage
         if self.python is None:
             preflight.cache_folder("toolchain")  # the build venv
         if self.tuning_report is not None:
@@ -189,13 +190,13 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
 def run_precompile(opts: PrecompileOptions) -> None:
     """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
     opts.check()
+    cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())  # opened before any work
     err = ui.console()
     loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
     loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
                                                                 kernels=opts.kernels), console=err, loaded=loaded)
     chosen = stratified_sample(entries, opts.sample)
     jobs = opts.jobs or engine.default_jobs()
-    cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
     err.print(f"AOTriton {summary.release}: {summary.total} kernels planned for {summary.gpu}; "
               f"compiling {len(chosen)} with {jobs} warm worker(s)"
               + ("" if cache is None else f", cache {cache.root}"))

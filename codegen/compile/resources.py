@@ -80,9 +80,10 @@ def waves_per_eu_bound(llir: str) -> int | None:
     return hi
 
 
-def parse_resources(amdgcn: str, hsaco: bytes, shared: int, llir: str = "",
-                    kernel_name: str | None = None) -> Resources:
-    meta = code_object_metadata(hsaco, kernel_name)
+def note_resources(meta: dict, shared: int, code_bytes: int) -> dict[str, int | None]:
+    """The fields of `Resources` a code object decides: those its metadata note gives (one
+    kernel's `amdhsa.kernels` entry, `meta`), LDS with Triton's dynamic allocation (`shared`, from
+    its metadata sidecar) and the `.text` size. The kernel cache compares a record with them."""
     values = {}
     for k, key in _NOTE_KEYS.items():
         if not isinstance(meta.get(key), int):
@@ -90,22 +91,22 @@ def parse_resources(amdgcn: str, hsaco: bytes, shared: int, llir: str = "",
         values[k] = int(meta[key])
     for k, key in _OPTIONAL_KEYS.items():
         values[k] = int(meta.get(key) or 0)
-    occ = _OCC_RE.findall(amdgcn)
     wave = meta.get(".wavefront_size")
+    group = values.pop("group_segment")
+    return {**values, "lds_bytes": max(group, int(shared or 0)), "code_bytes": code_bytes,
+            "wavefront_size": int(wave) if isinstance(wave, int) else None}
+
+
+def parse_resources(amdgcn: str, hsaco: bytes, shared: int, llir: str = "",
+                    kernel_name: str | None = None) -> Resources:
+    meta = code_object_metadata(hsaco, kernel_name)
+    occ = _OCC_RE.findall(amdgcn)
     return Resources(
-        vgprs=values["vgprs"],
-        agprs=values["agprs"],
-        sgprs=values["sgprs"],
-        lds_bytes=max(values["group_segment"], int(shared or 0)),
-        scratch_bytes=values["scratch_bytes"],
-        vgpr_spills=values["vgpr_spills"],
-        sgpr_spills=values["sgpr_spills"],
+        **note_resources(meta, shared, text_section_size(hsaco)),
         mfma=len(_MFMA_RE.findall(amdgcn)),
         **{k: len(rx.findall(amdgcn)) for k, rx in _DOT_RES.items()},
-        code_bytes=text_section_size(hsaco),
         llvm_occupancy=int(occ[-1]) if occ else None,
         max_waves_per_eu=waves_per_eu_bound(llir),
-        wavefront_size=int(wave) if isinstance(wave, int) else None,
     )
 
 

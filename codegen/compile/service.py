@@ -30,7 +30,7 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 from codegen.core.fsutil import write_if_changed
-from codegen.compile.cache import CACHE_ENV, CompileCache, cache_key
+from codegen.compile.cache import CACHE_ENV, CompileCache, kernel_ident
 from codegen.compile.client import POOL_ENV, _recv_exact  # one framing reader, the client's (stdlib only)
 from codegen.compile.engine import worker_env
 from codegen.compile.pool import WorkerPool
@@ -248,8 +248,8 @@ class CompileService:
             return {"fallback": True, "why": str(why)}, b""
         task = {k: job[k] for k in ("source", "kernel_name", "signature", "num_warps", "num_stages", "waves_per_eu")}
         task.update(arch=self.arch, warp_size=self.warp_size)
-        key = cache_key(triton_version=self.triton, **task)
-        record = self.cache.get(key) if self.cache is not None else None
+        ident = kernel_ident(triton_version=self.triton, **task)
+        record = self.cache.get(ident) if self.cache is not None else None
         if record is not None and (not record.get("ok") or record.get("sidecar")):
             with self._lock:
                 self.stats.cached += 1
@@ -264,7 +264,7 @@ class CompileService:
         if self.cache is not None and not raw.get("timeout") and not raw.get("crashed"):
             rec = {k: v for k, v in raw.items() if k in ("ok", "compile_s", "error", "resources", "sidecar")}
             rec["id"] = Path(job["out"]).stem
-            self.cache.put(key, rec, hsaco if raw.get("ok") else None)
+            self.cache.put(ident, rec, hsaco if raw.get("ok") else None)
         with self._lock:
             self.stats.compiled += bool(raw.get("ok"))
             self.stats.failed += not raw.get("ok")

@@ -21,6 +21,7 @@ import traceback
 from pathlib import Path
 
 from codegen.upstream import parse_constexpr as _constexpr
+from codegen.upstream import signature_constant
 
 _MODULES: dict[str, object] = {}
 parse_resources = None  # bound in serve()
@@ -51,11 +52,7 @@ def compile_kernel(task: dict) -> dict:
         raise ValueError(f"signature has {len(sig)} entries, kernel {task['kernel_name']} takes {len(names)}")
     hints = {(i,): _constexpr(s.split(":")[1]) for i, s in enumerate(sig) if ":" in s}
     hints = {k: v for k, v in hints.items() if v is not None}
-    constants = {names[i]: _constexpr(s) for i, s in enumerate(sig)}
-    constants = {k: v for k, v in constants.items() if v is not None}
-    for (i,), v in hints.items():
-        if v == 1:
-            constants[names[i]] = v
+    constants = {names[i]: c for i, s in enumerate(sig) if (c := signature_constant(s)) is not None}
     signature = {names[i]: s.split(":")[0] for i, s in enumerate(sig)}
     for k in constants:
         signature[k] = "constexpr"

@@ -29,6 +29,11 @@ class UserError(CodegenError):
     """Bad input: a spec, a path, an option."""
 
 
+class UntrustedStorage(UserError):
+    """A folder or file believed without checking each byte (a kernel cache, a backup) that
+    someone else could have written: a link, another owner's, or writable by others."""
+
+
 class SpecError(UserError):
     """A spec with errors; `message` holds every error, one per line, as file:line:col: ..."""
 

@@ -16,7 +16,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from codegen.core.errors import UserError
+from codegen.core.errors import UntrustedStorage, UserError
 from codegen.core.ui import printable
 
 
@@ -89,17 +89,20 @@ def atomic_copy(src: str | Path, dest: str | Path) -> None:
 INPUT_LIMIT = 64 << 20  # bytes: no data file, state file or spec of ours comes near it
 
 
-def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT) -> bytes:
+def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT, trusted: bool = False) -> bytes:
     """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
     directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
-    most `limit` bytes is read; anything else is one UserError naming the path."""
+    most `limit` bytes is read; anything else is one UserError naming the path. `trusted`: the
+    file must also be trusted storage (`trusted_storage`, checked on the open file itself, the
+    last component never followed if it is a link): else UntrustedStorage."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if trusted else 0))
     except OSError as exc:
-        why = {errno.ELOOP: "a symbolic-link loop", errno.ENOENT: "does not exist",
+        why = {errno.ELOOP: "a symbolic link" if trusted else "a symbolic-link loop", errno.ENOENT: "does not exist",
                errno.ENOTDIR: "a component of the path is not a directory"}.get(exc.errno, exc.strerror or str(exc))
-        raise UserError(f"{path}: cannot read this {what}: {why}") from None
+        raise (UntrustedStorage if trusted and exc.errno == errno.ELOOP else UserError)(
+            f"{path}: cannot read this {what}: {why}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -107,6 +110,9 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
                     else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
                     else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
             raise UserError(f"{path}: this {what} is {kind}, not a regular file")
+        why = _distrust(st) if trusted else None
+        if why:
+            raise UntrustedStorage(f"{path}: this {what} {why}")
         chunks, size = [], 0
         while True:
             try:
@@ -124,7 +130,6 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
         os.close(fd)
 
 
-
 def _own_group(gid: int) -> bool:
     """True for the user's private group (the user's primary group, named after the user, no
     other member): what a umask of 002 leaves writable is then still only the user's."""
@@ -135,26 +140,41 @@ def _own_group(gid: int) -> bool:
     return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
-def trusted_storage(path: str | Path, *, what: str) -> None:
-    """Refuse (UserError, with the fix) `path` unless only this user (or root) can have changed
-    it, the rule ssh applies to the files it trusts without checking each byte: it exists, is no
-    symbolic link, is owned by this user or root, and no one else may write it (no write bit for
-    others, nor for a group other than the user's private group)."""
+def _distrust(st: os.stat_result, sticky_ok: bool = False) -> str | None:
+    """Why someone other than this user (or root) could have changed what `st` describes, or None:
+    another owner, or a write bit for others or for a group other than the user's private group.
+    `sticky_ok`: a folder of this user's with the sticky bit may be writable by others (they can
+    add entries to it, never remove or rename this user's: each entry is then checked itself)."""
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return f"belongs to uid {st.st_uid}, not to you (uid {me}) or root: its owner could have written anything into it"
+    if sticky_ok and stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == me:
+        return None
+    others = [w for w, bit in (("group", 0o020), ("others", 0o002))
+              if st.st_mode & bit and not (w == "group" and _own_group(st.st_gid))]
+    if others:
+        return (f"is writable by {' and '.join(others)} (mode {stat.S_IMODE(st.st_mode):04o}): any of them could "
+                "have written anything into it")
+    return None
+
+
+def trusted_storage(path: str | Path, *, what: str, sticky_ok: bool = False, hint: str | None = None) -> None:
+    """Refuse (UntrustedStorage, a UserError, with the fix) `path` unless only this user (or root)
+    can have changed it, the rule ssh applies to the files it trusts without checking each byte:
+    it exists, is no symbolic link, is owned by this user or root, and no one else may write it
+    (no write bit for others, nor for a group other than the user's private group; `sticky_ok`:
+    see `_distrust`). `hint` is added to the fix."""
     path = Path(path)
+    more = f"; {hint}" if hint else ""
     try:
         st = os.lstat(path)
     except OSError as exc:
         raise UserError(f"{path}: cannot check this {what} ({exc.strerror or exc})") from None
     if stat.S_ISLNK(st.st_mode):
-        raise UserError(f"{path}: this {what} is a symbolic link (to {printable(os.readlink(path))}); refusing to follow it",
-                        hint=f"use the real path, or remove the link: rm {path}")
-    if st.st_uid not in (os.geteuid(), 0):
-        raise UserError(f"{path}: this {what} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or root: "
-                        "its owner could have written anything into it",
-                        hint=f"check what it holds, then take it over: chown -R {os.geteuid()} {path}")
-    others = [w for w, bit in (("group", 0o020), ("others", 0o002))
-              if st.st_mode & bit and not (w == "group" and _own_group(st.st_gid))]
-    if others:
-        raise UserError(f"{path}: this {what} is writable by {' and '.join(others)} (mode "
-                        f"{stat.S_IMODE(st.st_mode):04o}): any of them could have written anything into it",
-                        hint=f"check what it holds, then: chmod go-w {path}")
+        raise UntrustedStorage(f"{path}: this {what} is a symbolic link (to {printable(os.readlink(path))}); "
+                               "refusing to follow it", hint=f"use the real path, or remove the link: rm {path}{more}")
+    why = _distrust(st, sticky_ok)
+    if why:
+        fix = (f"check what it holds, then take it over: chown -R {os.geteuid()} {path}" if why.startswith("belongs")
+               else f"check what it holds, then: chmod go-w {path}")
+        raise UntrustedStorage(f"{path}: this {what} {why}", hint=fix + more)

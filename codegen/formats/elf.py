@@ -294,6 +294,11 @@ class CodeObject:
     target: str | None               # the metadata's amdhsa.target, e.g. amdgcn-amd-amdhsa--gfx908:sramecc+:xnack-
     kernels: dict[str, dict[str, Any]] = field(repr=False)   # kernel name -> its amdhsa.kernels entry
     symbols: frozenset[str] = field(repr=False)              # every defined symbol of .symtab/.dynsym
+    text_bytes: int = 0                                      # size of the `.text` section
+
+    def features(self) -> dict[str, str]:
+        """The features the code object fixes (`on`/`off`), by name: what `target_id` spells."""
+        return {k: v for k, v in (("sramecc", self.sramecc), ("xnack", self.xnack)) if v in ("on", "off")}
 
     def target_id(self) -> str:
         """The target the way ROCm spells it: `gfx908:sramecc+:xnack-` (features the target has)."""
@@ -304,15 +309,36 @@ class CodeObject:
         return out
 
 
+AMDHSA_TRIPLE = "amdgcn-amd-amdhsa--"  # the prefix of the metadata note's `amdhsa.target`
+
+
+def parse_target_id(text: str) -> tuple[str, dict[str, str]]:
+    """A target as ROCm spells it (`gfx908`, `gfx908:sramecc+:xnack-`, with or without the
+    metadata note's `amdgcn-amd-amdhsa--` prefix) -> (processor, {feature: "on"/"off"}); a
+    feature left out is "any". ValueError for a feature spelt otherwise or named twice."""
+    parts = text.removeprefix(AMDHSA_TRIPLE).split(":")
+    feats: dict[str, str] = {}
+    for f in parts[1:]:
+        if len(f) < 2 or f[-1] not in "+-" or f[:-1] in feats:
+            raise ValueError(f"{text!r}: {f!r} is not a target feature spelt NAME+ or NAME-, once")
+        feats[f[:-1]] = "on" if f[-1] == "+" else "off"
+    return parts[0], feats
+
+
+def _note_metadata(sec, meta: dict) -> None:
+    """The AMDGPU metadata notes of one note section, merged into `meta`."""
+    for note in sec.iter_notes():
+        if note["n_name"] == "AMDGPU" and note["n_type"] in (NT_AMDGPU_METADATA, "NT_AMDGPU_METADATA"):
+            m = msgpack.unpackb(bytes(note["n_descdata"]), raw=False, strict_map_key=False)
+            if isinstance(m, dict):
+                meta.update(m)
+
+
 def _metadata(elf: ELFFile) -> dict:
     meta: dict = {}
     for sec in elf.iter_sections():
         if sec.header.sh_type == "SHT_NOTE":
-            for note in sec.iter_notes():
-                if note["n_name"] == "AMDGPU" and note["n_type"] in (NT_AMDGPU_METADATA, "NT_AMDGPU_METADATA"):
-                    m = msgpack.unpackb(bytes(note["n_descdata"]), raw=False, strict_map_key=False)
-                    if isinstance(m, dict):
-                        meta.update(m)
+            _note_metadata(sec, meta)
     return meta
 
 
@@ -345,18 +371,24 @@ def read_code_object(image: bytes, what: str = "code object") -> CodeObject:
         mach = flags & EF_AMDGPU_MACH
         xnack = _FEATURE_V4[flags & EF_AMDGPU_FEATURE_XNACK_V4]
         sramecc = _FEATURE_V4[(flags & EF_AMDGPU_FEATURE_SRAMECC_V4) >> 2]
-        meta = _metadata(elf)
+        meta: dict = {}
         symbols: set[str] = set()
-        for sec in elf.iter_sections():
-            if sec.header.sh_type in ("SHT_SYMTAB", "SHT_DYNSYM"):
+        text_bytes = 0
+        for sec in elf.iter_sections():  # one pass: the kernel cache reads every entry it serves
+            kind = sec.header.sh_type
+            if kind == "SHT_NOTE":
+                _note_metadata(sec, meta)
+            elif kind in ("SHT_SYMTAB", "SHT_DYNSYM"):
                 for sym in sec.iter_symbols():
                     if sym.name and sym["st_shndx"] != "SHN_UNDEF":
                         symbols.add(sym.name)
+            if sec.name == ".text" and not text_bytes:
+                text_bytes = int(sec.header.sh_size)
     kernels = {k.get(".name"): k for k in meta.get("amdhsa.kernels", []) if isinstance(k, dict)}
     target = meta.get("amdhsa.target")
     return CodeObject(arch=_MACH_NAME.get(mach), mach=mach, xnack=xnack, sramecc=sramecc,
                       target=target if isinstance(target, str) else None,
-                      kernels=kernels, symbols=frozenset(symbols))
+                      kernels=kernels, symbols=frozenset(symbols), text_bytes=text_bytes)
 
 
 def loaded_sections(image: bytes, what: str = "code object") -> dict[str, bytes]:
@@ -415,6 +447,6 @@ def elf_extent(image: bytes) -> int:
     return end
 
 
-__all__ = ["AMDGPU_MACH", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
+__all__ = ["AMDGPU_MACH", "AMDHSA_TRIPLE", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
            "loaded_sections",
-           "parse_dynamic", "read_code_object", "read_dynamic", "text_size", "version_key"]
+           "parse_dynamic", "parse_target_id", "read_code_object", "read_dynamic", "text_size", "version_key"]

@@ -186,6 +186,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
     build_dir = (opts.build_dir or tree / "build").resolve()
     adapter, loaded, state = checked or check_tree(opts)
     spec = loaded.spec
+    cache = open_cache(opts)  # before any work: a cache others could have written is refused now
     tc = check_prerequisites(tree, lambda: build_python(opts, tree, spec, console), need_triton=not opts.noimage,
                              python_binding=opts.python_binding, spec=spec, min_clang=adapter.min_clang,
                              hip_prefix=opts.hip_prefix)
@@ -212,7 +213,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
                                "(network needed, or pre-place the clone in BUILD_DIR/v3src/aiter)")
     for w in report.warnings:
         console.print(w, style="yellow", markup=False)
-    reach = _configure_and_build(opts, build_dir, plan, tc, report, console, spec)
+    reach = _configure_and_build(opts, build_dir, plan, tc, report, console, spec, cache)
     report.kernels = "dispatched" if req.reach_python else "all"
     if reach is not None:
         report.reach = reach.summary()
@@ -261,12 +262,18 @@ def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Con
         report.verification["ok"] = False
 
 
-def compile_service(opts: BuildOptions, tc, spec):
+def open_cache(opts: BuildOptions) -> CompileCache | None:
+    """The kernel cache the compile service reads and fills (None: upstream's route, or --no-cache)."""
+    if opts.noimage or opts.compile_via == "upstream" or opts.no_cache:
+        return None
+    return CompileCache(opts.cache_dir or default_cache_dir())
+
+
+def compile_service(opts: BuildOptions, tc, spec, cache: CompileCache | None):
     """The compile service for this build's ninja (codegen.compile.service), or None for
     upstream's per-kernel compile.py."""
     if opts.noimage or opts.compile_via == "upstream":
         return None
-    cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())
     executor = None
     if opts.dask:
         executor = DaskExecutor(opts.dask, jobs=opts.jobs, python=tc.python, triton=tc.triton_version)
@@ -275,7 +282,7 @@ def compile_service(opts: BuildOptions, tc, spec):
 
 
 def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: BuildReport,
-                         console: Console, spec=None):
+                         console: Console, spec=None, cache: CompileCache | None = None):
     """Configure when needed, then ninja; returns what the configure left out (codegen.imagebuild.reach;
     None with --kernels all)."""
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -310,7 +317,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
         console.print(f"{report.kernels_total} kernels to compile")
     report.compile_via = "upstream" if opts.noimage else opts.compile_via
     remaining = (report.kernels_total or 0) - (report.kernels_before or 0)
-    service = compile_service(opts, tc, spec) if remaining > 0 else None
+    service = compile_service(opts, tc, spec, cache) if remaining > 0 else None
     if service is None:
         res = run_ninja(build_dir, jobs=opts.jobs, target="install", env=env, log_path=log_path, console=console,
                         ninja=tc.ninja, show_progress=opts.show_progress)

@@ -173,7 +173,7 @@ def kernel_dirs_text() -> str:
 
 __all__ = ["Adapter", "KERNEL_DIRS", "Release", "SUPPORTED", "SUPPORTED_RELEASES", "TUNING_DB_PLACES",
            "UnsupportedTree", "by_release", "detect", "kernel_dirs_text", "kernel_source_dir", "read_version",
-           "release_name", "tuning_db_places"]
+           "release_name", "tuning_db_places", "parse_constexpr", "signature_constant", "kernel_arg_types"]
 
 
 def parse_constexpr(text: str):
@@ -186,3 +186,20 @@ def parse_constexpr(text: str):
         except ValueError:
             pass
     return {"True": True, "False": False}.get(text)
+
+
+def signature_constant(entry: str):
+    """The constant an entry of a kernel signature fixes, or None for an argument the compiled
+    kernel takes: a literal ('64', 'True'), or an argument hinted `:1` ('i32:1'), which the tree's
+    compile.py has Triton specialize to the constant 1."""
+    value = parse_constexpr(entry)
+    if value is None and ":" in entry and parse_constexpr(entry.split(":")[1]) == 1:
+        return 1
+    return value
+
+
+def kernel_arg_types(signature: str) -> tuple[str, ...]:
+    """The Triton types of the arguments a kernel compiled from an AOT signature takes, in order:
+    every entry but its constants (`signature_constant`), without its hint ('*fp16:16' -> '*fp16')."""
+    entries = [s.strip() for s in signature.split(",")]
+    return tuple(s.split(":")[0] for s in entries if signature_constant(s) is None)
