@@ -6,7 +6,7 @@ writes it: codegen.ship.index, the one owner of reading, writing and choosing fr
       "url": "aotriton-0.11b-gfx908-hip6.mi100-bundle.zip", "size": 13812345, "sha256": "…",
       "release": "0.11b", "version": "0.11.0", "arch": "gfx908", "target": "gfx908:sramecc+:xnack-",
       "hip_major": 6, "torch_lines": ["2.9", "2.10", "2.11", "2.12"], "glibc": "GLIBC_2.34",
-      "glibcxx": "GLIBCXX_3.4.29", "label": "…", "spec": {"name": "mi100", "sha256": "…"},
+      "glibcxx": "GLIBCXX_3.4.29", "label": "…", "spec": {"name": "rules/mi100.yaml", "sha256": "…"},
       "provenance": {"project_version": "0.1.0", "project_commit": "…", "triton": "3.6.0",
                      "builder": "…"}}, …]}
 
@@ -77,7 +77,8 @@ HipNumber = Annotated[StrictInt, Field(ge=1, le=999)]
 
 
 class IndexSpec(Record):
-    """The spec the bundle was built from (its manifest's `spec`)."""
+    """The spec the bundle was built from: its manifest's `spec` (`name`: as `bundle build` was
+    given it, e.g. `rules/mi100.yaml`; `sha256`: of its meaning, codegen.formats.spec.spec_sha256)."""
 
     name: Name | None = None
     sha256: Sha256

@@ -102,6 +102,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
+    project = project_provenance()   # the code this run loaded, before a checkout can move on
     tree = tree.resolve()
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
     prefix = bdir / "mi100-codegen" / "bundle-prefix"
@@ -123,7 +124,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     dyn = read_dynamic(lib)
     stage = bdir / "mi100-codegen" / "bundle-stage"
     files = _stage_files(stage, lib, prefix, loaded.path, rows)
-    data = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files)
+    data = _manifest(adapter, rep, hip, spec.target_string, lib, dyn, sysroot, kernels, files, project)
     data["built_with"]["images"] = f"taken from {images}" if images is not None else "built by this build folder"
     data["compile_report"] = _compile_report(loaded)
     where = f"{out_dir / bundle_name(adapter.release, rep.arch, hip)}: {MANIFEST}"
@@ -257,7 +258,7 @@ def project_provenance() -> dict:
 
 
 def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
-              files: dict[str, bytes]) -> dict:
+              files: dict[str, bytes], project: dict | None = None) -> dict:
     """The bundle's manifest as data, before its `verified` record (`manifest_of` makes it the model)."""
     hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
     return {
@@ -277,7 +278,7 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
             "hip_imports": dict(x for x in dyn.import_versions if x[0].startswith("hip")),
         },
         "built_with": {
-            "project": project_provenance(), "builder": printable(os.environ.get(BUILDER_ENV) or "local")[:200],
+            "project": project or project_provenance(), "builder": printable(os.environ.get(BUILDER_ENV) or "local")[:200],
             "hip_headers": {k: v.version for k, v in sysroot.record.packages.items()},
             "hip_suite": sysroot.record.suite, "toolchain": rep.toolchain, "machine": platform.machine(),
             "build_log": rep.log,
