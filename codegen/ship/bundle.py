@@ -134,6 +134,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "negative_controls": [c.as_json() for c in check.controls],
         "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
         "forced_fused": check.forced.as_json() if check.forced else None,
+        "coverage": [c.as_json() for c in check.coverage.claims] if check.coverage else None,
     }
     manifest = manifest_of(data, where)
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
