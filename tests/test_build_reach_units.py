@@ -163,3 +163,27 @@ def test_a_fifo_or_a_folder_as_the_record_is_one_message_not_a_hang(tmp_path):
     path.mkdir()
     with pytest.raises(UserError, match="directory"):
         read_reach(tmp_path)
+
+
+def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_path, monkeypatch):
+    """`bundle build --images PREFIX`: a prefix record that this build folder's generator output
+    does not prove (codegen.imagebuild.reach.confirm_left_out, on real trees in
+    tests/test_build_reach.py) is one message, exit 2, before any image is copied."""
+    from types import SimpleNamespace
+
+    from codegen.imagebuild import reach as reach_mod
+    from codegen.ship import bundle
+
+    record = Reach(kernels_left_out=1, packages_left_out=[
+        LeftOut(image="amd-gfx908/flash/attn_fwd/B.aks2", member=None, kernels=1)])
+    monkeypatch.setattr(reach_mod, "read_prefix_reach", lambda prefix: record)
+    seen = []
+    monkeypatch.setattr(reach_mod, "confirm_left_out",
+                        lambda r, build_dir, tree: seen.append((build_dir, tree)) or [f"{r.packages_left_out[0].image}: no"])
+    copied = []
+    monkeypatch.setattr(bundle, "_copy_images", lambda *a: copied.append(a))
+    rep = SimpleNamespace(verification={"problems": []}, arch="gfx908")
+    with pytest.raises(UserError, match="amd-gfx908/flash/attn_fwd/B.aks2: no") as exc:
+        bundle._built_kernels(tmp_path / "tree", 6, rep, None, tmp_path / "p", tmp_path / "b", tmp_path / "images")
+    assert exc.value.exit_code == 2 and "mi100-codegen build" in exc.value.hint
+    assert seen == [(tmp_path / "b", tmp_path / "tree")] and copied == []
