@@ -34,10 +34,9 @@ from the launch, as upstream's own builds do for a kernel that failed to compile
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
-
-import shutil
 
 from codegen.core.contain import inside
 from codegen.core.errors import UpstreamError, UserError
@@ -69,11 +68,11 @@ def prune(v3src: Path, tree: Path) -> Reach:
     the reach record."""
     v3src = Path(v3src).resolve()
     reach, files, stale = plan_reach(v3src, tree)
+    _forget_kept(v3src.parent)  # an earlier configure's copies
     # every path checked (codegen.core.contain: names from the generator's lists) before anything is written
     writes = [(inside(v3src, rel), data) for rel, data in sorted(files.items(), key=lambda kv: kv[0] == COMPILE_LIST)]
     kept = [(inside(v3src, rel), inside(v3src.parent, f"{KEPT_DIR}/{rel}")) for rel in sorted(files)]
     removals = [inside(v3src, rel, final_link=True) for rel in stale]
-    _forget_kept(v3src.parent)
     for src, dest in kept:      # before any list is rewritten: an interrupted run keeps the originals
         if src.is_file():
             dest.parent.mkdir(parents=True, exist_ok=True)
