@@ -1,7 +1,7 @@
 """bundle check's coverage (codegen.ship.coverage, issue 30 item 5), without a compiler: the cases
 made from the spec's axes, the package names read from a library's bytes, and the three claims
 over a dispatch report. On a stand-in library through the stub runtime:
-tests/test_bundle_dispatch.py; on a real bundle: tests/test_bundle_attacks_real.py (slow)."""
+tests/test_bundle_dispatch.py; on a real bundle: tests/test_bundle_real.py (slow)."""
 
 from __future__ import annotations
 
