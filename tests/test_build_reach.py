@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,10 @@ import pytest
 
 from codegen.compile.client import REACH_ENV
 from codegen.compile.service import install_client
-from codegen.imagebuild.reach import REACH_FILE, prune, read_reach
+from codegen.imagebuild.reach import (KEPT_DIR, REACH_FILE, confirm_left_out, proven_reach, prune, read_reach,
+                                      record_in_prefix, read_prefix_reach, unreachable)
+from codegen.models.reach import LeftOut
+from codegen.models.records import write_json
 from codegen.plan.reach import plan_reach
 from codegen.core.errors import UserError
 from codegen.plan.kernel_list import generate_kernel_list
@@ -202,11 +206,66 @@ def test_013b_zip_members_and_rerun(fresh_tree, tmp_path):
         assert (hooked / name).read_text().replace(str(hooked.parent), "B") == (v3src / name).read_text().replace(
             str(v3src.parent), "B")
     assert read_reach(hooked.parent).to_json() == reach.to_json()
+    # the record proven again from the kept lists; a planted attn_fwd member is refused
+    assert proven_reach(v3src.parent, tree).to_json() == reach.to_json()
+    fwd = next(m for m in _lines(v3src / "aotriton.images" / "amd-gfx908" / "flash" / "attn_fwd.nsv"))
+    planted = LeftOut(image="amd-gfx908/flash/attn_fwd.zip", member=fwd.split("\0")[1], kernels=1, functional={})
+    _plant(v3src.parent, reach, planted)
+    with pytest.raises(UserError, match="lists amd-gfx908/flash/attn_fwd.zip member"):
+        proven_reach(v3src.parent, tree)
     # re-running on the pruned lists leaves them as they are
     after = {p: p.read_bytes() for p in v3src.glob("Bare.*") if p.is_file()}
     again, files, stale = plan_reach(v3src, tree)
     assert again.kernels_left_out == 0 and not files and not stale
     assert {p: p.read_bytes() for p in v3src.glob("Bare.*") if p.is_file()} == after
+
+
+def _plant(build: Path, reach, extra: LeftOut) -> None:
+    """A valid record (the model's every rule holds) that also lists `extra` as left out."""
+    planted = reach.model_copy(update={"packages_left_out": [*reach.packages_left_out, extra],
+                                       "kernels_left_out": reach.kernels_left_out + extra.kernels})
+    (build / REACH_FILE).write_bytes(write_json(planted))
+
+
+def test_a_planted_record_is_never_believed(fresh_tree, tmp_path):
+    """issue 30 item 5: a valid reach record listing a reachable bf16 attn_fwd package as left out
+    is refused, below a build folder and in an install prefix alike: the record is computed again
+    from the generator's output (the lists prune kept, the op table, the kernel sources)."""
+    tree, spec = _applied(fresh_tree, "0.11b")
+    build = tmp_path / "b"
+    _generate(tree, spec, build / "v3src")
+    reach = prune(build / "v3src", tree)
+    assert reach.packages_left_out and (build / KEPT_DIR / "Bare.compile").is_file()
+    assert unreachable(build, tree).to_json() == reach.to_json()
+    assert proven_reach(build, tree).to_json() == reach.to_json()
+
+    fwd = next(c for c in (ln.split(";") for ln in _lines(build / KEPT_DIR / "Bare.cluster"))
+               if c[2] == "attn_fwd" and "bf16" in c[3])
+    image = f"{'/'.join(fwd[:4])}.aks2"
+    planted = LeftOut(image=image, member=None, kernels=len(fwd) - 4, functional=dict(reach.packages_left_out[0].functional, Q="bf16"))
+    _plant(build, reach, planted)
+    with pytest.raises(UserError, match=re.escape(f"lists {image} as left out")) as exc:
+        proven_reach(build, tree)
+    assert "--reconfigure" in exc.value.hint
+    # one left-out package dropped from the record, or the kept lists gone: refused as well
+    (build / REACH_FILE).write_bytes(write_json(reach.model_copy(update={"packages_left_out": reach.packages_left_out[1:]})))
+    with pytest.raises(UserError, match="does not list"):
+        proven_reach(build, tree)
+    (build / REACH_FILE).write_bytes(write_json(reach))
+    shutil.rmtree(build / KEPT_DIR)
+    with pytest.raises(UserError, match="which the generator's output does not prove unreachable"):
+        proven_reach(build, tree)
+
+    # an install prefix's record (`bundle build --images PREFIX`), proven against a build folder of the same tree
+    again = tmp_path / "again"
+    _generate(tree, spec, again / "v3src")
+    prune(again / "v3src", tree)
+    prefix = tmp_path / "prefix"
+    record_in_prefix(prefix, reach)
+    assert confirm_left_out(read_prefix_reach(prefix), again, tree) == []
+    record_in_prefix(prefix, reach.model_copy(update={"packages_left_out": [*reach.packages_left_out, planted]}))
+    problems = confirm_left_out(read_prefix_reach(prefix), again, tree)
+    assert len(problems) == 1 and problems[0].startswith(image), problems
 
 
 def test_a_hostile_record_is_refused(tmp_path):

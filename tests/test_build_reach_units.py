@@ -111,28 +111,36 @@ def test_a_record_of_another_format_configures_again(tmp_path):
     assert not is_current(tmp_path)
 
 
-def test_a_prefix_says_what_its_images_lack_and_bundle_build_checks_it_again(tmp_path):
-    """build records the left-out packages in the install prefix; `bundle build --images` proves
-    each again against its own op table (here the hand-written one of test_upstream_op_table)."""
-    from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach, record_in_prefix
-    from test_upstream_op_table import _flash
+def test_a_prefix_says_what_its_images_lack(tmp_path):
+    """build records the left-out packages in the install prefix (`bundle build --images` proves
+    each again from its own build folder's generator output: tests/test_build_reach.py)."""
+    from codegen.imagebuild.reach import read_prefix_reach, record_in_prefix
 
-    flash = _flash(tmp_path / "b")         # fused picked for (fp16, unpadded) and (bf16, padded) only
-    never = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/A.aks2", member=None, kernels=2,
-                    functional={"Q": "fp16", "PADDED_HEAD": "True"})
-    picked = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/B.aks2", member=None, kernels=3,
-                     functional={"Q": "fp16", "PADDED_HEAD": "False"})
-    odd = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse.zip", member="Q=…", kernels=1,
-                  functional={"Q": "fp8", "PADDED_HEAD": "False"})
+    a = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/A.aks2", member=None, kernels=2,
+                functional={"Q": "fp16", "PADDED_HEAD": "True"})
+    b = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse.zip", member="Q=…", kernels=1, functional={"Q": "fp8"})
     prefix = tmp_path / "prefix"
-    record_in_prefix(prefix, Reach(kernels_left_out=6, packages_left_out=[never, picked, odd]))
-    reach = read_prefix_reach(prefix)
-    assert [p.image for p in reach.packages_left_out] == [never.image, picked.image, odd.image]
-    problems = confirm_left_out(reach, flash)
-    assert len(problems) == 2 and "B.aks2" in problems[0] and "Q=…" in problems[1]
-    assert confirm_left_out(Reach(packages_left_out=[never]), flash) == []
+    record_in_prefix(prefix, Reach(kernels_left_out=3, packages_left_out=[a, b]))
+    assert read_prefix_reach(prefix).packages_left_out == [a, b]
     record_in_prefix(prefix, Reach())      # a build that left nothing out: no record
     assert read_prefix_reach(prefix) is None
+
+
+def test_disagreement_names_the_first_package_in_question():
+    from codegen.imagebuild.reach import disagreement
+
+    fused = LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/A.aks2", member=None, kernels=2, functional={"Q": "fp16"})
+    fwd = LeftOut(image="amd-gfx908/flash/attn_fwd/B.aks2", member=None, kernels=1, functional={"Q": "bf16"})
+    proof = Reach(kernels_left_out=2, fused_kernels=4, packages_left_out=[fused])
+    assert disagreement(proof, proof) is None
+    assert "lists amd-gfx908/flash/attn_fwd/B.aks2 as left out" in disagreement(
+        Reach(kernels_left_out=3, fused_kernels=4, packages_left_out=[fused, fwd]), proof)
+    assert "does not list amd-gfx908/flash/bwd_kernel_fuse/A.aks2" in disagreement(Reach(fused_kernels=4), proof)
+    # the same package, another functional or count: not the one proven
+    other = fused.model_copy(update={"kernels": 1})
+    assert "lists amd-gfx908/flash/bwd_kernel_fuse/A.aks2" in disagreement(
+        Reach(kernels_left_out=2, fused_kernels=4, packages_left_out=[other]), proof)
+    assert "kernels_left_out" in disagreement(Reach(kernels_left_out=9, fused_kernels=4, packages_left_out=[fused]), proof)
 
 
 def test_precompile_refuses_dispatched_for_tuning_lists_and_reports(tmp_path):
@@ -155,3 +163,27 @@ def test_a_fifo_or_a_folder_as_the_record_is_one_message_not_a_hang(tmp_path):
     path.mkdir()
     with pytest.raises(UserError, match="directory"):
         read_reach(tmp_path)
+
+
+def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_path, monkeypatch):
+    """`bundle build --images PREFIX`: a prefix record that this build folder's generator output
+    does not prove (codegen.imagebuild.reach.confirm_left_out, on real trees in
+    tests/test_build_reach.py) is one message, exit 2, before any image is copied."""
+    from types import SimpleNamespace
+
+    from codegen.imagebuild import reach as reach_mod
+    from codegen.ship import bundle
+
+    record = Reach(kernels_left_out=1, packages_left_out=[
+        LeftOut(image="amd-gfx908/flash/attn_fwd/B.aks2", member=None, kernels=1)])
+    monkeypatch.setattr(reach_mod, "read_prefix_reach", lambda prefix: record)
+    seen = []
+    monkeypatch.setattr(reach_mod, "confirm_left_out",
+                        lambda r, build_dir, tree: seen.append((build_dir, tree)) or [f"{r.packages_left_out[0].image}: no"])
+    copied = []
+    monkeypatch.setattr(bundle, "_copy_images", lambda *a: copied.append(a))
+    rep = SimpleNamespace(verification={"problems": []}, arch="gfx908")
+    with pytest.raises(UserError, match="amd-gfx908/flash/attn_fwd/B.aks2: no") as exc:
+        bundle._built_kernels(tmp_path / "tree", 6, rep, None, tmp_path / "p", tmp_path / "b", tmp_path / "images")
+    assert exc.value.exit_code == 2 and "mi100-codegen build" in exc.value.hint
+    assert seen == [(tmp_path / "b", tmp_path / "tree")] and copied == []

@@ -20,7 +20,8 @@ from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.formats.bundle_zip import manifest_of
 from codegen.models.bundle import BundleManifest, ClaimRecord
 from codegen.ship.check import CheckReport, check_forced
-from codegen.ship.dispatch import HIP_SUCCESS, dispatch_cases, run_dispatch
+from codegen.ship.coverage import coverage
+from codegen.ship.dispatch import HIP_SUCCESS, check_cases, dispatch_cases, run_dispatch
 from codegen.ship.stub import build_stub
 from codegen.formats.spec import load_spec
 from conftest import REPO, cached_sysroot
@@ -50,6 +51,10 @@ template class ao::TensorView<2>;
 template class ao::TensorView<4>;
 ao::v3::flash::attn_fwd_params::attn_fwd_params() {}
 ao::v3::flash::attn_bwd_params::attn_bwd_params() {}
+
+// what a real library's dispatch tables keep: the path of each image package they name (PACKAGE_PATH)
+extern "C" AOTRITON_API const char* const mi100_standin_packages[] = {
+    "amd-gfx908/flash/attn_fwd/FONLY__", "amd-gfx908/flash/bwd_kernel_dk_dv/FONLY__", "amd-gfx908/flash/" FUSED "/FONLY__"};
 
 namespace {
 std::string env(const char* name) { const char* v = std::getenv(name); return v ? v : ""; }
@@ -225,3 +230,36 @@ def test_every_fused_package_left_out_has_no_held_half(bundle_root, monkeypatch)
     manifest = _manifest(None)
     claim, js = _forced(bundle_root, monkeypatch, fused_heads="", manifest=manifest)
     assert claim.ok and js["observed"]["held"] is None and js["observed"]["left_out"]["backward"] == 400, js
+
+
+def test_coverage_of_the_stand_in_and_of_a_copy_without_its_forward_package(bundle_root, monkeypatch, tmp_path):
+    """bundle check's coverage (codegen.ship.coverage) over the stub's log: every declared axis
+    dispatched, the three packages the library names packed, the fused one not loaded (the op
+    table's choice, said so). A copy without the forward package (and its code object): every case
+    fails and the package the library names is missing, by name."""
+    root, cache = bundle_root
+    spec = load_spec(root / "spec.yaml").spec
+    stub = build_stub(SYS6.include, SYS6.runtime, cache / "stub")
+    cases = check_cases(spec)
+
+    def run(at: Path):
+        monkeypatch.setenv("MI100_FAKE_IMAGES", str(at / "co"))
+        r = run_dispatch(lib=at / LIB, prefix=at, images=at / "lib" / "aotriton.images", hip_include=SYS6.include,
+                         stub=stub, arch="gfx908", cases=cases, cache=cache / "driver", target=spec.target_string)
+        return r, coverage(spec, cases, r, (at / LIB).read_bytes(), "gfx908", list(MANIFEST.built_with.reach.left_out))
+
+    r, cov = run(root)
+    assert r.ok and cov.ok, [c.detail for c in cov.claims]
+    assert len(cases) > len(dispatch_cases(spec)) and any(c.dtype == "bf16" for c in cases)
+    assert cov.packages.named == cov.packages.packed == 3 and cov.packages.loaded == 2
+    assert list(cov.packages.not_loaded.values()) == [[f"amd-gfx908/flash/{FUSED_FAMILY}/FONLY__.aks2"]]
+
+    copy = tmp_path / "b"
+    shutil.copytree(root, copy)
+    (copy / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "attn_fwd" / "FONLY__.aks2").unlink()
+    (copy / "co" / "attn_fwd.co").unlink()
+    r, cov = run(copy)
+    axes, named, _ = cov.claims
+    assert not r.ok and not cov.ok and not axes.ok and not named.ok
+    assert "missing: amd-gfx908/flash/attn_fwd/FONLY__.aks2" in named.detail
+    assert all(a.failed == a.cases for a in cov.axes)

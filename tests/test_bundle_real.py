@@ -11,6 +11,8 @@ stand in: MI100_TEST_BUNDLE=path/to/aotriton-0.11b-gfx908-hip6.mi100-bundle.zip 
 check runs, ~2-5 min); MI100_TEST_BUNDLE_TREE names the applied tree it was built from (else the
 smoke-applied fixture tree: the stand-in must then be a smoke bundle). A stand-in made before
 bundles carried tuning rows gets them from that tree (`add_rows`, bundle build's own staging).
+MI100_TEST_PYTHON: the interpreter `bundle build` compiles with (`--python`; default: a build
+venv of the spec's Triton), so kernels an earlier build with it cached are taken.
 Needs the HIP packages and cmake/ninja for the build (as
 tests/test_build_real.py), gcc/g++ and network access to the Debian mirror on first use."""
 
@@ -30,6 +32,13 @@ from conftest import REPO
 
 SMOKE = REPO / "rules" / "examples" / "smoke.yaml"
 pytestmark = [pytest.mark.build, pytest.mark.slow, pytest.mark.aotriton]
+
+
+def _python() -> list[str]:
+    """`--python` for `bundle build` where MI100_TEST_PYTHON names an interpreter (the kernels
+    cached by an earlier build with it are taken), else none: a build venv of the spec's Triton."""
+    python = os.environ.get("MI100_TEST_PYTHON")
+    return ["--python", python] if python else []
 
 
 def _cli(*args: str, timeout: int = 7200) -> subprocess.CompletedProcess:
@@ -56,7 +65,7 @@ def bundle(tmp_path_factory, applied_tree) -> Path:
         pytest.skip("needs cmake and ninja (see tests/test_build_real.py)")
     work = tmp_path_factory.mktemp("bundle")
     tree = applied_tree
-    r = _cli("bundle", "build", str(tree), "--hip", "6", "--spec", str(SMOKE), "--out", str(work), "--json")
+    r = _cli("bundle", "build", str(tree), "--hip", "6", "--spec", str(SMOKE), "--out", str(work), "--json", *_python())
     assert r.returncode == 0, r.stderr[-4000:]
     out = json.loads(r.stdout)
     print(f"\nbundle build: {out['seconds']}")
@@ -72,6 +81,22 @@ def bundle_tree(request) -> Path:
 
 def _hip(bundle: Path) -> int:
     return int(bundle.name.split("-hip")[1].split(".")[0])
+
+
+def _matrix(rep: dict, bundle: Path) -> list[dict]:
+    """The cases of validate's matrix (dispatch_cases: the ones the tuning-row check reads), not
+    the coverage cases made from the spec's other axes (bf16 where the spec lists fp16 only, a
+    padded head: no tuned rows of the spec's GPU are made for them)."""
+    import tempfile
+
+    from codegen.formats.spec import load_spec
+    from codegen.ship.dispatch import dispatch_cases
+
+    with tempfile.TemporaryDirectory() as td:
+        (Path(td) / "spec.yaml").write_bytes(zipfile.ZipFile(bundle).read("spec.yaml"))
+        spec = load_spec(Path(td) / "spec.yaml").spec
+    names = {c.name for c in dispatch_cases(spec)}
+    return [c for c in rep["dispatch"]["cases"] if c["case"] in names]
 
 
 def test_bundle_check_passes_with_named_controls(bundle):
@@ -92,6 +117,16 @@ def test_bundle_check_passes_with_named_controls(bundle):
                         "negative control: a code object of another arch": True,
                         "negative control: a library linked against another HIP major": True}
     assert "never run on a card" in r.stderr
+    # coverage (issue 30 item 5): every declared axis dispatched, bf16 with an fp16-only spec and
+    # a padded head included; every package the library names packed or left out (fused only)
+    cov = rep["coverage"]
+    assert all(c["ok"] for c in cov["claims"]) and len(cov["claims"]) == 3, cov["claims"]
+    assert {a["value"] for a in cov["axes"]} >= {"fp16", "bf16", "64", "causal", "bias", "dropout", "padded head"}
+    assert all(a["cases"] and not a["failed"] for a in cov["axes"])
+    pk = cov["packages"]
+    assert pk["named"] == pk["packed"] + len(pk["left_out"]) and not pk["missing"] and pk["loaded"] > 0
+    assert all("bwd_kernel_fuse" in n for n in pk["left_out"])
+    print(f"\ncoverage: {[c['detail'] for c in cov['claims']]}")
     # built with --kernels dispatched (the default): the forced-backend probe ran and held, as it
     # observed it: the held functional's backward launched its fused kernel; the left-out one's
     # returned a HIP error having launched nothing, and the driver ran on (no crash)
@@ -127,7 +162,7 @@ def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):
     fams = {m["family"] for m in rows}
     assert "attn_fwd" in fams and fams & {"bwd_kernel_fuse", "bwd_kernel_dk_dv"}, fams
     assert all(m["ok"] and m["gpu"] == "gfx908_mod0" and m["row_key"]["gpu"] == "gfx908_mod0" for m in rows)
-    assert all(c["rows"] for c in rep["dispatch"]["cases"])          # every case names its rows
+    assert all(c["rows"] for c in _matrix(rep, bundle))               # every case of validate's matrix names its rows
     assert " row " in r.stderr                                         # and the table shows them
 
     b = open_bundle(bundle)
@@ -163,7 +198,7 @@ def test_carried_rows_name_the_rows_without_the_tree(bundle, bundle_tree, tmp_pa
     assert "give --tree" in claim["detail"] and "tuning-rows.json" in claim["verified"]
     carried = sorted((c["case"], m["kernel"], m["row_id"], m["row_config"], m["ok"])
                      for c in rep["dispatch"]["cases"] for m in c["rows"])
-    assert carried and all(c["rows"] for c in rep["dispatch"]["cases"])
+    assert carried and all(c["rows"] for c in _matrix(rep, bundle))
 
     root = extract(b, tmp_path / "x")
     t = check_extracted(root, b.manifest, controls=False, tree=bundle_tree)
@@ -231,3 +266,76 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
     s = json.loads(cli("torch", "status", "--torch-dir", str(root), "--json").stdout)
     assert s["ours"]["bundle"]["file"] == bundle.name and s["ours"]["bundle"]["hip_major"] == hip
+
+
+def _without(bundle: Path, dest: Path, pick) -> tuple[Path, str]:
+    """A copy of `bundle` without the first image package `pick` takes (an `.aks2` file, or 0.13b's
+    zip member: the zip rewritten), every hash and size in the manifest computed again: what an
+    attacker (or a careless repack) can make; (the copy, the package below aotriton.images/)."""
+    from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, sha256, write_bundle
+    from codegen.ship.dispatch import ImageIndex, remove_image
+
+    b = open_bundle(bundle)
+    root = extract(b, dest.parent / "stage")
+    images = root / "lib" / "aotriton.images"
+    victim = next(c for c in sorted(ImageIndex(images).packed()) if pick(c))
+    remove_image(images, victim)
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    data = dict(b.manifest.to_json(), files={n: {"sha256": sha256(d), "size": len(d)} for n, d in files.items()})
+    write_bundle(dest, manifest_of(data, f"{dest}: {MANIFEST}"), files)
+    return dest, victim
+
+
+def test_a_bundle_without_a_bf16_package_fails_check_naming_it(bundle, tmp_path):
+    """issue 30 item 5 (ii): one bf16 forward package removed and every hash recomputed (the
+    spec lists fp16 only; upstream builds bf16 and PyTorch sends bf16 to the library): bundle
+    check fails, exit 3, naming the package, and the bf16 cases fail."""
+    t, victim = _without(bundle, tmp_path / bundle.name,
+                         lambda c: "/attn_fwd" in c and ("bf16" in c.split(":")[-1].split("/")[-1]))
+    r = _cli("bundle", "check", str(t), "--json", timeout=3600)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    rep = json.loads(r.stdout)
+    cov = rep["coverage"]
+    claims = {c["claim"]: c for c in cov["claims"]}
+    named = claims["every image package the library names is in the bundle"]
+    axes = claims["every dtype, head dim and variant the spec declares is dispatched"]
+    name = victim.split(":", 1)[-1] if ":" in victim else victim
+    assert not named["ok"] and name in named["detail"] and name in r.stderr, named
+    assert cov["packages"]["missing"] == [name]
+    assert not axes["ok"] and "dtype bf16" in axes["detail"], axes
+    failed = [c["case"] for c in rep["dispatch"]["cases"] if not c["ok"]]
+    assert failed and all(c.startswith("bf16.") for c in failed), failed
+    print(f"\n{named['detail']}\n{axes['detail']}")
+
+
+def test_a_planted_reach_record_is_refused_not_believed(bundle, applied_tree, tmp_path):
+    """issue 30 item 5 (i): a valid reach record below the bundle's build folder that lists a
+    reachable bf16 attn_fwd package as left out makes `bundle build` refuse (exit 2, one message
+    naming it), never drop the package; the genuine record builds again."""
+    from codegen.formats.aks2 import referenced_kernels
+    from codegen.imagebuild.reach import REACH_FILE, read_reach
+    from codegen.models.reach import LeftOut
+    from codegen.models.records import write_json
+
+    if os.environ.get("MI100_TEST_BUNDLE"):
+        pytest.skip("needs the build folder of a bundle built by this run (MI100_TEST_BUNDLE stands in)")
+    build = applied_tree / "build-hip6"
+    record = build / REACH_FILE
+    genuine = record.read_bytes()
+    reach = read_reach(build)
+    package = next(r.package for r in referenced_kernels(build) if r.kernel == "attn_fwd" and "bf16" in r.package)
+    planted = LeftOut(image=package + ".aks2", member=None, kernels=1, functional={"Q": "bf16"})
+    record.write_bytes(write_json(reach.model_copy(update={
+        "packages_left_out": [*reach.packages_left_out, planted], "kernels_left_out": reach.kernels_left_out + 1})))
+    try:
+        out = tmp_path / "out"
+        r = _cli("bundle", "build", str(applied_tree), "--hip", "6", "--spec", str(SMOKE), "--out", str(out), *_python())
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        assert f"lists {package}.aks2 as left out" in " ".join(r.stderr.split()), r.stderr[-3000:]
+        assert not out.exists() or not any(out.iterdir())
+        print(f"\n{r.stderr.strip().splitlines()[-3:]}")
+    finally:
+        record.write_bytes(genuine)
+    r = _cli("bundle", "build", str(applied_tree), "--hip", "6", "--spec", str(SMOKE), "--out", str(tmp_path / "again"),
+             *_python())
+    assert r.returncode == 0, r.stderr[-3000:]

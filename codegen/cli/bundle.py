@@ -34,7 +34,8 @@ def _say(msg: str) -> None:
 
 
 def _print_check(rep) -> None:
-    for c in rep.claims + rep.controls + [x for x in (rep.rows_claim, rep.forced) if x]:
+    cover = rep.coverage.claims if rep.coverage is not None else []
+    for c in rep.claims + cover + rep.controls + [x for x in (rep.rows_claim, rep.forced) if x]:
         _say(f"{'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
     if rep.rows_note:
         _say(f"--   tuning rows: {rep.rows_note}")

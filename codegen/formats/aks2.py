@@ -24,6 +24,10 @@ member. Every failure to read either format is one ImageError naming the file (a
 A whole images folder: `packed_kernels` lists every kernel packed below it by the reference its
 dispatch table would give it (`KernelRef`, `ZipRef`), `package_images` reads one package's code
 objects by reference.
+
+A built library: its compiled dispatch tables keep each PACKAGE_PATH (0.13b: FLATZIP_PATH and
+FUNC_NAME) as a NUL-ended string; `library_references` reads them back from the library's bytes,
+so what a bundle's library will look for can be compared with what the bundle packs.
 """
 
 from __future__ import annotations
@@ -340,7 +344,40 @@ def package_images(images: Path, file: str) -> dict[KernelRef | ZipRef, bytes]:
     return {KernelRef(file.removesuffix(".aks2"), name): image for name, image in read_aks2_images(path).items()}
 
 
+_LIB_PATH_RE = re.compile(rb"(?<![^\x00])amd-[A-Za-z0-9_]{1,32}/[^\x00\s]{1,400}(?=\x00)")
+_LIB_MEMBER_RE = re.compile(rb"(?<![^\x00])[A-Z][A-Za-z_]{0,31}='\*[^\x00\s]{1,400}(?=\x00)")
+
+
+@dataclass(frozen=True)
+class LibraryRefs:
+    """What a library's dispatch tables name, below aotriton.images/: `.aks2` packages (0.11b-0.12.1b,
+    with the suffix), image zips (0.13b+) and the zip members (0.13b+: functionals, `Q='*fp16:16';…`)."""
+
+    packages: frozenset[str]
+    zips: frozenset[str]
+    members: frozenset[str]
+
+
+def library_references(data: bytes, pack: str) -> LibraryRefs:
+    """The image packages a built AOTriton library names for the images folder `pack` (e.g.
+    `amd-gfx908`), read from its bytes (see the module doc). A string that is not text is skipped."""
+    paths, members = set(), set()
+    for m in _LIB_PATH_RE.finditer(data):
+        try:
+            paths.add(m.group().decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    for m in _LIB_MEMBER_RE.finditer(data):
+        try:
+            members.add(m.group().decode("utf-8"))
+        except UnicodeDecodeError:
+            continue
+    mine = {p for p in paths if p.startswith(pack + "/")}
+    return LibraryRefs(packages=frozenset(p + ".aks2" for p in mine if p.count("/") == 3 and not p.endswith(".zip")),
+                       zips=frozenset(p for p in mine if p.endswith(".zip")), members=frozenset(members))
+
+
 __all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef", "blake2b_64",
-           "dispatch_tables", "package_images", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
+           "LibraryRefs", "dispatch_tables", "library_references", "package_images", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
            "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
            "referenced_zip_kernels", "zip_without"]

@@ -16,7 +16,10 @@ their line formats, and the whole-file rewrites that leave kernels and image pac
 the zip member, the name), as `codegen.formats.aks2` spells a dispatch table's reference.
 
 Paths in the lists are absolute; `rel` makes them relative to the build folder they lie in.
-Rewrites keep every other line byte for byte; they return bytes and write nothing.
+Rewrites keep every other line byte for byte; they return bytes and write nothing. The readers
+take the folder the lists are read from (`lists`, default v3src itself) apart from v3src, the
+folder their paths lie in: `codegen.imagebuild.reach` plans again from the generator's lists as
+it wrote them, kept beside the build folder's rewritten ones.
 """
 
 from __future__ import annotations
@@ -155,12 +158,12 @@ def count_compiled(v3src: Path) -> tuple[int | None, int | None]:
     return total, done
 
 
-def read_clusters(v3src: Path) -> list[Cluster]:
-    """The cluster list, one entry per line, kernels relative to v3src (a line without kernels
-    has none)."""
+def read_clusters(v3src: Path, lists: Path | None = None) -> list[Cluster]:
+    """The cluster list (read from `lists`, default v3src), one entry per line, kernels relative
+    to v3src (a line without kernels has none)."""
     base = str(v3src)
     out = []
-    for line in read_lines(Path(v3src) / CLUSTER_LIST):
+    for line in read_lines(Path(lists or v3src) / CLUSTER_LIST):
         f = line.split(";")
         head = (f + ["", "", "", ""])[:4]
         out.append(Cluster(line, *head, tuple(rel(x, base) for x in f[4:] if x.endswith(IMAGE_SUFFIX))))
@@ -172,10 +175,10 @@ def clusters_without(clusters: list[Cluster], dropped: set[int]) -> bytes:
     return _text(c.line for i, c in enumerate(clusters) if i not in dropped)
 
 
-def compile_list_without(v3src: Path, images: set[str]) -> bytes:
+def compile_list_without(v3src: Path, images: set[str], lists: Path | None = None) -> bytes:
     """The compile list without the kernels whose image (relative to v3src) is in `images`."""
     base = str(v3src)
-    return _text(ln for ln in read_lines(Path(v3src) / COMPILE_LIST)
+    return _text(ln for ln in read_lines(Path(lists or v3src) / COMPILE_LIST)
                  if not any(rel(x, base) in images for x in images_of(ln)))
 
 
@@ -184,12 +187,12 @@ def member_list(arch: str, family: str, kernel: str) -> str:
     return f"{IMAGES_DIR}/{arch}/{family}/{kernel}.nsv"
 
 
-def zips_without(v3src: Path, clusters: set[str]) -> ZipRewrite:
+def zips_without(v3src: Path, clusters: set[str], lists: Path | None = None) -> ZipRewrite:
     """The zip list and each affected zip's member list without `clusters` (paths relative to
     v3src, below AKS2_DIR); a zip left with no member goes (its member list and zip are stale)."""
     base = str(v3src)
     rows, files, stale, dropped = [], {}, [], []
-    for line in read_lines(Path(v3src) / FLATZIP_LIST):
+    for line in read_lines(Path(lists or v3src) / FLATZIP_LIST):
         f = line.split(";")
         kept = [x for x in f[3:] if rel(x, base) not in clusters]
         if len(kept) == len(f) - 3:
@@ -197,7 +200,7 @@ def zips_without(v3src: Path, clusters: set[str]) -> ZipRewrite:
             continue
         zip_rel, members = f"{f[0]}/{f[1]}/{f[2]}.zip", []
         listing = member_list(f[0], f[1], f[2])
-        path = Path(v3src) / listing
+        path = Path(lists or v3src) / listing
         for ml in (read_lines(path) if path.is_file() else []):
             aks2, _, member = ml.partition("\0")
             if rel(aks2, base) in clusters:

@@ -13,6 +13,7 @@ from rich.console import Console
 from codegen.core.errors import UpstreamError, UserError
 from codegen.formats.compile_list import count_compiled
 from codegen.formats.spec import LoadedSpec
+from codegen.models.dtypes import UPSTREAM_BUILDS
 from codegen.compile.cache import CompileCache, default_cache_dir
 from codegen.render.inputs import render_overlay
 from codegen.toolchain import generator_requirements
@@ -26,7 +27,8 @@ from codegen.apply.lock import read_lock
 from codegen.imagebuild.overlay import OverlayState, check_overlay
 from codegen.imagebuild.prereq import check_prerequisites
 from codegen.plan.reach import check_mode
-from codegen.imagebuild.reach import REACH_FILE, forget, is_current, read_reach, record_in_prefix, remove_from_prefix
+from codegen.imagebuild.reach import (REACH_FILE, forget, is_current, proven_reach, record_in_prefix,
+                                      remove_from_prefix)
 from codegen.imagebuild.run import run_cmake, run_ninja
 from codegen.compile.client import REACH_ENV
 from codegen.compile.service import CompileService
@@ -142,9 +144,10 @@ def _refuse_request(opts: BuildOptions, tree: Path, loaded, adapter) -> None:
         if len(spec.head_dims) < 2:
             raise UserError(f"{loaded.display}: a tuning build needs at least two head dims (upstream "
                             f"0.10b-0.12b drop a one-value axis and crash); this spec has {list(spec.head_dims)}")
-        lacking = [d for d in ("fp16", "bf16") if d not in spec.dtypes]
+        lacking = [d for d in UPSTREAM_BUILDS if d not in spec.dtypes]
         if lacking:
-            raise UserError(f"{loaded.display}: a tuning build compiles every dtype upstream builds (fp16, bf16), "
+            raise UserError(f"{loaded.display}: a tuning build compiles every dtype upstream builds "
+                            f"({', '.join(UPSTREAM_BUILDS)}), "
                             f"but the spec's tuning space has no {', '.join(lacking)} configs")
     triton_src = tree / "third_party" / "triton"
     if (adapter.builds_own_triton and not opts.noimage
@@ -298,7 +301,8 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
         report.configure_seconds = run_cmake(plan.cmake_args(opts.tree.resolve(), build_dir), env=env,
                                              log_path=log_path, console=console, cmake=tc.cmake)
         report.configured = True
-    reach = read_reach(build_dir) if leaves_out else None
+    # the record is computed again from the generator's output, never believed (codegen.imagebuild.reach)
+    reach = proven_reach(build_dir, opts.tree) if leaves_out else None
     if leaves_out and reach is None:   # only after a configure: a current record skips it
         raise UpstreamError(f"CMake configured {build_dir} but the generator's run left no "
                             f"{build_dir / REACH_FILE} (the build venv's hook did not run)",
@@ -339,7 +343,7 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
     else:
         report.kernels_compiled = res.kernels_compiled
     report.edges_total = res.edges_total
-    return read_reach(build_dir) if leaves_out else None   # again: ninja may have configured again
+    return proven_reach(build_dir, opts.tree) if leaves_out else None   # again: ninja may have configured again
 
 
 __all__ = ["BuildOptions", "BuildReport", "CheckedTree", "build_tree", "check_tree"]

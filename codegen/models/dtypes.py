@@ -41,6 +41,16 @@ DTYPE_INFO: dict[str, DtypeInfo] = {
 }
 
 
+UPSTREAM_BUILDS = ("fp16", "bf16")
+"""The dtypes every build compiles whatever the spec says (fp32 only where the spec has it:
+AOTRITON_ENABLE_FP32_INPUTS follows `dtypes`); PyTorch sends either to the library."""
+
+
+def served_dtypes(spec_dtypes) -> list[str]:
+    """What a build of a spec serves: its dtypes, then those upstream builds anyway."""
+    return list(spec_dtypes) + [d for d in UPSTREAM_BUILDS if d not in spec_dtypes]
+
+
 def by_torch(spelling: str) -> DtypeInfo | None:
     """The dtype whose torch spelling ('torch.float16' or 'float16') is `spelling`."""
     for d in DTYPE_INFO.values():
@@ -56,4 +66,4 @@ def by_signature(sig: str) -> DtypeInfo | None:
     return None
 
 
-__all__ = ["DTYPE_INFO", "DtypeInfo", "by_signature", "by_torch"]
+__all__ = ["DTYPE_INFO", "UPSTREAM_BUILDS", "DtypeInfo", "by_signature", "by_torch", "served_dtypes"]

@@ -14,7 +14,7 @@ from codegen.core.contain import RelPath, rel_path
 from codegen.models.records import Count, Name, Record, Text
 
 KERNEL_MODES = ("dispatched", "all")  # build --kernels
-REACH_FORMAT = 2                      # of the reach record; another: the build configures again
+REACH_FORMAT = 3                      # of the reach record; another: the build configures again (3: lists kept)
 Functional = dict[Name, Text]
 """A fused kernel's functional as its Triton signature spells it (codegen.plan.reach.fused_functional)."""
 

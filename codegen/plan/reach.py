@@ -77,11 +77,11 @@ def fused_functional(entry: KernelEntry, sig: dict[str, str]) -> dict[str, str]:
     return {name: entry.config.dtype if name == "Q" else sig.get(name, "") for name in FUSED_FUNCTIONAL}
 
 
-def _fused_kernels(v3src: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str, dict], set[str]]:
+def _fused_kernels(v3src: Path, lists: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str, dict], set[str]]:
     """(functional of each fused kernel, the ones the table never selects), by path relative to v3src."""
     names: dict = {}
     functional, never = {}, set()
-    for e in parse_compile_list(v3src / COMPILE_LIST, tree, v3src):
+    for e in parse_compile_list(lists / COMPILE_LIST, tree, v3src):
         if e.config.family != FUSED_FAMILY:
             continue
         sig = _signature(e, tree, names)
@@ -92,10 +92,12 @@ def _fused_kernels(v3src: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str
     return functional, never
 
 
-def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[str]]:
+def plan_reach(v3src: Path, tree: Path, lists: Path | None = None) -> tuple[Reach, dict[str, bytes], list[str]]:
     """What to leave out: (the record, the rewritten lists by path relative to v3src, stale
-    images below v3src to remove). Reads only; nothing is written."""
+    images below v3src to remove). `lists`: the folder the generator's lists are read from (default
+    v3src; codegen.imagebuild.reach proves a record from the copies it kept). Reads only."""
     v3src, tree = Path(v3src).resolve(), Path(tree).resolve()
+    lists = Path(lists).resolve() if lists is not None else v3src
     adapter = detect(tree)
     if not adapter.torch_bwd_via_op_table:
         return Reach(reason=f"with AOTriton {adapter.release} PyTorch calls the fused backward kernel itself "
@@ -104,10 +106,10 @@ def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[s
     proven = f"v3src/flash/{IFACE}"
     if table is None:
         return Reach(reason="the generator wrote no backward op table: every kernel is kept"), {}, []
-    if not (v3src / COMPILE_LIST).is_file() or not (v3src / CLUSTER_LIST).is_file():
+    if not (lists / COMPILE_LIST).is_file() or not (lists / CLUSTER_LIST).is_file():
         return Reach(proven_by=proven, reason="the generator wrote no kernel lists"), {}, []
-    functional, never = _fused_kernels(v3src, tree, table)
-    clusters = read_clusters(v3src)
+    functional, never = _fused_kernels(v3src, lists, tree, table)
+    clusters = read_clusters(v3src, lists)
     drop_lines, left, drop_kernels, held = set(), [], set(), []
     for i, c in enumerate(clusters):
         if not c.images or not all(h in never for h in c.images):
@@ -120,11 +122,12 @@ def plan_reach(v3src: Path, tree: Path) -> tuple[Reach, dict[str, bytes], list[s
                   held=min(held, key=lambda d: sorted(d.items())) if held else None)
     if not left:
         return Reach(reason="the backward op table can select every fused kernel", **counts), {}, []
-    out = {CLUSTER_LIST: clusters_without(clusters, drop_lines), COMPILE_LIST: compile_list_without(v3src, drop_kernels)}
+    out = {CLUSTER_LIST: clusters_without(clusters, drop_lines),
+           COMPILE_LIST: compile_list_without(v3src, drop_kernels, lists)}
     stale: list[str] = []
     packages: list[LeftOut] = []
-    if (v3src / FLATZIP_LIST).is_file():
-        _plan_zips(v3src, left, functional, packages, out, stale)
+    if (lists / FLATZIP_LIST).is_file():
+        _plan_zips(v3src, lists, left, functional, packages, out, stale)
     else:
         for c in left:
             packages.append(_left_out(v3src, c.aks2, None, len(c.images), functional[c.images[0]]))
@@ -140,11 +143,11 @@ def _left_out(v3src: Path, image: str, member: str | None, kernels: int, functio
                      f"({describe(exc.errors()[0])})") from None
 
 
-def _plan_zips(v3src: Path, left: list[Cluster], functional: dict[str, dict], packages: list[LeftOut],
-               out: dict[str, bytes], stale: list[str]) -> None:
+def _plan_zips(v3src: Path, lists: Path, left: list[Cluster], functional: dict[str, dict],
+               packages: list[LeftOut], out: dict[str, bytes], stale: list[str]) -> None:
     """0.13b+: drop the left-out .aks2 clusters from each zip's inputs and member list."""
     gone = {c.cluster_file: (len(c.images), functional[c.images[0]]) for c in left}
-    rewrite = zips_without(v3src, set(gone))
+    rewrite = zips_without(v3src, set(gone), lists)
     for zip_rel, member, cluster in rewrite.dropped:
         packages.append(_left_out(v3src, zip_rel, member, *gone[cluster]))
     out.update(rewrite.files)

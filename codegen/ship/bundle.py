@@ -140,6 +140,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         "negative_controls": [c.as_json() for c in check.controls],
         "tuning_rows": check.rows_claim.as_json() if check.rows_claim else None,
         "forced_fused": check.forced.as_json() if check.forced else None,
+        "coverage": [c.as_json() for c in check.coverage.claims] if check.coverage else None,
     }
     manifest = manifest_of(data, where)
     seconds = {"sysroot": round(t_sysroot, 1), "build": round(t_build, 1), "check": round(t_check, 1)}
@@ -162,14 +163,20 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
 
     problems = list(rep.verification.get("problems", []))
     if images is not None:
-        _copy_images(images.resolve(), prefix, rep.arch)
-        # what the images' build left out, proven again by this build's own op table
+        # what the images' build left out: never believed, proven again from this build folder's
+        # generator output (the same tree and spec); a record it does not prove is refused
         reach = read_prefix_reach(images.resolve())
         if reach is not None:
-            problems += [f"--images {images}: {p}" for p in confirm_left_out(reach, bdir / "v3src" / "flash")]
+            unproven = confirm_left_out(reach, bdir, tree)
+            if unproven:
+                raise UserError(f"--images {images}: its reach record says its images lack "
+                                f"{len(reach.packages_left_out)} packages; {unproven[0]}"
+                                + (f" (and {len(unproven) - 1} more)" if len(unproven) > 1 else ""),
+                                hint=f"build the images again: mi100-codegen build {tree} --prefix {images}")
             rep.reach, rep.kernels, rep.kernels_left_out = reach.summary(), "dispatched", reach.kernels_left_out
         else:
             rep.reach, rep.kernels, rep.kernels_left_out = {}, "all", 0
+        _copy_images(images.resolve(), prefix, rep.arch)
         ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
                              v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
                              image_format=adapter.image_format, reach=reach)

@@ -18,7 +18,11 @@
    build read them from the kernels' signatures), each with `attn_options.force_backend_index` set to the
    fused backend, which no PyTorch call does. The first must launch the fused kernel; the second
    must come back with an error, no fused launch, and the driver still running (no crash).
-5. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
+5. Coverage (coverage.py): every dtype, head dim and variant the spec declares dispatched (the
+   cases are made from those axes: dispatch.check_cases), every image package the library names
+   packed (or left out by the build: fused backward packages only), every packed package loaded
+   by some case (or said why PyTorch's calls may not reach it with the cases' inputs).
+6. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
    image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
 """
@@ -39,9 +43,10 @@ from codegen.models.bundle import BundleManifest
 from codegen.models.dtypes import DTYPE_INFO
 from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.models.cases import SHAPES
+from codegen.ship.coverage import Coverage, coverage
 from codegen.ship.identity import Claim, library_identity
-from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, dispatch_cases, remove_image,
-                       run_dispatch)
+from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, check_cases, dispatch_cases,
+                                   remove_image, run_dispatch)
 from codegen.ship.rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
 from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
@@ -61,10 +66,12 @@ class CheckReport:
     rows_claim: Claim | None = None                      # None: no rows to read (rows_note says why)
     rows_note: str = ""
     forced: Claim | None = None                          # None: the bundle left nothing out
+    coverage: Coverage | None = None
 
     @property
     def ok(self) -> bool:
         return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
+                and self.coverage is not None and self.coverage.ok
                 and bool(self.controls) and all(c.ok for c in self.controls)
                 and (self.rows_claim is None or self.rows_claim.ok) and (self.forced is None or self.forced.ok))
 
@@ -81,6 +88,7 @@ class CheckReport:
                            "kernels": c.kernels, "violations": c.violations,
                            "rows": [m.as_json() for m in self.rows if m.case == c.case]} for c in d.cases],
                 "stderr": d.stderr_tail},
+            "coverage": None if self.coverage is None else self.coverage.as_json(),
             "negative_controls": [c.as_json() for c in self.controls],
             "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
             "forced_fused": None if self.forced is None else self.forced.as_json(),
@@ -98,7 +106,7 @@ def _dispatch(root: Path, manifest: BundleManifest, hip: int, *, mach_arch: str 
     stub = build_stub(sysroot.include, sysroot.runtime, cache / "stub")
     lib = root / manifest.library.file
     return run_dispatch(lib=lib, prefix=root, images=root / "lib" / IMAGES_DIR, hip_include=headers.include,
-                        stub=stub, arch=mach_arch or arch, cases=cases or dispatch_cases(spec), cache=cache / "driver",
+                        stub=stub, arch=mach_arch or arch, cases=cases or check_cases(spec), cache=cache / "driver",
                         target=spec.target_string, wave=spec.warp_size)
 
 
@@ -202,9 +210,14 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
     sysroot = ensure_sysroot(hip, progress=progress)
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
     rep.claims = library_identity(read_dynamic(root / manifest.library.file), manifest, nodes)
-    progress(f"emulated dispatch: {manifest.arch} ({load_spec(root / SPEC).spec.target_string}), "
+    spec = load_spec(root / SPEC).spec
+    progress(f"emulated dispatch: {manifest.arch} ({spec.target_string}), "
              f"stub HIP {hip}")
     rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    reach = manifest.built_with.reach if manifest.built_with else None
+    rep.coverage = coverage(spec, check_cases(spec), rep.dispatch,
+                            (root / manifest.library.file).read_bytes(), manifest.arch,
+                            list(reach.left_out) if reach else [])
     check_rows(rep, root, rows)
     check_forced(rep, root, manifest, hip, cache, progress)
     if not controls:

@@ -33,6 +33,7 @@ from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.fsutil import move_into_place
 from codegen.models import TargetSpec
 from codegen.models.cases import SHAPES, Shape
+from codegen.models.dtypes import served_dtypes
 from codegen.ship.stub import Stub, compile_c
 
 DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
@@ -53,6 +54,13 @@ class DispatchCase:
     bias: bool = False
     dropout: float = 0.0
     force_backend: int = -1   # >= 0: the backward's attn_options.force_backend_index (not PyTorch's call)
+    pads_to: int = 0          # > 0: head_dim is below this declared head dim, which it pads to (PADDED_HEAD)
+
+    @property
+    def functional(self) -> tuple:
+        """What picks its image packages: (dtype, declared head dim, causal, bias, dropout, padded)."""
+        return (self.dtype, self.pads_to or self.head_dim, self.causal, self.bias, self.dropout > 0,
+                self.pads_to > 0)
 
     def line(self) -> str:
         s = self.shape
@@ -80,6 +88,48 @@ def dispatch_cases(spec: TargetSpec) -> list[DispatchCase]:
                 if spec.features.dropout:
                     out.append(DispatchCase(tag + ".dropout", dtype, hd, causal, shape, dropout=0.25))
     return out
+
+
+def padded_head(hd: int, head_dims) -> int | None:
+    """A head dim that pads to the declared `hd`: 8 below it (None where another declared head
+    dim is in the way, or nothing is below it)."""
+    below = [d for d in head_dims if d < hd]
+    p = hd - 8
+    return p if p > 0 and p > max(below, default=0) else None
+
+
+def variants(spec: TargetSpec) -> list[tuple[bool, bool, bool]]:
+    """(causal, bias, dropout) of every functional the spec's features make: bias only without
+    causal (see dispatch_cases)."""
+    f = spec.features
+    return [(c, b, d) for c in ((False, True) if f.causal else (False,)) for b in ((False, True) if f.bias else (False,))
+            for d in ((False, True) if f.dropout else (False,)) if not (b and c)]
+
+
+def coverage_cases(spec: TargetSpec) -> list[DispatchCase]:
+    """One case (a square shape) for each functional the spec's axes make that `dispatch_cases`
+    does not dispatch: every dtype the build serves (codegen.models.dtypes.served_dtypes: bf16
+    too where the spec lists fp16 only), every head dim, with a head dim 8 below it that pads to
+    it, every variant. A package missing for any of them fails its case."""
+    have = {c.functional for c in dispatch_cases(spec)}
+    out, shape = [], SHAPES[0]
+    for dtype in served_dtypes(spec.dtypes):
+        for hd in sorted(spec.head_dims):
+            for head, pads in ((hd, 0), (padded_head(hd, spec.head_dims), hd)):
+                for causal, bias, dropout in variants(spec) if head is not None else ():
+                    case = DispatchCase(f"{dtype}.d{head}{'.padded' if pads else ''}.{'causal' if causal else 'full'}"
+                                        f"{'.bias' if bias else ''}{'.dropout' if dropout else ''}.{shape.tag}",
+                                        dtype, head, causal, shape, bias=bias, dropout=0.25 if dropout else 0.0,
+                                        pads_to=pads)
+                    if case.functional not in have:
+                        out.append(case)
+    return out
+
+
+def check_cases(spec: TargetSpec) -> list[DispatchCase]:
+    """What bundle check dispatches: validate's matrix (`dispatch_cases`) and the functionals it
+    leaves (`coverage_cases`)."""
+    return dispatch_cases(spec) + coverage_cases(spec)
 
 
 def fnv1a64(data: bytes) -> str:
@@ -133,6 +183,10 @@ class ImageIndex:
             self.by_size.setdefault(n, []).append((name, img[:n]))
             self.containers[name] = container
 
+    def packed(self) -> set[str]:
+        """Every container (see `container`) the images folder packs."""
+        return set(self.containers.values())
+
     def container(self, name: str) -> str | None:
         """The file (or `<zip>:<member>`) below the images folder that holds kernel `name`."""
         return self.containers.get(name)
@@ -174,6 +228,7 @@ class DispatchReport:
     returncode: int = 0
     violations: list[str] = field(default_factory=list)   # outside any case (e.g. during check_gpu)
     containers: dict[str, str] = field(default_factory=dict)  # launched kernel -> ImageIndex.container
+    packed: set[str] = field(default_factory=set)              # every ImageIndex.container of the images
 
     @property
     def ok(self) -> bool:
@@ -266,7 +321,8 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
                   if index.container(k)}
     return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
                           loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
-                          violations=outside, containers=containers)
+                          violations=outside, containers=containers, packed=index.packed())
 
 
-__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "dispatch_cases", "remove_image", "run_dispatch"]
+__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "check_cases", "coverage_cases", "dispatch_cases",
+           "padded_head", "remove_image", "run_dispatch", "variants"]
