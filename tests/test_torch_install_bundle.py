@@ -91,6 +91,40 @@ def test_tampered_bundle_is_refused(site, tmp_path):
     _refused(site, ["--bundle", str(t)], "does not match the manifest")
 
 
+def _relinked(bundle: Path, names: list[str], drop: str | None = None) -> Path:
+    """`bundle` rewritten whole, every hash recomputed (the attack of issue 30 item 5): its library
+    also naming the image packages `names` (NUL-terminated strings, as a built library's dispatch
+    tables hold them) and, with `drop`, without that file."""
+    import zipfile
+
+    with zipfile.ZipFile(bundle) as z:
+        files = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+        manifest = json.loads(z.read("manifest.json"))
+    lib = manifest["library"]["file"]
+    files[lib] += b"".join(b"\0" + n.encode() + b"\0" for n in names)
+    files.pop(drop, None)
+    manifest["files"] = {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}
+    write_bundle(bundle, manifest_of(manifest, str(bundle)), files)
+    return bundle
+
+
+def test_bundle_missing_a_package_its_library_names_is_refused(wheel, tmp_path):
+    """A bundle with a package its library dispatches to removed, every hash recomputed, passes the
+    member checks; install makes bundle check's static package claim again and refuses it."""
+    torch_root = wheel / "torch"
+    fwd = "amd-gfx908/flash/attn_fwd/FONLY__fp16"
+    ok = _relinked(make_bundle(tmp_path / "a"), [fwd])
+    r = cli("torch", "install", "--bundle", str(ok), "--torch-dir", str(torch_root), "--dry-run")
+    assert r.exit_code == 0, r.output   # the package it names is packed
+    before = snapshot(wheel)
+    bad = _relinked(make_bundle(tmp_path / "b"), [fwd], drop=f"lib/aotriton.images/{fwd}.aks2")
+    r = cli("torch", "install", "--bundle", str(bad), "--torch-dir", str(torch_root))
+    assert r.exit_code == 2, r.output
+    assert "names image packages the bundle does not hold" in r.output and f"missing {fwd}.aks2" in r.output
+    assert "Traceback" not in r.output
+    assert snapshot(wheel) == before
+
+
 def test_truncated_or_foreign_files_are_refused(site, tmp_path):
     b = make_bundle(tmp_path)
     cut = tmp_path / "cut.zip"

@@ -220,6 +220,20 @@ def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, Pack
         return out
 
 
+def packed_containers(images: Path) -> set[str]:
+    """What an images folder packs, by name only (nothing decompressed): each `.aks2` package as its
+    path below `images`, each member of an image zip as `<zip path>:<member>` (the spelling of
+    `codegen.ship.dispatch.ImageIndex.container`). ImageError when a zip cannot be read."""
+    out: set[str] = set()
+    for pkg in sorted(images.rglob("*.aks2")):
+        out.add(pkg.relative_to(images).as_posix())
+    for zp in sorted(images.rglob("*.zip")):
+        rel = zp.relative_to(images).as_posix()
+        with _open_zip(zp) as z:
+            out.update(f"{rel}:{i.filename}" for i in z.infolist() if not i.is_dir())
+    return out
+
+
 def read_zip_images(path: Path) -> dict[str, dict[str, bytes]]:
     """Every image of an image zip: {member: {stem: image}}. Members that are not AKS2 packages
     (or claim more than MAX_PACKAGE_BYTES) are skipped."""
@@ -378,6 +392,6 @@ def library_references(data: bytes, pack: str) -> LibraryRefs:
 
 
 __all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef", "blake2b_64",
-           "LibraryRefs", "dispatch_tables", "library_references", "package_images", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
+           "LibraryRefs", "dispatch_tables", "library_references", "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
            "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
            "referenced_zip_kernels", "zip_without"]

@@ -35,11 +35,13 @@ from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError, os_failure, os_reason
 from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, trusted_storage
 from codegen.core.ui import printable
+from codegen.formats.aks2 import ImageError, packed_containers
 from codegen.formats.bundle_zip import extract, open_bundle, sha256
 from codegen.formats.elf import ElfError, read_dynamic, version_key
 from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
 from codegen.models.records import RECORD_LIMIT, RecordError, read_record, validate_record, write_json
+from codegen.ship.coverage import cover_packages
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
 from codegen.ship.identity import library_identity
 from codegen.ship.layout import (
@@ -293,10 +295,31 @@ def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | 
         _refuse(f"{path}: its library is not what its manifest says, or cannot load into torch: {why}",
                 hint="the bundle was changed after it was built, or built wrong: download or build it again "
                      "(`mi100-codegen bundle check FILE` shows every check)")
+    _check_packages(path, root, m)
     record = validate_record(BundleRecord, {
         "file": path.name, "sha256": sha256(path.read_bytes()), "release": m.release, "arch": m.arch,
         "hip_major": m.hip_major, "label": m.label, "spec_sha256": m.spec.sha256}, where=str(path), what="bundle")
     return prefix, m.arch, record
+
+
+def _check_packages(path: Path, root: Path, m) -> None:
+    """`bundle check`'s static package claim (codegen.ship.coverage.cover_packages), made again: every
+    image package the library names is packed, or was left out by the build as an unreachable fused
+    backward package (the manifest's `built_with.reach`). A bundle with a package removed and its
+    hashes recomputed passes the member checks; this refuses it (issue 30 item 5)."""
+    reach = m.built_with.reach if m.built_with else None
+    try:
+        packed = packed_containers(root / "lib" / IMAGES_DIR)
+    except ImageError as exc:
+        _refuse(f"{path}: {exc}")
+    pc = cover_packages((root / m.library.file).read_bytes(), f"amd-{m.arch}", packed, set(),
+                        list(reach.left_out) if reach else [])
+    if pc.missing or pc.wrong_claims:
+        what = (f"missing {', '.join(pc.missing[:3])}" + (f" and {len(pc.missing) - 3} more" if len(pc.missing) > 3 else "")
+                if pc.missing else f"left out, though not fused backward: {', '.join(pc.wrong_claims[:3])}")
+        _refuse(f"{path}: its library names image packages the bundle does not hold ({what})",
+                hint="the bundle was changed after it was built, or built wrong: download or build it again "
+                     "(`mi100-codegen bundle check FILE` shows every check)")
 
 
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path,
