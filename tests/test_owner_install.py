@@ -50,11 +50,11 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.delenv("MI100_CODEGEN_INDEX", raising=False)
     checked: list[Path] = []
 
-    def check(path, progress=None):
-        checked.append(path)
+    def check(bundle, progress=None):
+        checked.append(bundle.path)
         return SimpleNamespace(ok=True, claims=[], controls=[])
 
-    monkeypatch.setattr(owner, "check_bundle", check)
+    monkeypatch.setattr(owner, "check_opened", check)
     return SimpleNamespace(site=tmp_path / "site", torch=wheel(tmp_path / "site", "2.9-rocm6.4"),
                            sys=sysfs(tmp_path / "sys", "gfx908"), cache=tmp_path / "cache", checked=checked)
 

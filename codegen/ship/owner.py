@@ -42,7 +42,7 @@ from codegen.core import processes, ui
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UpstreamError, UserError
 from codegen.core.fsutil import move_into_place
 from codegen.core.resources import user_cache_dir
-from codegen.formats.bundle_zip import BUNDLE_LIMIT, bundle_name, open_bundle
+from codegen.formats.bundle_zip import BUNDLE_LIMIT, Bundle, bundle_name, open_bundle
 from codegen.formats.elf import version_key
 from codegen.formats.spec import LoadedSpec, load_spec
 from codegen.imagebuild.cost import build_cost, estimate_s
@@ -52,12 +52,12 @@ from codegen.models.machine import Machine
 from codegen.models.index import INDEX_LIMIT, IndexEntry
 from codegen.render.workspace import RENDER_INPUTS, is_shipped, results_dir
 from codegen.ship.bundle import BundleBuildError, build_bundle
-from codegen.ship.check import check_bundle
+from codegen.ship.check import check_opened
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import (entry_differences, index_location, index_source, read_index, read_index_file,
                                 select_bundle)
-from codegen.ship.install import apply_install, backup_location, machine_glibc, open_bundle_prefix, plan_install, restore
+from codegen.ship.install import apply_install, backup_location, bundle_prefix, machine_glibc, plan_install, restore
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
 from codegen.upstream.trees import release_tree
@@ -263,19 +263,21 @@ def owner_cache() -> Path:
     return user_cache_dir("owner")
 
 
-def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Path, bool]:
-    """The bundle file and whether it was built (and so checked) here."""
+def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Bundle, bool]:
+    """The bundle, opened (every member verified: what is checked and installed after, read once),
+    and whether it was built (and so checked) here."""
     if plan.wanted is None:
         return build_here(plan, opts, console, say), True
     path = _download(plan.wanted, console)
-    lies = entry_differences(open_bundle(path), plan.entry)
+    bundle = open_bundle(path)
+    lies = entry_differences(bundle, plan.entry)
     if lies:   # the file is the one the index names, but not what the index says it is
         path.unlink()
         raise UserError(f"{path.name}: the index's entry does not describe the bundle it names: " + "; ".join(lies[:3])
                         + (f" (and {len(lies) - 3} more)" if len(lies) > 3 else "") + "; deleted, torch untouched",
                         hint="the index was changed or not written by `mi100-codegen bundle index`: use another "
                              "(--index), or --build-locally")
-    return path, False
+    return bundle, False
 
 
 def _download(want: Wanted, console: Console) -> Path:
@@ -330,16 +332,17 @@ def _tree(plan: OwnerPlan, say: Callable[[str], None]) -> Path:
     return tree
 
 
-def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> Path:
-    """The bundle built in the user cache (module doc, step 2), reused when an earlier run built it
-    from the same spec."""
+def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> Bundle:
+    """The bundle built in the user cache (module doc, step 2), opened; reused when an earlier run
+    built it from the same spec."""
     out = owner_cache() / "built"
     done = out / bundle_name(plan.release, plan.arch, plan.hip)
     if done.is_file():
         try:
-            if open_bundle(done).manifest.spec.sha256 == plan.loaded.sha256:
+            earlier = open_bundle(done)
+            if earlier.manifest.spec.sha256 == plan.loaded.sha256:
                 say(f"using the bundle built here earlier: {done}")
-                return done
+                return earlier
         except UserError:
             pass
         done.unlink()
@@ -354,14 +357,15 @@ def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Calla
         failed = [c.name for c in res.check.claims + res.check.controls if not c.ok]
         raise BundleBuildError(f"the bundle built here fails its checks ({', '.join(failed) or 'see above'}); "
                                "no file written, torch untouched")
-    return res.path
+    return open_bundle(res.path)
 
 
-def check_downloaded(path: Path, say: Callable[[str], None]) -> None:
+def check_downloaded(bundle: Bundle, say: Callable[[str], None]) -> None:
     """`bundle check` on a downloaded bundle (module doc, step 3)."""
+    path = bundle.path
     say(f"bundle check {path.name}")
     try:
-        rep = check_bundle(path, progress=say)
+        rep = check_opened(bundle, progress=say)
     except EnvironmentMissing as exc:
         say(f"bundle check: its emulated dispatch cannot run here ({exc}); the install still checks every member "
             "against the manifest and the library against torch's HIP runtime")
@@ -410,12 +414,13 @@ class OwnerResult:
 
 def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> OwnerResult:
     """Steps 2–5 of the module doc."""
-    path, built_here = obtain_bundle(plan, opts, console, say)
+    bundle, built_here = obtain_bundle(plan, opts, console, say)
+    path = bundle.path
     if not built_here:
-        check_downloaded(path, say)
+        check_downloaded(bundle, say)
     bdir = backup_location(plan.torch, opts.backup_dir)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
-        prefix, arch, record = open_bundle_prefix(path, Path(work) / "bundle", plan.torch, plan.arch)
+        prefix, arch, record = bundle_prefix(bundle, Path(work) / "bundle", plan.torch, plan.arch)
         inst = plan_install(plan.torch, prefix, arch, bdir, bundle=record)
         for n in inst.notes:
             say(n)
