@@ -40,7 +40,7 @@ from rich.console import Console
 from codegen.apply.engine import apply_overlay
 from codegen.core import processes, ui
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UpstreamError, UserError
-from codegen.core.fsutil import move_into_place
+from codegen.core.fsutil import move_into_place, trusted_storage
 from codegen.core.resources import user_cache_dir
 from codegen.formats.bundle_zip import BUNDLE_LIMIT, Bundle, bundle_name, open_bundle
 from codegen.formats.elf import version_key
@@ -259,8 +259,25 @@ def _estimate(plan: OwnerPlan) -> str:
 
 
 # --- act -----------------------------------------------------------------------------------------
-def owner_cache() -> Path:
-    return user_cache_dir("owner")
+_CACHE_FIX = "or point $MI100_CODEGEN_CACHE at a cache folder of your own"
+
+
+def owner_cache(sub: str) -> Path:
+    """The folder `sub` (`downloads`, `trees`, `built`, `validate`) of the owner's cache
+    (`user_cache_dir('owner')`), created where missing. Trusted storage, as the kernel cache is
+    (codegen.core.fsutil.trusted_storage): a bundle found in `built/` is installed without
+    `bundle check` and a tree in `trees/` runs its generator, so the cache folder and `sub` must
+    be no link, this user's, and writable by no one else; else UntrustedStorage (exit 2) with the
+    fix, before anything in them is read."""
+    root = user_cache_dir("owner")
+    for folder in (root, root / sub):
+        try:
+            folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{folder}: cannot create this cache folder ({exc.strerror or exc})",
+                            hint=_CACHE_FIX.removeprefix("or ")) from None
+        trusted_storage(folder, what="cache folder of torch install --bundle auto", hint=_CACHE_FIX)
+    return root / sub
 
 
 def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Bundle, bool]:
@@ -283,7 +300,7 @@ def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Ca
 def _download(want: Wanted, console: Console) -> Path:
     with ui.progress(console, data=True, remaining=True) as bar:
         task = bar.add_task(f"downloading {want.name}", total=want.size)
-        return fetch(want, owner_cache() / "downloads", step=f"downloading {want.name}",
+        return fetch(want, owner_cache("downloads"), step=f"downloading {want.name}",
                      on_bytes=lambda done, total: bar.update(task, completed=done))
 
 
@@ -317,10 +334,11 @@ def _clone(release: str, dest: Path) -> str | None:
 
 def _tree(plan: OwnerPlan, say: Callable[[str], None]) -> Path:
     """The applied tree of the plan's release and spec under the cache (made once, kept)."""
-    root = owner_cache() / "trees"
+    root = owner_cache("trees")
     tree = root / f"aotriton-{plan.release}-{plan.loaded.spec.name}-{plan.loaded.sha256[:12]}"
+    if os.path.lexists(tree):
+        trusted_storage(tree, what="AOTriton tree made here earlier", hint=_CACHE_FIX)   # its generator runs
     if not tree.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{tree.name}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         say(f"fetching AOTriton {plan.release}")
@@ -335,8 +353,10 @@ def _tree(plan: OwnerPlan, say: Callable[[str], None]) -> Path:
 def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> Bundle:
     """The bundle built in the user cache (module doc, step 2), opened; reused when an earlier run
     built it from the same spec."""
-    out = owner_cache() / "built"
+    out = owner_cache("built")
     done = out / bundle_name(plan.release, plan.arch, plan.hip)
+    if os.path.lexists(done):
+        trusted_storage(done, what="bundle built here earlier", hint=_CACHE_FIX)   # it is installed unchecked
     if done.is_file():
         try:
             earlier = open_bundle(done)
@@ -380,8 +400,7 @@ def check_downloaded(bundle: Bundle, say: Callable[[str], None]) -> None:
 def _validate(plan: OwnerPlan, bdir: Path | None, bundle: Path, say: Callable[[str], None]) -> Path:
     """validate in a child process on the card; on failure torch is restored from `bdir` (None:
     this run installed nothing, torch stays as it was) and ValidateFailed raised."""
-    out = owner_cache() / "validate"
-    out.mkdir(parents=True, exist_ok=True)
+    out = owner_cache("validate")
     env = dict(os.environ)
     card = plan.machine.card
     if card.override and env.get(HSA_OVERRIDE_ENV) != card.override:
