@@ -113,6 +113,12 @@ def test_only_https_or_loopback_http_and_redirects_under_the_same_rule(tmp_path)
                 "http://127.0.0.1.example.org/x"):
         with pytest.raises(UserError, match="only https:// URLs are fetched"):
             check_url(bad)
+    for bad, words in (("https://user:pw@example.org/i.json", "a user or password"),
+                       ("https://example.org:99999/i.json", "not a valid port"),
+                       ("https://example.org/\x1b[2Ji.json", "no space or control character"),
+                       ("https://example.org/a b.json", "no space or control character")):
+        with pytest.raises(UserError, match=words):   # the one rule: the index's location and redirects too
+            check_url(bad)
     with serve(Site({"/b/x.mi100-bundle.zip": DATA},
                     redirects={"/away": "http://example.org/x", "/here": "/b/x.mi100-bundle.zip"})) as site:
         with pytest.raises(UserError, match="a redirect to http://example.org/x: only https://"):

@@ -61,20 +61,27 @@ def loopback(host: str | None) -> bool:
         return False
 
 
-def check_url(url: str, *, what: str = "URL") -> str:
-    """`url` when it is one we fetch (the one rule, the index's location included): https://, or
-    http:// to this machine (`loopback`: a server the tests run); anything else is a UserError."""
+def check_url(url: str, *, what: str = "URL", hint: str | None = None) -> str:
+    """`url` when it is one we fetch (the one rule: the index's location, what it names, each
+    redirect): https:// with a host, or http:// to this machine (`loopback`: a server the tests
+    run); no user or password, a valid port, no space or control character. Anything else is a
+    UserError (with `hint`)."""
+    shown = printable(url[:200])
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise UserError(f"{what} {shown}: a URL holds no space or control character", hint=hint)
     try:
         parts = urllib.parse.urlsplit(url)
-        host = parts.hostname
+        host, _port = parts.hostname, parts.port
     except ValueError:
-        raise UserError(f"{what} {printable(url[:200])!s}: not a URL") from None
+        raise UserError(f"{what} {shown}: not a URL (or not a valid port)", hint=hint) from None
+    if "@" in parts.netloc:
+        raise UserError(f"{what} {shown}: a URL with a user or password is never fetched", hint=hint)
     if parts.scheme == "https" and host:
         return url
     if parts.scheme == "http" and loopback(host):
         return url
-    raise UserError(f"{what} {printable(url[:200])}: only https:// URLs are fetched (plain http:// only from "
-                    "this machine's loopback address)")
+    raise UserError(f"{what} {shown}: only https:// URLs are fetched (plain http:// only from "
+                    "this machine's loopback address)", hint=hint)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
