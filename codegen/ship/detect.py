@@ -6,11 +6,11 @@ installed torch (`torch status` shows it, `torch install --bundle auto` acts on 
   bounded read; where the machine has no KFD GPU node, the torch this Python imports, asked in a
   child process (a torch with a wrong AOTriton fails at `import torch`; this process never imports
   it), gives each device's full target string (`gcnArchName`). `--arch` overrides both.
-- **Card families**: the specs shipped in `rules/` (not `rules/examples/`) are the table: each
-  serves the processor its `arch` names, so a new GPU is a new spec and nothing here. A processor
-  that runs another's code objects under `HSA_OVERRIDE_GFX_VERSION` (`codegen.models.archs.RUNS_AS`:
-  gfx1031–gfx1036 run gfx1030's) is served by that one's family, with the override said and
-  checked in the environment.
+- **Card families**: the specs shipped in `rules/` (`codegen.core.resources.card_specs`) are the
+  table: each serves the processor its `arch` names, so a new GPU is a new spec and nothing here.
+  A processor that runs another's code objects under `HSA_OVERRIDE_GFX_VERSION`
+  (`codegen.models.archs.RUNS_AS`: gfx1031–gfx1036 run gfx1030's) is served by that one's family,
+  with the override said and checked in the environment.
 - **torch**: its folder read as `codegen.ship.layout` reads it, the HIP major of the runtime its
   wheel ships (`codegen.ship.hip`), and whether libtorch_hip.so links AOTriton as a shared library
   (the only kind a bundle can replace), statically, or not at all (flash attention built off, as
@@ -35,7 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 from codegen.core import processes
 from codegen.core.errors import UserError
 from codegen.core.fsutil import read_input
-from codegen.core.resources import data_dir, display_path
+from codegen.core.resources import card_specs, display_path
 from codegen.core.ui import printable
 from codegen.formats.spec import load_spec
 from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, Arch, arch_of_target_version, hsa_version
@@ -137,7 +137,7 @@ def find_gpus(sysfs: Path = SYSFS, probe: Callable[[], tuple[list[Gpu], str | No
 def families() -> tuple[Family, ...]:
     """The card families: one per spec shipped in rules/ (its arch, name, description)."""
     out = []
-    for path in sorted(data_dir("rules").glob("*.yaml")):
+    for path in card_specs():
         s = load_spec(path).spec
         out.append(Family(spec=s.name, arch=s.arch, description=s.description, spec_file=display_path(path),
                           path=str(path)))
