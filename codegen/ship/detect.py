@@ -44,8 +44,8 @@ from codegen.models.machine import CardMatch, Family, Gpu, Machine, TorchFacts
 from codegen.models.target import DEVICE_TARGET_PATTERN
 from codegen.ship.hip import torch_hip
 from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON, TorchInstall, aotriton_namespaces,
-                                 build_release_for_line, tag_line, unsupported_line_message)
-from codegen.upstream.releases import SUPPORTED
+                                 build_release_for_line, unsupported_line_message)
+from codegen.upstream.releases import SUPPORTED, tag_line
 
 SYSFS = Path("/sys")
 KFD_NODES = Path("class", "kfd", "kfd", "topology", "nodes")

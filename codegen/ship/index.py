@@ -42,7 +42,7 @@ from codegen.models.index import INDEX_FILE, INDEX_FORMAT, INDEX_LIMIT, BundleIn
 from codegen.models.records import RecordError, clip, parse_json, validate_record, write_json
 from codegen.ship.fetch import check_url
 from codegen.ship.identity import library_identity
-from codegen.ship.layout import parse_tag, tag_line
+from codegen.upstream.releases import parse_tag, tag_line
 
 DEFAULT_INDEX_URL = "https://github.com/mi100-codegen/mi100-codegen/releases/latest/download/index.json"
 """The published index: the release workflow uploads `index.json` beside the bundles."""

@@ -31,8 +31,8 @@ from codegen.core.resources import card_specs, display_path
 from codegen.formats.bundle_zip import bundle_name
 from codegen.formats.spec import load_spec, spec_sha256
 from codegen.models.hip import HIP_MAJORS
-from codegen.ship.layout import TORCH_RELEASES, parse_tag
-from codegen.upstream.releases import TORCH_LINES, by_release
+from codegen.ship.layout import TORCH_RELEASES
+from codegen.upstream.releases import TORCH_LINES, by_release, parse_tag
 
 
 @dataclass(frozen=True)
