@@ -170,6 +170,23 @@ def test_release_tree_sources_and_the_message_without_one(tmp_path, monkeypatch)
     assert all(env in exc.value.hint for env in (trees.SRC_ENV, trees.GIT_ENV, trees.ARCHIVE_ENV))
     assert not (tmp_path / "work" / "other").exists()
 
+    def cut(release, folder):   # a fetch interrupted midway (a clone cut off)
+        folder.mkdir()
+        (folder / "half").write_bytes(b"")
+        raise UserError("cut off")
+
+    def whole(release, folder):
+        folder.mkdir()
+        (folder / "CMakeLists.txt").write_bytes(b"z")
+        return "fetched"
+
+    with pytest.raises(UserError, match="cut off"):
+        trees.release_tree("0.13b", tmp_path / "work" / "other", fetch=cut)
+    assert not (tmp_path / "work" / "other").exists()    # whole or absent
+    assert trees.release_tree("0.13b", tmp_path / "work" / "other", fetch=whole) == "fetched"
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["other", "tree"]
+    assert [p.name for p in (tmp_path / "work" / "other").iterdir()] == ["CMakeLists.txt"]
+
 
 def _bundle(tmp_path: Path, name: str, spec_yaml: bytes, **over) -> Path:
     files = {"lib/libaotriton_v2.so.0.11.0": b"lib", "spec.yaml": spec_yaml,

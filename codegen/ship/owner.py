@@ -27,7 +27,6 @@ failure in step 5 restores it."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from rich.console import Console
 from codegen.apply.engine import apply_overlay
 from codegen.core import processes, ui
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UpstreamError, UserError
-from codegen.core.fsutil import move_into_place, trusted_storage
+from codegen.core.fsutil import trusted_storage
 from codegen.core.resources import user_cache_dir
 from codegen.formats.bundle_zip import BUNDLE_LIMIT, Bundle, bundle_name, open_bundle
 from codegen.formats.elf import version_key
@@ -339,11 +338,8 @@ def _tree(plan: OwnerPlan, say: Callable[[str], None]) -> Path:
     if os.path.lexists(tree):
         trusted_storage(tree, what="AOTriton tree made here earlier", hint=_CACHE_FIX)   # its generator runs
     if not tree.is_dir():
-        tmp = root / f".{tree.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         say(f"fetching AOTriton {plan.release}")
-        where = release_tree(plan.release, tmp, fetch=_clone)
-        move_into_place(tmp, tree)
+        where = release_tree(plan.release, tree, fetch=_clone)
         say(f"AOTriton {plan.release} from {where}: {tree}")
     say(f"applying {plan.loaded.display} to {tree}")
     apply_overlay(tree, plan.loaded, progress=lambda m: None)
