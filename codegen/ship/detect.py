@@ -59,6 +59,7 @@ _PROBE = ("import json, torch\n"
           "n = torch.cuda.device_count() if torch.version.hip else 0\n"
           "print(json.dumps([torch.cuda.get_device_properties(i).gcnArchName for i in range(n)]))\n")
 _TARGET_RE = re.compile(DEVICE_TARGET_PATTERN.replace("$", r"\Z"))
+_NUMBER = re.compile(r"[0-9]{1,9}")   # a node's name, a gfx_target_version (str.isdigit takes '²', which int refuses)
 
 
 # --- GPUs ----------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def kfd_gpus(sysfs: Path = SYSFS) -> list[Gpu] | None:
     if not nodes.is_dir():
         return None
     counts: Counter[str] = Counter()
-    names = sorted((p.name for p in nodes.iterdir() if p.name.isdigit()), key=int)[:NODES_LIMIT]
+    names = sorted((p.name for p in nodes.iterdir() if _NUMBER.fullmatch(p.name)), key=int)[:NODES_LIMIT]
     for name in names:
         try:
             raw = read_input(nodes / name / "properties", what="KFD node properties", limit=PROPERTIES_LIMIT)
@@ -77,7 +78,7 @@ def kfd_gpus(sysfs: Path = SYSFS) -> list[Gpu] | None:
             continue   # a node without readable properties is no GPU we can name
         for line in raw.decode("ascii", errors="replace").splitlines():
             key, _, value = line.partition(" ")
-            if key == "gfx_target_version" and value.strip().isdigit():
+            if key == "gfx_target_version" and _NUMBER.fullmatch(value.strip()):
                 arch = arch_of_target_version(int(value.strip()))
                 if arch is not None:
                     counts[arch] += 1
