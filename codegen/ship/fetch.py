@@ -19,6 +19,7 @@ import hashlib
 import http.client
 import ipaddress
 import os
+import re
 import stat
 import urllib.error
 import urllib.parse
@@ -147,6 +148,15 @@ def _verified(path: Path, want: Wanted) -> bool:
     return n == want.size and h.hexdigest() == want.sha256
 
 
+_NUMBER = re.compile(r"[0-9]{1,19}")
+
+
+def _number(header: str | None) -> int | None:
+    """A byte count or offset a server's header gives, or None: 1-19 ASCII digits (str.isdigit
+    takes '²', which int refuses, and int refuses more than 4,300 digits)."""
+    return int(header) if header is not None and _NUMBER.fullmatch(header) else None
+
+
 def _open_source(want: Wanted, offset: int, timeout: float) -> tuple[BinaryIO, int]:
     """A stream of the file from `offset` (or from 0, when the server ignores the range) and where
     it starts."""
@@ -164,7 +174,7 @@ def _open_source(want: Wanted, offset: int, timeout: float) -> tuple[BinaryIO, i
     resp = open_url(want.source, offset=offset, timeout=timeout)
     if offset and resp.status == 206:
         start = (resp.headers.get("Content-Range") or "").removeprefix("bytes ").split("-")[0]
-        if start.isdigit() and int(start) == offset:
+        if _number(start) == offset:
             return resp, offset
     return resp, 0
 
@@ -196,11 +206,11 @@ def fetch(want: Wanted, dest: Path, *, step: str, on_bytes: Callable[[int, int],
                                "serve now: try again later, or --build-locally") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             raise _offline(step, want, exc, have, partial) from None
-        length = getattr(stream, "headers", {}).get("Content-Length") if not isinstance(want.source, Path) else None
-        if length is not None and length.isdigit() and start + int(length) != want.size:
+        length = _number(stream.headers.get("Content-Length")) if not isinstance(want.source, Path) else None
+        if length is not None and start + length != want.size:
             stream.close()
             partial.unlink(missing_ok=True)
-            raise UserError(f"{step}: {want.where} serves {want.name} as {start + int(length):,} bytes, the index "
+            raise UserError(f"{step}: {want.where} serves {want.name} as {start + length:,} bytes, the index "
                             f"gives {want.size:,}: not the file the index names (nothing kept)")
         with stream, open(partial, "r+b" if start else "wb") as out:
             if start == 0 and have:
@@ -248,7 +258,7 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
     try:
         with open_url(url, timeout=timeout) as resp:
             data = resp.read(limit + 1)
-            declared = resp.headers.get("Content-Length")
+            declared = _number(resp.headers.get("Content-Length"))
     except urllib.error.HTTPError as exc:
         raise NetworkError(step, f"{where} answers HTTP {exc.code} ({printable(str(exc.reason))}) for "
                            f"{printable(url)}") from None
@@ -258,8 +268,8 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
                            ) from None
     if len(data) > limit:
         raise UserError(f"{step}: {printable(url)} is larger than {limit:,} bytes; refusing to read it")
-    if declared is not None and declared.isdigit() and len(data) < int(declared):
-        raise NetworkError(step, f"{where} closed the connection after {len(data):,} of {int(declared):,} bytes",
+    if declared is not None and len(data) < declared:
+        raise NetworkError(step, f"{where} closed the connection after {len(data):,} of {declared:,} bytes",
                            hint="run the same command again")
     return data
 
