@@ -3,8 +3,9 @@
 the tests take them (tests/conftest.py reads the archive through this module):
 
 1. `AOTRITON_SRC`: an extracted tree, taken when it is that release (copied, never changed);
-2. `AOTRITON_GIT`: a git dir of ROCm/aotriton: `git archive TAG` (a snapshot of main: its record's
-   commit);
+2. `AOTRITON_GIT`: a git dir of ROCm/aotriton: `git archive` of the commit the release's record
+   names (the tag's, or a snapshot's of main: a tag moved since is refused, as the owner's clone
+   refuses it);
 3. the release archive: `AOTRITON_ARCHIVE`, else `shared/upstream/aotriton-releases.tar.xz` in the
    nearest ancestor of the current folder or of this install. The `TAGS` file beside it names
    what it holds (`tag commit date` per line); a snapshot of main (`main(<name>) commit date`) is
@@ -91,8 +92,9 @@ def _from_git(release: str, dest: Path) -> str | None:
     if not git:
         return None
     record = by_release(release)
-    ref = record.commit if record.snapshot else release
-    data = _run(["git", "-C", git, "archive", ref], f"{GIT_ENV}={git}: git archive {ref}")
+    ref = record.commit or release   # the tag's commit as recorded: a moved tag is not its release
+    data = _run(["git", "-C", git, "archive", ref],
+                f"{GIT_ENV}={git}: git archive {ref}" + (f" (the commit of {release})" if ref != release else ""))
     dest.mkdir(parents=True)
     _run(["tar", "-x", "-C", str(dest)], f"{GIT_ENV}={git}: unpacking {ref}", input=data)
     return f"{GIT_ENV}={git} ({ref})"
