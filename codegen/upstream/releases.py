@@ -322,15 +322,11 @@ def by_release(name: str) -> Release:
 
 
 @dataclass(frozen=True)
-class TorchLink:
-    """One row of the torch-lines table, derived from the records."""
+class TorchLink(TorchLine):
+    """One row of the torch-lines table, derived from the records: a record's `TorchLine` and the
+    release it links (`aotriton`)."""
 
-    torch: str
-    aotriton: str
-    branch: str
-    note: str = ""
-    rocm: tuple[str, ...] = ()
-    hip_majors: tuple[int, ...] = ()
+    aotriton: str = ""
 
 
 def _torch_key(line: str) -> tuple[int, ...]:
@@ -338,7 +334,7 @@ def _torch_key(line: str) -> tuple[int, ...]:
 
 
 TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
-    (TorchLink(t.torch, r.release, t.branch, t.note, t.rocm, t.hip_majors) for r in RELEASES for t in r.torch_lines),
+    (TorchLink(t.torch, t.branch, t.note, t.rocm, aotriton=r.release) for r in RELEASES for t in r.torch_lines),
     key=lambda t: _torch_key(t.torch)))
 
 
