@@ -263,9 +263,7 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
         raise NetworkError(step, f"{where} answers HTTP {exc.code} ({printable(str(exc.reason))}) for "
                            f"{printable(url)}") from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
-        raise NetworkError(step, f"cannot reach {where} ({printable(str(reason))}): this step needs the network"
-                           ) from None
+        raise _cannot_reach(step, where, exc) from None
     if len(data) > limit:
         raise UserError(f"{step}: {printable(url)} is larger than {limit:,} bytes; refusing to read it")
     if declared is not None and len(data) < declared:
@@ -274,11 +272,15 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
     return data
 
 
-def _offline(step: str, want: Wanted, exc: Exception, have: int, partial: Path) -> NetworkError:
+def _cannot_reach(step: str, where: str, exc: Exception, hint: str | None = None) -> NetworkError:
     reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+    return NetworkError(step, f"cannot reach {where} ({printable(str(reason))}): this step needs the network", hint=hint)
+
+
+def _offline(step: str, want: Wanted, exc: Exception, have: int, partial: Path) -> NetworkError:
     kept = f"{have:,} bytes are kept in {partial}: " if have else ""
-    return NetworkError(step, f"cannot reach {want.where} ({printable(str(reason))}): this step needs the network",
-                        hint=f"{kept}run the same command again when online (it resumes), or use an index folder: --index DIR")
+    return _cannot_reach(step, want.where, exc, hint=f"{kept}run the same command again when online (it resumes), "
+                         "or use an index folder: --index DIR")
 
 
 __all__ = ["LOOPBACK_HOSTS", "NetworkError", "Wanted", "check_url", "fetch", "fetch_bytes", "loopback", "open_url"]
