@@ -81,18 +81,21 @@ def run_row(row: MatrixRow, out: Path, work: Path, opts: argparse.Namespace) -> 
         _cli("precompile", str(tree), "--kernels", "dispatched", *jobs)
         return "kernels compiled"
     bundle = out / row.bundle
-    done = []
-    if bundle.is_file() and open_bundle(bundle).manifest.spec.sha256 != row.spec_sha256:
-        _say(f"{bundle.name}: built from another spec than {row.spec}: building it again")
-        bundle.unlink()
+    done, sha = [], None
     if bundle.is_file():
-        done.append("bundle there")
-    else:
+        there = open_bundle(bundle)   # every member verified, the file hashed once
+        if there.manifest.spec.sha256 == row.spec_sha256:
+            sha = there.sha256
+            done.append("bundle there")
+        else:
+            _say(f"{bundle.name}: built from another spec than {row.spec}: building it again")
+            bundle.unlink()
+    if sha is None:
         _cli("bundle", "build", str(tree), "--hip", str(row.hip), "--spec", str(row.spec), "--out", str(out),
-             *(["--jobs", str(opts.jobs)] if opts.jobs else []), *(["--aiter-stand-in"] if opts.aiter_stand_in else []))
+             *jobs, *(["--aiter-stand-in"] if opts.aiter_stand_in else []))
         done.append("built")
+        sha = sha256_file(bundle)
     mark = work / f"{row.id}.checked"
-    sha = sha256_file(bundle)
     if mark.is_file() and mark.read_text(encoding="utf-8").strip() == sha:
         done.append("checked before")
     else:
