@@ -214,9 +214,10 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
     spec = load_spec(root / SPEC).spec
     progress(f"emulated dispatch: {manifest.arch} ({spec.target_string}), "
              f"stub HIP {hip}")
-    rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    cases = check_cases(spec)   # what is dispatched is what coverage judges
+    rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress, cases=cases)
     reach = manifest.built_with.reach if manifest.built_with else None
-    rep.coverage = coverage(spec, check_cases(spec), rep.dispatch,
+    rep.coverage = coverage(spec, cases, rep.dispatch,
                             (root / manifest.library.file).read_bytes(), manifest.arch,
                             list(reach.left_out) if reach else [])
     check_rows(rep, root, rows)
