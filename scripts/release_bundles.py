@@ -10,8 +10,8 @@ For each row, every step is skipped when it is done already, so an interrupted r
 it stopped when run again:
 
 1. the tree, `WORK/<release>-<arch>/tree`: a pristine tree of the release (codegen.upstream.trees:
-   `AOTRITON_SRC`, `AOTRITON_GIT` or the release archive), made under a temporary name and
-   renamed; then `apply --spec` (a no-op on an applied tree);
+   `AOTRITON_SRC`, `AOTRITON_GIT` or the release archive, made whole or not at all); then
+   `apply --spec` (a no-op on an applied tree);
 2. with `--stage kernels` only `precompile TREE --kernels dispatched`: it fills the kernel cache
    with the bundle's kernels (the workflow's first stage, once per release and arch);
 3. `bundle build TREE --hip N --out OUT`, unless OUT holds the bundle, built from this spec (the
@@ -25,7 +25,6 @@ step's (2: a user error, 3: a failed build or check)."""
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -68,12 +67,8 @@ def tree_for(row: MatrixRow, work: Path) -> Path:
     home = work / f"{row.release}-{row.arch}"
     tree = home / "tree"
     if not tree.is_dir():
-        tmp = home / "tree.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        home.mkdir(parents=True, exist_ok=True)
-        where = release_tree(row.release, tmp)
+        where = release_tree(row.release, tree)
         _say(f"tree: AOTriton {row.release} from {where}")
-        tmp.rename(tree)
     _cli("apply", str(tree), "--spec", str(row.spec))
     return tree
 
@@ -86,18 +81,21 @@ def run_row(row: MatrixRow, out: Path, work: Path, opts: argparse.Namespace) -> 
         _cli("precompile", str(tree), "--kernels", "dispatched", *jobs)
         return "kernels compiled"
     bundle = out / row.bundle
-    done = []
-    if bundle.is_file() and open_bundle(bundle).manifest.spec.sha256 != row.spec_sha256:
-        _say(f"{bundle.name}: built from another spec than {row.spec}: building it again")
-        bundle.unlink()
+    done, sha = [], None
     if bundle.is_file():
-        done.append("bundle there")
-    else:
+        there = open_bundle(bundle)   # every member verified, the file hashed once
+        if there.manifest.spec.sha256 == row.spec_sha256:
+            sha = there.sha256
+            done.append("bundle there")
+        else:
+            _say(f"{bundle.name}: built from another spec than {row.spec}: building it again")
+            bundle.unlink()
+    if sha is None:
         _cli("bundle", "build", str(tree), "--hip", str(row.hip), "--spec", str(row.spec), "--out", str(out),
-             *(["--jobs", str(opts.jobs)] if opts.jobs else []), *(["--aiter-stand-in"] if opts.aiter_stand_in else []))
+             *jobs, *(["--aiter-stand-in"] if opts.aiter_stand_in else []))
         done.append("built")
+        sha = sha256_file(bundle)
     mark = work / f"{row.id}.checked"
-    sha = sha256_file(bundle)
     if mark.is_file() and mark.read_text(encoding="utf-8").strip() == sha:
         done.append("checked before")
     else:

@@ -1,7 +1,7 @@
 """A loopback HTTP server for the owner's command's tests: http.server in a thread of the test
 process, bound to 127.0.0.1 on a free port, serving only the files it is given (bytes by URL
 path), with HTTP Range, and faults on request: a connection cut after N bytes, the Range header
-ignored, a redirect. Bounded: a few seconds' socket timeout, shut down when the test ends."""
+ignored, a redirect, a header's value replaced. Bounded: a few seconds' socket timeout, shut down when the test ends."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class Site:
     ignore_range: bool = False            # answer 200 with the whole file to a Range request
     no_length: bool = False               # no Content-Length: the body ends when the connection closes
     redirects: dict[str, str] = field(default_factory=dict)   # path -> Location
+    headers: dict[str, str] = field(default_factory=dict)     # header -> the value sent instead of the true one
     requests: list[tuple[str, str | None]] = field(default_factory=list)   # (path, Range header)
     port: int = 0
 
@@ -33,6 +34,9 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, *args) -> None:   # quiet
             pass
+
+        def send_header(self, keyword: str, value: str) -> None:
+            super().send_header(keyword, site.headers.get(keyword, value))
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             rng = self.headers.get("Range")

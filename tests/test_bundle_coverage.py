@@ -8,7 +8,7 @@ from __future__ import annotations
 from itertools import product
 from pathlib import Path
 
-from codegen.formats.aks2 import library_references
+from codegen.formats.aks2 import container_kernel, container_name, library_references, split_container
 from codegen.formats.spec import load_spec
 from codegen.models.reach import LeftOut
 from codegen.ship.coverage import coverage, cover_packages, declared
@@ -124,3 +124,16 @@ def test_the_three_claims_over_a_dispatch_report():
     extra = f"{PACK}/flash/attn_fwd/FONLY__＊fp16@16_T_T_9_9___gfx908.aks2"
     cov = coverage(SMOKE, cases, _report({c.name: True for c in cases}, loaded, packed | {extra}), lib, "gfx908", [])
     assert not cov.claims[2].ok and extra in cov.claims[2].detail and cov.claims[1].ok
+
+
+def test_a_container_is_spelt_and_read_by_one_owner():
+    """codegen.formats.aks2 names image containers, and reads the name back, for the dispatch's
+    image index, the missing-image control, install's package claim and coverage alike."""
+    package = "amd-gfx908/flash/bwd_kernel_fuse/FONLY__＊fp16@16_64_F_0_F_F___gfx908.aks2"
+    member = "bwd_kernel_fuse/FONLY__＊fp16@16.aks2"
+    for rel, inner, kernel in ((package, None, "bwd_kernel_fuse"),
+                               ("amd-gfx908/flash/attn_fwd.zip", member, "attn_fwd"),
+                               ("odd.aks2", None, "odd.aks2")):
+        name = container_name(rel, inner)
+        assert split_container(name) == (rel, inner) and container_kernel(name) == kernel
+    assert container_name("amd-gfx908/flash/attn_fwd.zip", "m.aks2") == "amd-gfx908/flash/attn_fwd.zip:m.aks2"

@@ -6,7 +6,10 @@ nothing left behind). The real rebuild: tests/test_bundle_verify_real.py."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import struct
+import subprocess
 import tarfile
 import zipfile
 from pathlib import Path
@@ -22,7 +25,7 @@ from codegen.formats.bundle_zip import manifest_of, write_bundle
 from codegen.formats.compile_list import image_refs
 from codegen.formats.elf import AMDGPU_MACH
 from codegen.ship.verify import compare_code_objects
-from codegen.upstream import trees
+from codegen.upstream import by_release, trees
 from codegen.compile.sample import stratified_sample
 from test_bundle_units import aks2, minimal_manifest
 from test_precompile_units import _entry
@@ -169,6 +172,40 @@ def test_release_tree_sources_and_the_message_without_one(tmp_path, monkeypatch)
         trees.release_tree("0.13b", tmp_path / "work" / "other")
     assert all(env in exc.value.hint for env in (trees.SRC_ENV, trees.GIT_ENV, trees.ARCHIVE_ENV))
     assert not (tmp_path / "work" / "other").exists()
+
+    def cut(release, folder):   # a fetch interrupted midway (a clone cut off)
+        folder.mkdir()
+        (folder / "half").write_bytes(b"")
+        raise UserError("cut off")
+
+    def whole(release, folder):
+        folder.mkdir()
+        (folder / "CMakeLists.txt").write_bytes(b"z")
+        return "fetched"
+
+    with pytest.raises(UserError, match="cut off"):
+        trees.release_tree("0.13b", tmp_path / "work" / "other", fetch=cut)
+    assert not (tmp_path / "work" / "other").exists()    # whole or absent
+    assert trees.release_tree("0.13b", tmp_path / "work" / "other", fetch=whole) == "fetched"
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["other", "tree"]
+    assert [p.name for p in (tmp_path / "work" / "other").iterdir()] == ["CMakeLists.txt"]
+
+
+def test_a_git_dir_whose_tag_moved_is_no_tree_of_that_release(tmp_path, monkeypatch):
+    """AOTRITON_GIT is archived at the commit the release's record names, never at the tag's name."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path / "aotriton"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["init", "-q", str(repo)], ["-C", str(repo), "commit", "-q", "--allow-empty", "-m", "moved"],
+                ["-C", str(repo), "tag", "0.11b"]):
+        subprocess.run(["git", *cmd], check=True, env=env, capture_output=True)
+    monkeypatch.delenv(trees.SRC_ENV, raising=False)
+    monkeypatch.setenv(trees.GIT_ENV, str(repo))
+    with pytest.raises(UserError, match=f"git archive {by_release('0.11b').commit} \\(the commit of 0.11b\\)"):
+        trees.release_tree("0.11b", tmp_path / "work" / "tree")
+    assert not (tmp_path / "work" / "tree").exists()
 
 
 def _bundle(tmp_path: Path, name: str, spec_yaml: bytes, **over) -> Path:

@@ -93,6 +93,11 @@ def test_kfd_topology_read_as_hostile_input(tmp_path):
     (nodes / "10").mkdir()
     (nodes / "10" / "properties").write_text(f"gfx_target_version {TARGET_VERSION['gfx908']}\n")
     (nodes / "not-a-node").mkdir()
+    (nodes / "\u00b2").mkdir()                                        # str.isdigit says yes, int says no
+    (nodes / "11").mkdir()
+    (nodes / "11" / "properties").write_text("gfx_target_version \u00b9\n")
+    (nodes / "12").mkdir()
+    (nodes / "12" / "properties").write_text("gfx_target_version " + "9" * 5000 + "\n")   # past int()'s digits
     assert [(g.arch, g.devices) for g in kfd_gpus(root)] == [("gfx908", 1)]
 
 

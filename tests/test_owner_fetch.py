@@ -106,12 +106,34 @@ def test_an_unreachable_server_names_the_step(tmp_path):
             fetch_bytes(site.url("/i.json"), limit=1000, step="reading the index")
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "-1", ""])
+def test_a_servers_byte_counts_that_are_no_numbers_are_ignored(tmp_path, value):
+    """Content-Length and Content-Range come from the server: '²' (str.isdigit says yes, int says
+    no) or more digits than int reads are no number; the index's size still bounds the body."""
+    with serve(Site({"/b/x.mi100-bundle.zip": DATA, "/i.json": b"{}"},
+                    headers={"Content-Length": value, "Content-Range": f"bytes {value}-1/2"})) as site:
+        assert fetch(want(site), tmp_path, step="downloading x").read_bytes() == DATA
+        assert fetch_bytes(site.url("/i.json"), limit=1000, step="reading the index") == b"{}"
+        partial = tmp_path / "again" / f"x.mi100-bundle.zip.{SHA[:16]}.partial"
+        partial.parent.mkdir()
+        partial.write_bytes(DATA[:100])
+        # its range is no number: taken for the whole file, which then ends 100 bytes short
+        with pytest.raises(NetworkError, match="closed the connection after 3,157,973 of 3,158,073 bytes"):
+            fetch(want(site), tmp_path / "again", step="downloading x")
+
+
 def test_only_https_or_loopback_http_and_redirects_under_the_same_rule(tmp_path):
     for ok in ("https://example.org/i.json", "http://127.0.0.1:8000/i.json", "http://[::1]/i.json"):
         assert check_url(ok) == ok
     for bad in ("http://example.org/i.json", "file:///etc/passwd", "ftp://example.org/x", "https:///x",
                 "http://127.0.0.1.example.org/x"):
         with pytest.raises(UserError, match="only https:// URLs are fetched"):
+            check_url(bad)
+    for bad, words in (("https://user:pw@example.org/i.json", "a user or password"),
+                       ("https://example.org:99999/i.json", "not a valid port"),
+                       ("https://example.org/\x1b[2Ji.json", "no space or control character"),
+                       ("https://example.org/a b.json", "no space or control character")):
+        with pytest.raises(UserError, match=words):   # the one rule: the index's location and redirects too
             check_url(bad)
     with serve(Site({"/b/x.mi100-bundle.zip": DATA},
                     redirects={"/away": "http://example.org/x", "/here": "/b/x.mi100-bundle.zip"})) as site:

@@ -23,6 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 import codegen.ship.owner as owner
+from codegen.core.resources import default_spec_path
+from codegen.formats.spec import load_spec
 from codegen.ship.index import write_index
 from loopback import Site, serve
 from owner_machine import sysfs, wheel
@@ -50,11 +52,11 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.delenv("MI100_CODEGEN_INDEX", raising=False)
     checked: list[Path] = []
 
-    def check(path, progress=None):
-        checked.append(path)
+    def check(bundle, progress=None):
+        checked.append(bundle.path)
         return SimpleNamespace(ok=True, claims=[], controls=[])
 
-    monkeypatch.setattr(owner, "check_bundle", check)
+    monkeypatch.setattr(owner, "check_opened", check)
     return SimpleNamespace(site=tmp_path / "site", torch=wheel(tmp_path / "site", "2.9-rocm6.4"),
                            sys=sysfs(tmp_path / "sys", "gfx908"), cache=tmp_path / "cache", checked=checked)
 
@@ -245,6 +247,38 @@ def test_offline_the_local_build_names_the_step_that_needs_the_network(machine, 
     assert "fetching AOTriton 0.11.2b (git clone https://127.0.0.1:9/aotriton.git)" in r.output
     assert "this step needs the network" in r.output and "AOTRITON_SRC" in r.output
     assert snapshot(machine.site) == before
+
+
+@pytest.mark.parametrize("plant,words", [
+    ("owner-link", "is a symbolic link"),
+    ("built-writable", "is writable by others"),
+    ("bundle-writable", "is writable by others"),
+    ("tree-link", "is a symbolic link"),
+])
+def test_a_cache_folder_others_could_have_written_is_refused(machine, tmp_path, plant, words):
+    """What the local build finds in its cache is believed (a bundle built here is installed without
+    bundle check, a tree's generator runs): a link, or what others may write, is refused first."""
+    owner_dir, other = machine.cache / "owner", tmp_path / "elsewhere"
+    other.mkdir()
+    if plant == "owner-link":
+        machine.cache.mkdir()
+        owner_dir.symlink_to(other)
+    elif plant == "built-writable":
+        (owner_dir / "built").mkdir(parents=True)
+        (owner_dir / "built").chmod(0o777)
+    elif plant == "bundle-writable":
+        planted = owner_dir / "built" / "aotriton-0.11.2b-gfx908-hip6.mi100-bundle.zip"
+        planted.parent.mkdir(parents=True)
+        planted.write_bytes(b"planted")
+        planted.chmod(0o666)
+    else:
+        sha = load_spec(default_spec_path()).sha256
+        (owner_dir / "trees").mkdir(parents=True)
+        (owner_dir / "trees" / f"aotriton-0.11.2b-mi100-{sha[:12]}").symlink_to(other)
+    before = snapshot(machine.site)
+    r = auto(machine, str(machine.cache / "none"), "--build-locally")
+    assert r.exit_code == 2 and words in r.output and "Traceback" not in r.output, r.output
+    assert snapshot(machine.site) == before and list(other.iterdir()) == []
 
 
 def test_a_failed_validate_restores_torch(machine, dist, monkeypatch):

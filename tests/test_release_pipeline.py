@@ -25,7 +25,8 @@ from codegen.formats.spec import load_spec
 from codegen.models.hip import HIP_MAJORS
 from codegen.ship.index import read_index_file
 from codegen.ship.layout import TORCH_RELEASES
-from codegen.ship.matrix import card_specs, kernel_groups, matrix_json, release_matrix
+from codegen.core.resources import card_specs
+from codegen.ship.matrix import kernel_groups, matrix_json, release_matrix
 from codegen.upstream.releases import TORCH_LINES, by_release
 
 from conftest import REPO

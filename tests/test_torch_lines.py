@@ -13,6 +13,7 @@ from codegen.cli import app
 from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON,
                                               build_release_for_line, library_name, parse_tag, tag_line)
 from codegen.upstream import SUPPORTED
+from codegen.upstream.releases import RELEASES, release_name
 
 from test_torch_install import build_torch, need_cc
 
@@ -46,6 +47,16 @@ def test_table_covers_every_line():
     assert {tag_line(t) for t in releases} <= {tag_line(v[0]) for v in LINES.values()}
     assert TORCH_RELEASES == releases
     assert all(not r.torch_lines for r in SUPPORTED if r.snapshot) and len(releases) < len(SUPPORTED)
+
+
+def test_parse_tag_is_release_names_parser():
+    """The one parser and printer of a tag live together (codegen.upstream.releases)."""
+    for r in RELEASES:
+        if r.snapshot:
+            assert parse_tag(r.release) is None, r.release
+        else:
+            assert parse_tag(r.release) == r.version and release_name(parse_tag(r.release)) == r.release
+    assert parse_tag("0.12b\n") is None and tag_line("0.12b\n") is None
 
 
 @pytest.mark.parametrize("line", sorted(LINES))

@@ -42,6 +42,13 @@ def default_spec_path() -> Path:
     return data_dir("rules") / "mi100.yaml"
 
 
+def card_specs() -> list[Path]:
+    """The spec of each card family mi100-codegen ships: every `*.yaml` at the top of the embedded
+    `rules/` folder (examples and the schema live in folders below it). `torch status` serves a
+    card from them (codegen.ship.detect), a release builds a bundle of each (codegen.ship.matrix)."""
+    return sorted(p for p in data_dir("rules").glob("*.yaml") if p.is_file())
+
+
 def display_path(path: Path) -> str:
     """A short, stable name for messages: relative to the CWD when below it, else the name
     under the data folder for embedded files, else the path as given."""

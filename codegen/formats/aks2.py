@@ -220,17 +220,39 @@ def read_zip_clusters(path: Path, members: set[str]) -> dict[str, dict[str, Pack
         return out
 
 
+def container_name(rel: str, member: str | None = None) -> str:
+    """How a container of images is named below an images folder: an `.aks2` package by its path
+    (`amd-gfx908/flash/attn_fwd/<package>.aks2`), a member of an image zip as `<zip path>:<member>`."""
+    return rel if member is None else f"{rel}:{member}"
+
+
+def split_container(container: str) -> tuple[str, str | None]:
+    """`container_name`'s parser: (the file below the images folder, the zip member or None)."""
+    rel, sep, member = container.partition(":")
+    return (rel, member) if sep else (container, None)
+
+
+def container_kernel(container: str) -> str:
+    """The kernel a container holds the images of, its folder: `<pack>/<dir>/<kernel>/<package>.aks2`
+    or `<pack>/<dir>/<kernel>.zip:<member>`; the container itself when it is spelt neither way."""
+    rel, member = split_container(container)
+    if member is not None:
+        return rel.rsplit("/", 1)[-1].removesuffix(".zip")
+    parts = rel.split("/")
+    return parts[2] if len(parts) > 3 else container
+
+
 def packed_containers(images: Path) -> set[str]:
-    """What an images folder packs, by name only (nothing decompressed): each `.aks2` package as its
-    path below `images`, each member of an image zip as `<zip path>:<member>` (the spelling of
-    `codegen.ship.dispatch.ImageIndex.container`). ImageError when a zip cannot be read."""
+    """What an images folder packs, by name only (nothing decompressed): every `.aks2` package and
+    every member of an image zip, as `container_name` spells them. ImageError when a zip cannot be
+    read."""
     out: set[str] = set()
     for pkg in sorted(images.rglob("*.aks2")):
-        out.add(pkg.relative_to(images).as_posix())
+        out.add(container_name(pkg.relative_to(images).as_posix()))
     for zp in sorted(images.rglob("*.zip")):
         rel = zp.relative_to(images).as_posix()
         with _open_zip(zp) as z:
-            out.update(f"{rel}:{i.filename}" for i in z.infolist() if not i.is_dir())
+            out.update(container_name(rel, i.filename) for i in z.infolist() if not i.is_dir())
     return out
 
 
@@ -391,7 +413,8 @@ def library_references(data: bytes, pack: str) -> LibraryRefs:
                        zips=frozenset(p for p in mine if p.endswith(".zip")), members=frozenset(members))
 
 
-__all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef", "blake2b_64",
-           "LibraryRefs", "dispatch_tables", "library_references", "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
+__all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "LibraryRefs", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef",
+           "blake2b_64", "container_kernel", "container_name", "dispatch_tables", "library_references",
+           "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
            "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
-           "referenced_zip_kernels", "zip_without"]
+           "referenced_zip_kernels", "split_container", "zip_without"]

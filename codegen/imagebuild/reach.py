@@ -146,8 +146,9 @@ def disagreement(record: Reach, proof: Reach) -> str | None:
     lacking = [p for k, p in proven.items() if k not in listed]
     if lacking:
         return f"it does not list {_package(lacking[0])}, which the generator's output leaves out"
-    if record.to_json() != proof.to_json():
-        fields = [k for k, v in record.to_json().items() if proof.to_json().get(k) != v]
+    mine, theirs = record.to_json(), proof.to_json()
+    if mine != theirs:
+        fields = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         return f"its {', '.join(fields)} differ from the generator's output"
     return None
 

@@ -40,9 +40,9 @@ from codegen.core.errors import UpstreamError, UserError
 from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
-from codegen.ship.layout import TORCH_LINES, tag_line
+from codegen.ship.layout import TORCH_LINES
 from codegen.upstream import detect
-from codegen.upstream.releases import IMAGES_DIR
+from codegen.upstream.releases import IMAGES_DIR, tag_line
 from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
                                        write_bundle)
 from codegen.models.bundle import BundleManifest

@@ -47,7 +47,8 @@ from codegen.ship.coverage import Coverage, coverage
 from codegen.ship.identity import Claim, library_identity
 from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, check_cases, dispatch_cases,
                                    remove_image, run_dispatch)
-from codegen.ship.rows import ROWS, RowMatch, RowsSource, match_report, read_rows, summary, tree_database
+from codegen.ship.rows import (ROWS, RowMatch, RowsSource, TuningDatabase, match_report, read_rows, summary,
+                               tree_database)
 from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
 from codegen.upstream.releases import IMAGES_DIR
@@ -213,9 +214,10 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
     spec = load_spec(root / SPEC).spec
     progress(f"emulated dispatch: {manifest.arch} ({spec.target_string}), "
              f"stub HIP {hip}")
-    rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress)
+    cases = check_cases(spec)   # what is dispatched is what coverage judges
+    rep.dispatch = _dispatch(root, manifest, hip, cache=cache, progress=progress, cases=cases)
     reach = manifest.built_with.reach if manifest.built_with else None
-    rep.coverage = coverage(spec, check_cases(spec), rep.dispatch,
+    rep.coverage = coverage(spec, cases, rep.dispatch,
                             (root / manifest.library.file).read_bytes(), manifest.arch,
                             list(reach.left_out) if reach else [])
     check_rows(rep, root, rows)
@@ -254,11 +256,17 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
 def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None,
                  tree: Path | None = None) -> CheckReport:
     tdb = tree_database(Path(tree)) if tree is not None else None   # a bad tree: refused first
-    b: Bundle = open_bundle(path)
-    rows = read_rows(tree_db=tdb, carried=b.members.get(ROWS), name=f"{path}: {ROWS}")   # then bad rows
+    return check_opened(open_bundle(path), progress=progress, tree_db=tdb)
+
+
+def check_opened(b: Bundle, *, progress: Callable[[str], None] = lambda s: None,
+                 tree_db: TuningDatabase | None = None) -> CheckReport:
+    """`check_bundle` of a bundle already opened (`open_bundle`: every member verified), so that a
+    caller which goes on to install it checks and installs the same bytes, read once."""
+    rows = read_rows(tree_db=tree_db, carried=b.members.get(ROWS), name=f"{b.path}: {ROWS}")   # then bad rows
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(path), rows=rows)
+        return check_extracted(root, b.manifest, progress=progress, name=str(b.path), rows=rows)
 
 
-__all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_rows"]
+__all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_opened", "check_rows"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codegen.formats.aks2 import library_references
+from codegen.formats.aks2 import container_kernel, container_name, library_references, split_container
 from codegen.formats.op_table import FUSED_FAMILY
 from codegen.models import TargetSpec
 from codegen.models.dtypes import served_dtypes
@@ -110,14 +110,6 @@ def cover_axes(spec: TargetSpec, cases: list[DispatchCase], report: DispatchRepo
     return out
 
 
-def family(container: str) -> str:
-    """The kernel family of a package: `<pack>/<dir>/<family>/<name>.aks2` or `<pack>/<dir>/<family>.zip:<member>`."""
-    if ":" in container:
-        return container.split(":", 1)[0].rsplit("/", 1)[-1].removesuffix(".zip")
-    parts = container.split("/")
-    return parts[2] if len(parts) > 3 else container
-
-
 def why_not_loaded(fam: str) -> str | None:
     """Why PyTorch's calls may not reach a package of this family with the cases' inputs (None: they do)."""
     if fam.endswith("_varlen"):
@@ -130,28 +122,29 @@ def why_not_loaded(fam: str) -> str | None:
 
 
 def _left_out_name(p: LeftOut) -> str:
-    return f"{p.image}:{p.member}" if p.member is not None else p.image
+    return container_name(p.image, p.member)
 
 
 def cover_packages(lib: bytes, pack: str, packed: set[str], loaded: set[str], left_out: list[LeftOut]) -> PackageCover:
     """`lib`: the library's bytes; `pack`: its images folder (`amd-<arch>`); `packed`, `loaded`:
     containers; `left_out`: what the manifest says the build left out."""
     refs = library_references(lib, pack)
-    aks2 = {c for c in packed if ":" not in c}
-    zips = {c.split(":", 1)[0] for c in packed if ":" in c}
-    members = {c.split(":", 1)[1] for c in packed if ":" in c}
+    parts = [split_container(c) for c in packed]
+    aks2 = {rel for rel, member in parts if member is None}
+    zips = {rel for rel, member in parts if member is not None}
+    members = {member for _rel, member in parts if member is not None}
     named = sorted(refs.packages - aks2) + sorted(refs.zips - zips) + sorted(refs.members - members)
     claims = {_left_out_name(p): p for p in left_out}
     members_claimed = {p.member: p for p in left_out if p.member is not None}
     cover = PackageCover(named=len(refs.packages) + len(refs.zips) + len(refs.members),
                          packed=len(packed), loaded=len(packed & loaded))
-    cover.wrong_claims = sorted(n for n in claims if family(n) != FUSED_FAMILY)
+    cover.wrong_claims = sorted(n for n in claims if container_kernel(n) != FUSED_FAMILY)
     for name in named:
         claim = claims.get(name) or members_claimed.get(name)
         fine = claim is not None and _left_out_name(claim) not in cover.wrong_claims
         (cover.left_out if fine else cover.missing).append(name)
     for c in sorted(packed - loaded):
-        cover.not_loaded.setdefault(why_not_loaded(family(c)) or "", []).append(c)
+        cover.not_loaded.setdefault(why_not_loaded(container_kernel(c)) or "", []).append(c)
     return cover
 
 
@@ -195,4 +188,4 @@ def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport
 
 
 __all__ = ["AxisCover", "Coverage", "PackageCover", "axes_of", "cover_axes", "cover_packages", "coverage",
-           "declared", "family", "why_not_loaded"]
+           "declared", "why_not_loaded"]

@@ -6,11 +6,11 @@ installed torch (`torch status` shows it, `torch install --bundle auto` acts on 
   bounded read; where the machine has no KFD GPU node, the torch this Python imports, asked in a
   child process (a torch with a wrong AOTriton fails at `import torch`; this process never imports
   it), gives each device's full target string (`gcnArchName`). `--arch` overrides both.
-- **Card families**: the specs shipped in `rules/` (not `rules/examples/`) are the table: each
-  serves the processor its `arch` names, so a new GPU is a new spec and nothing here. A processor
-  that runs another's code objects under `HSA_OVERRIDE_GFX_VERSION` (`codegen.models.archs.RUNS_AS`:
-  gfx1031–gfx1036 run gfx1030's) is served by that one's family, with the override said and
-  checked in the environment.
+- **Card families**: the specs shipped in `rules/` (`codegen.core.resources.card_specs`) are the
+  table: each serves the processor its `arch` names, so a new GPU is a new spec and nothing here.
+  A processor that runs another's code objects under `HSA_OVERRIDE_GFX_VERSION`
+  (`codegen.models.archs.RUNS_AS`: gfx1031–gfx1036 run gfx1030's) is served by that one's family,
+  with the override said and checked in the environment.
 - **torch**: its folder read as `codegen.ship.layout` reads it, the HIP major of the runtime its
   wheel ships (`codegen.ship.hip`), and whether libtorch_hip.so links AOTriton as a shared library
   (the only kind a bundle can replace), statically, or not at all (flash attention built off, as
@@ -35,7 +35,7 @@ from pydantic import TypeAdapter, ValidationError
 from codegen.core import processes
 from codegen.core.errors import UserError
 from codegen.core.fsutil import read_input
-from codegen.core.resources import data_dir, display_path
+from codegen.core.resources import card_specs, display_path
 from codegen.core.ui import printable
 from codegen.formats.spec import load_spec
 from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, Arch, arch_of_target_version, hsa_version
@@ -44,8 +44,8 @@ from codegen.models.machine import CardMatch, Family, Gpu, Machine, TorchFacts
 from codegen.models.target import DEVICE_TARGET_PATTERN
 from codegen.ship.hip import torch_hip
 from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON, TorchInstall, aotriton_namespaces,
-                                 build_release_for_line, tag_line, unsupported_line_message)
-from codegen.upstream.releases import SUPPORTED
+                                 build_release_for_line, unsupported_line_message)
+from codegen.upstream.releases import SUPPORTED, tag_line
 
 SYSFS = Path("/sys")
 KFD_NODES = Path("class", "kfd", "kfd", "topology", "nodes")
@@ -59,6 +59,7 @@ _PROBE = ("import json, torch\n"
           "n = torch.cuda.device_count() if torch.version.hip else 0\n"
           "print(json.dumps([torch.cuda.get_device_properties(i).gcnArchName for i in range(n)]))\n")
 _TARGET_RE = re.compile(DEVICE_TARGET_PATTERN.replace("$", r"\Z"))
+_NUMBER = re.compile(r"[0-9]{1,9}")   # a node's name, a gfx_target_version (str.isdigit takes '²', which int refuses)
 
 
 # --- GPUs ----------------------------------------------------------------------------------------
@@ -69,7 +70,7 @@ def kfd_gpus(sysfs: Path = SYSFS) -> list[Gpu] | None:
     if not nodes.is_dir():
         return None
     counts: Counter[str] = Counter()
-    names = sorted((p.name for p in nodes.iterdir() if p.name.isdigit()), key=int)[:NODES_LIMIT]
+    names = sorted((p.name for p in nodes.iterdir() if _NUMBER.fullmatch(p.name)), key=int)[:NODES_LIMIT]
     for name in names:
         try:
             raw = read_input(nodes / name / "properties", what="KFD node properties", limit=PROPERTIES_LIMIT)
@@ -77,7 +78,7 @@ def kfd_gpus(sysfs: Path = SYSFS) -> list[Gpu] | None:
             continue   # a node without readable properties is no GPU we can name
         for line in raw.decode("ascii", errors="replace").splitlines():
             key, _, value = line.partition(" ")
-            if key == "gfx_target_version" and value.strip().isdigit():
+            if key == "gfx_target_version" and _NUMBER.fullmatch(value.strip()):
                 arch = arch_of_target_version(int(value.strip()))
                 if arch is not None:
                     counts[arch] += 1
@@ -137,7 +138,7 @@ def find_gpus(sysfs: Path = SYSFS, probe: Callable[[], tuple[list[Gpu], str | No
 def families() -> tuple[Family, ...]:
     """The card families: one per spec shipped in rules/ (its arch, name, description)."""
     out = []
-    for path in sorted(data_dir("rules").glob("*.yaml")):
+    for path in card_specs():
         s = load_spec(path).spec
         out.append(Family(spec=s.name, arch=s.arch, description=s.description, spec_file=display_path(path),
                           path=str(path)))

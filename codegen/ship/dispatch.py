@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codegen.core import processes
-from codegen.formats.aks2 import ImageError, read_aks2_images, read_zip_images, zip_without
+from codegen.formats.aks2 import (ImageError, container_name, read_aks2_images, read_zip_images, split_container,
+                                  zip_without)
 from codegen.formats.elf import AMDGPU_MACH, elf_extent
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.fsutil import move_into_place
@@ -143,10 +144,10 @@ def remove_image(images: Path, container: str) -> None:
     """The missing-image control: take one image container out of an images folder (a copy):
     an `.aks2` file, or one member of an image zip (`<zip>:<member>`; the zip rewritten without
     it: codegen.formats.aks2.zip_without)."""
-    if ":" not in container:
-        (images / container).unlink(missing_ok=True)
+    rel, member = split_container(container)
+    if member is None:
+        (images / rel).unlink(missing_ok=True)
         return
-    rel, member = container.split(":", 1)
     zip_without(images / rel, member)
 
 
@@ -168,11 +169,11 @@ class ImageIndex:
         try:
             for pkg in sorted(images.rglob("*.aks2")):
                 rel = pkg.relative_to(images).as_posix()
-                self._add(rel.removesuffix(".aks2"), rel, read_aks2_images(pkg))
+                self._add(rel.removesuffix(".aks2"), container_name(rel), read_aks2_images(pkg))
             for zp in sorted(images.rglob("*.zip")):
                 rel = zp.relative_to(images).as_posix()
                 for member, imgs in read_zip_images(zp).items():
-                    self._add(f"{rel.removesuffix('.zip')}/{member.removesuffix('.aks2')}", f"{rel}:{member}", imgs)
+                    self._add(f"{rel.removesuffix('.zip')}/{member.removesuffix('.aks2')}", container_name(rel, member), imgs)
         except ImageError as exc:
             raise UserError(str(exc)) from None
 

@@ -19,6 +19,7 @@ import hashlib
 import http.client
 import ipaddress
 import os
+import re
 import stat
 import urllib.error
 import urllib.parse
@@ -61,20 +62,27 @@ def loopback(host: str | None) -> bool:
         return False
 
 
-def check_url(url: str, *, what: str = "URL") -> str:
-    """`url` when it is one we fetch (the one rule, the index's location included): https://, or
-    http:// to this machine (`loopback`: a server the tests run); anything else is a UserError."""
+def check_url(url: str, *, what: str = "URL", hint: str | None = None) -> str:
+    """`url` when it is one we fetch (the one rule: the index's location, what it names, each
+    redirect): https:// with a host, or http:// to this machine (`loopback`: a server the tests
+    run); no user or password, a valid port, no space or control character. Anything else is a
+    UserError (with `hint`)."""
+    shown = printable(url[:200])
+    if not url.isprintable() or any(c.isspace() for c in url):
+        raise UserError(f"{what} {shown}: a URL holds no space or control character", hint=hint)
     try:
         parts = urllib.parse.urlsplit(url)
-        host = parts.hostname
+        host, _port = parts.hostname, parts.port
     except ValueError:
-        raise UserError(f"{what} {printable(url[:200])!s}: not a URL") from None
+        raise UserError(f"{what} {shown}: not a URL (or not a valid port)", hint=hint) from None
+    if "@" in parts.netloc:
+        raise UserError(f"{what} {shown}: a URL with a user or password is never fetched", hint=hint)
     if parts.scheme == "https" and host:
         return url
     if parts.scheme == "http" and loopback(host):
         return url
-    raise UserError(f"{what} {printable(url[:200])}: only https:// URLs are fetched (plain http:// only from "
-                    "this machine's loopback address)")
+    raise UserError(f"{what} {shown}: only https:// URLs are fetched (plain http:// only from "
+                    "this machine's loopback address)", hint=hint)
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
@@ -140,6 +148,15 @@ def _verified(path: Path, want: Wanted) -> bool:
     return n == want.size and h.hexdigest() == want.sha256
 
 
+_NUMBER = re.compile(r"[0-9]{1,19}")
+
+
+def _number(header: str | None) -> int | None:
+    """A byte count or offset a server's header gives, or None: 1-19 ASCII digits (str.isdigit
+    takes '²', which int refuses, and int refuses more than 4,300 digits)."""
+    return int(header) if header is not None and _NUMBER.fullmatch(header) else None
+
+
 def _open_source(want: Wanted, offset: int, timeout: float) -> tuple[BinaryIO, int]:
     """A stream of the file from `offset` (or from 0, when the server ignores the range) and where
     it starts."""
@@ -157,7 +174,7 @@ def _open_source(want: Wanted, offset: int, timeout: float) -> tuple[BinaryIO, i
     resp = open_url(want.source, offset=offset, timeout=timeout)
     if offset and resp.status == 206:
         start = (resp.headers.get("Content-Range") or "").removeprefix("bytes ").split("-")[0]
-        if start.isdigit() and int(start) == offset:
+        if _number(start) == offset:
             return resp, offset
     return resp, 0
 
@@ -189,11 +206,11 @@ def fetch(want: Wanted, dest: Path, *, step: str, on_bytes: Callable[[int, int],
                                "serve now: try again later, or --build-locally") from None
         except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
             raise _offline(step, want, exc, have, partial) from None
-        length = getattr(stream, "headers", {}).get("Content-Length") if not isinstance(want.source, Path) else None
-        if length is not None and length.isdigit() and start + int(length) != want.size:
+        length = _number(stream.headers.get("Content-Length")) if not isinstance(want.source, Path) else None
+        if length is not None and start + length != want.size:
             stream.close()
             partial.unlink(missing_ok=True)
-            raise UserError(f"{step}: {want.where} serves {want.name} as {start + int(length):,} bytes, the index "
+            raise UserError(f"{step}: {want.where} serves {want.name} as {start + length:,} bytes, the index "
                             f"gives {want.size:,}: not the file the index names (nothing kept)")
         with stream, open(partial, "r+b" if start else "wb") as out:
             if start == 0 and have:
@@ -241,27 +258,29 @@ def fetch_bytes(url: str, *, limit: int, step: str, timeout: float = TIMEOUT_S) 
     try:
         with open_url(url, timeout=timeout) as resp:
             data = resp.read(limit + 1)
-            declared = resp.headers.get("Content-Length")
+            declared = _number(resp.headers.get("Content-Length"))
     except urllib.error.HTTPError as exc:
         raise NetworkError(step, f"{where} answers HTTP {exc.code} ({printable(str(exc.reason))}) for "
                            f"{printable(url)}") from None
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
-        reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
-        raise NetworkError(step, f"cannot reach {where} ({printable(str(reason))}): this step needs the network"
-                           ) from None
+        raise _cannot_reach(step, where, exc) from None
     if len(data) > limit:
         raise UserError(f"{step}: {printable(url)} is larger than {limit:,} bytes; refusing to read it")
-    if declared is not None and declared.isdigit() and len(data) < int(declared):
-        raise NetworkError(step, f"{where} closed the connection after {len(data):,} of {int(declared):,} bytes",
+    if declared is not None and len(data) < declared:
+        raise NetworkError(step, f"{where} closed the connection after {len(data):,} of {declared:,} bytes",
                            hint="run the same command again")
     return data
 
 
-def _offline(step: str, want: Wanted, exc: Exception, have: int, partial: Path) -> NetworkError:
+def _cannot_reach(step: str, where: str, exc: Exception, hint: str | None = None) -> NetworkError:
     reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+    return NetworkError(step, f"cannot reach {where} ({printable(str(reason))}): this step needs the network", hint=hint)
+
+
+def _offline(step: str, want: Wanted, exc: Exception, have: int, partial: Path) -> NetworkError:
     kept = f"{have:,} bytes are kept in {partial}: " if have else ""
-    return NetworkError(step, f"cannot reach {want.where} ({printable(str(reason))}): this step needs the network",
-                        hint=f"{kept}run the same command again when online (it resumes), or use an index folder: --index DIR")
+    return _cannot_reach(step, want.where, exc, hint=f"{kept}run the same command again when online (it resumes), "
+                         "or use an index folder: --index DIR")
 
 
 __all__ = ["LOOPBACK_HOSTS", "NetworkError", "Wanted", "check_url", "fetch", "fetch_bytes", "loopback", "open_url"]

@@ -40,9 +40,9 @@ from codegen.formats.bundle_zip import Bundle, BundleError, open_bundle, bundle_
 from codegen.formats.elf import ElfError, parse_dynamic
 from codegen.models.index import INDEX_FILE, INDEX_FORMAT, INDEX_LIMIT, BundleIndex, IndexEntry
 from codegen.models.records import RecordError, clip, parse_json, validate_record, write_json
-from codegen.ship.fetch import loopback
+from codegen.ship.fetch import check_url
 from codegen.ship.identity import library_identity
-from codegen.ship.layout import parse_tag, tag_line
+from codegen.upstream.releases import parse_tag, tag_line
 
 DEFAULT_INDEX_URL = "https://github.com/mi100-codegen/mi100-codegen/releases/latest/download/index.json"
 """The published index: the release workflow uploads `index.json` beside the bundles."""
@@ -91,15 +91,8 @@ def index_location(source: str, origin: str = "--index") -> IndexLocation:
     """An index named as a folder, a URL of a folder or the URL of `index.json` itself (https;
     http only to this machine), else one message (exit 2)."""
     if "://" in source:
+        check_url(source, what=origin, hint="or name a folder holding index.json")   # the fetcher's one rule
         parts = urlsplit(source)
-        try:
-            parts.port
-        except ValueError:
-            raise UserError(f"{origin} {clip(source)}: not a valid port") from None
-        ok = parts.scheme == "https" or (parts.scheme == "http" and loopback(parts.hostname))
-        if not ok or not parts.hostname or "@" in parts.netloc or not source.isprintable() or " " in source:
-            raise UserError(f"{origin} {clip(source)}: an index URL is https:// with a host and no credentials "
-                            "(http:// only to this machine)", hint="or name a folder holding index.json")
         if parts.query or parts.fragment:
             raise UserError(f"{origin} {clip(source)}: an index URL has no query or fragment")
         doc = source if parts.path.endswith(".json") else source.rstrip("/") + "/" + INDEX_FILE

@@ -36,7 +36,7 @@ from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError, os_failu
 from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, trusted_storage
 from codegen.core.ui import printable
 from codegen.formats.aks2 import ImageError, packed_containers
-from codegen.formats.bundle_zip import extract, open_bundle, sha256
+from codegen.formats.bundle_zip import Bundle, extract, open_bundle
 from codegen.formats.elf import ElfError, read_dynamic, version_key
 from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
@@ -269,14 +269,20 @@ def machine_glibc() -> str | None:
 
 def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | None = None,
                        glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
-    """A bundle file, verified (every member against its manifest), its library proven what the
-    manifest says with the checks `bundle check` makes (codegen.ship.identity, against the version
-    nodes of the HIP runtime torch ships), checked against this machine (its glibc against the
-    library's needs) and extracted below `work` as an install prefix. Returns the prefix, the arch
-    and what the backup manifest records of the bundle. Every refusal is one message (exit 2)
+    """A bundle file, verified (every member against its manifest), then `bundle_prefix`."""
+    return bundle_prefix(open_bundle(path), work, torch, arch, glibc)
+
+
+def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None = None,
+                  glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
+    """An opened bundle (`open_bundle`: every member verified against its manifest), its library
+    proven what the manifest says with the checks `bundle check` makes (codegen.ship.identity,
+    against the version nodes of the HIP runtime torch ships), checked against this machine (its
+    glibc against the library's needs) and extracted below `work` as an install prefix. Returns
+    the prefix, the arch and what the backup manifest records of the bundle (the sha256 of the
+    bytes that were verified, not of the file read again). Every refusal is one message (exit 2)
     before anything of torch is touched."""
-    b = open_bundle(path)
-    m = b.manifest
+    path, m = b.path, b.manifest
     if arch is not None and arch != m.arch:
         _refuse(f"{path}: a bundle for {m.arch}, not {arch}", hint="install the bundle built for your card")
     have = glibc or machine_glibc()
@@ -297,7 +303,7 @@ def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | 
                      "(`mi100-codegen bundle check FILE` shows every check)")
     _check_packages(path, root, m)
     record = validate_record(BundleRecord, {
-        "file": path.name, "sha256": sha256(path.read_bytes()), "release": m.release, "arch": m.arch,
+        "file": path.name, "sha256": b.sha256, "release": m.release, "arch": m.arch,
         "hip_major": m.hip_major, "label": m.label, "spec_sha256": m.spec.sha256}, where=str(path), what="bundle")
     return prefix, m.arch, record
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.formats.elf import DynamicInfo, read_dynamic
-from codegen.upstream.releases import IMAGES_DIR, SUPPORTED, TORCH_LINES, by_release, release_name
+from codegen.upstream.releases import (IMAGES_DIR, SUPPORTED, TORCH_LINES, by_release, parse_tag, release_line,
+                                       release_name, tag_line)
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
 LIB_RE = re.compile(r"^libaotriton(?P<suffix>.*)_v2\.so\.(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)$")
@@ -35,25 +36,6 @@ TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2", "zip")
 TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in SUPPORTED
                                         if a.image_format in TORCH_IMAGE_FORMATS and not a.snapshot)
 TORCH_TO_AOTRITON: dict[str, str] = {t.torch: t.aotriton for t in TORCH_LINES}
-
-
-def release_line(major: int, minor: int) -> str:
-    return f"{major}.{minor}"
-
-
-_TAG_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?b$")
-
-
-def parse_tag(tag: str) -> tuple[int, int, int] | None:
-    """'0.12b' -> (0, 12, 0), '0.12.1b' -> (0, 12, 1); None for anything else."""
-    m = _TAG_RE.match(tag)
-    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
-
-
-def tag_line(tag: str) -> str | None:
-    """'0.12.1b' -> '0.12' (the release line: point releases of it are ABI-compatible)."""
-    v = parse_tag(tag)
-    return release_line(v[0], v[1]) if v else None
 
 
 def library_name(tag: str) -> str:

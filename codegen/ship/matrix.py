@@ -9,9 +9,9 @@ One row per (AOTriton release, spec, HIP major), each fact from its owner:
   that the spec names (`upstream.releases`); not a release whose image build compiles the Triton
   of its own submodule (`builds_own_triton`: 0.10b, for torch 2.8), which no bundle has been built
   from yet;
-- the spec of each card: every spec at the top of `rules/` (`card_specs`: `mi100.yaml` for gfx908,
-  `mi50.yaml` for gfx906, `rdna2.yaml` for gfx1030), its arch read from the spec itself; or the
-  specs given (the smoke specs in a test);
+- the spec of each card: every spec at the top of `rules/` (`codegen.core.resources.card_specs`:
+  `mi100.yaml` for gfx908, `mi50.yaml` for gfx906, `rdna2.yaml` for gfx1030), its arch read from
+  the spec itself; or the specs given (the smoke specs in a test);
 - the HIP majors: those of the ROCm versions the linking torch lines' wheels are built for
   (`TorchLine.rocm`), that mi100-codegen builds against (`HIP_MAJORS`).
 
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.errors import UserError
-from codegen.core.resources import data_dir, display_path
+from codegen.core.resources import card_specs, display_path
 from codegen.formats.bundle_zip import bundle_name
 from codegen.formats.spec import load_spec, spec_sha256
 from codegen.models.hip import HIP_MAJORS
-from codegen.ship.layout import TORCH_RELEASES, parse_tag
-from codegen.upstream.releases import TORCH_LINES, by_release
+from codegen.ship.layout import TORCH_RELEASES
+from codegen.upstream.releases import TORCH_LINES, by_release, parse_tag
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,6 @@ class MatrixRow:
         return {"id": self.id, "release": self.release, "arch": self.arch, "hip": self.hip,
                 "spec": display_path(self.spec), "spec_name": self.spec_name, "spec_sha256": self.spec_sha256,
                 "torch": ", ".join(self.torch), "bundle": self.bundle}
-
-
-def card_specs() -> list[Path]:
-    """The spec of each card: every `*.yaml` at the top of the embedded `rules/` folder (examples
-    and the schema live in folders below it)."""
-    return sorted(p for p in data_dir("rules").glob("*.yaml") if p.is_file())
 
 
 def release_matrix(specs: list[Path] | None = None) -> list[MatrixRow]:
@@ -108,4 +102,4 @@ def matrix_json(rows: list[MatrixRow]) -> dict:
     return {"bundles": [r.as_json() for r in rows], "kernels": kernel_groups(rows)}
 
 
-__all__ = ["MatrixRow", "card_specs", "kernel_groups", "matrix_json", "release_matrix"]
+__all__ = ["MatrixRow", "kernel_groups", "matrix_json", "release_matrix"]

@@ -27,7 +27,6 @@ failure in step 5 restores it."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,9 +39,9 @@ from rich.console import Console
 from codegen.apply.engine import apply_overlay
 from codegen.core import processes, ui
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UpstreamError, UserError
-from codegen.core.fsutil import move_into_place
+from codegen.core.fsutil import trusted_storage
 from codegen.core.resources import user_cache_dir
-from codegen.formats.bundle_zip import BUNDLE_LIMIT, bundle_name, open_bundle
+from codegen.formats.bundle_zip import BUNDLE_LIMIT, Bundle, bundle_name, open_bundle
 from codegen.formats.elf import version_key
 from codegen.formats.spec import LoadedSpec, load_spec
 from codegen.imagebuild.cost import build_cost, estimate_s
@@ -52,12 +51,12 @@ from codegen.models.machine import Machine
 from codegen.models.index import INDEX_LIMIT, IndexEntry
 from codegen.render.workspace import RENDER_INPUTS, is_shipped, results_dir
 from codegen.ship.bundle import BundleBuildError, build_bundle
-from codegen.ship.check import check_bundle
+from codegen.ship.check import check_opened
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import (entry_differences, index_location, index_source, read_index, read_index_file,
                                 select_bundle)
-from codegen.ship.install import apply_install, backup_location, machine_glibc, open_bundle_prefix, plan_install, restore
+from codegen.ship.install import apply_install, backup_location, bundle_prefix, machine_glibc, plan_install, restore
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
 from codegen.upstream.trees import release_tree
@@ -259,29 +258,48 @@ def _estimate(plan: OwnerPlan) -> str:
 
 
 # --- act -----------------------------------------------------------------------------------------
-def owner_cache() -> Path:
-    return user_cache_dir("owner")
+_CACHE_FIX = "or point $MI100_CODEGEN_CACHE at a cache folder of your own"
 
 
-def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Path, bool]:
-    """The bundle file and whether it was built (and so checked) here."""
+def owner_cache(sub: str) -> Path:
+    """The folder `sub` (`downloads`, `trees`, `built`, `validate`) of the owner's cache
+    (`user_cache_dir('owner')`), created where missing. Trusted storage, as the kernel cache is
+    (codegen.core.fsutil.trusted_storage): a bundle found in `built/` is installed without
+    `bundle check` and a tree in `trees/` runs its generator, so the cache folder and `sub` must
+    be no link, this user's, and writable by no one else; else UntrustedStorage (exit 2) with the
+    fix, before anything in them is read."""
+    root = user_cache_dir("owner")
+    for folder in (root, root / sub):
+        try:
+            folder.mkdir(mode=0o755, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{folder}: cannot create this cache folder ({exc.strerror or exc})",
+                            hint=_CACHE_FIX.removeprefix("or ")) from None
+        trusted_storage(folder, what="cache folder of torch install --bundle auto", hint=_CACHE_FIX)
+    return root / sub
+
+
+def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> tuple[Bundle, bool]:
+    """The bundle, opened (every member verified: what is checked and installed after, read once),
+    and whether it was built (and so checked) here."""
     if plan.wanted is None:
         return build_here(plan, opts, console, say), True
     path = _download(plan.wanted, console)
-    lies = entry_differences(open_bundle(path), plan.entry)
+    bundle = open_bundle(path)
+    lies = entry_differences(bundle, plan.entry)
     if lies:   # the file is the one the index names, but not what the index says it is
         path.unlink()
         raise UserError(f"{path.name}: the index's entry does not describe the bundle it names: " + "; ".join(lies[:3])
                         + (f" (and {len(lies) - 3} more)" if len(lies) > 3 else "") + "; deleted, torch untouched",
                         hint="the index was changed or not written by `mi100-codegen bundle index`: use another "
                              "(--index), or --build-locally")
-    return path, False
+    return bundle, False
 
 
 def _download(want: Wanted, console: Console) -> Path:
     with ui.progress(console, data=True, remaining=True) as bar:
         task = bar.add_task(f"downloading {want.name}", total=want.size)
-        return fetch(want, owner_cache() / "downloads", step=f"downloading {want.name}",
+        return fetch(want, owner_cache("downloads"), step=f"downloading {want.name}",
                      on_bytes=lambda done, total: bar.update(task, completed=done))
 
 
@@ -315,31 +333,32 @@ def _clone(release: str, dest: Path) -> str | None:
 
 def _tree(plan: OwnerPlan, say: Callable[[str], None]) -> Path:
     """The applied tree of the plan's release and spec under the cache (made once, kept)."""
-    root = owner_cache() / "trees"
+    root = owner_cache("trees")
     tree = root / f"aotriton-{plan.release}-{plan.loaded.spec.name}-{plan.loaded.sha256[:12]}"
+    if os.path.lexists(tree):
+        trusted_storage(tree, what="AOTriton tree made here earlier", hint=_CACHE_FIX)   # its generator runs
     if not tree.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{tree.name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
         say(f"fetching AOTriton {plan.release}")
-        where = release_tree(plan.release, tmp, fetch=_clone)
-        move_into_place(tmp, tree)
+        where = release_tree(plan.release, tree, fetch=_clone)
         say(f"AOTriton {plan.release} from {where}: {tree}")
     say(f"applying {plan.loaded.display} to {tree}")
     apply_overlay(tree, plan.loaded, progress=lambda m: None)
     return tree
 
 
-def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> Path:
-    """The bundle built in the user cache (module doc, step 2), reused when an earlier run built it
-    from the same spec."""
-    out = owner_cache() / "built"
+def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> Bundle:
+    """The bundle built in the user cache (module doc, step 2), opened; reused when an earlier run
+    built it from the same spec."""
+    out = owner_cache("built")
     done = out / bundle_name(plan.release, plan.arch, plan.hip)
+    if os.path.lexists(done):
+        trusted_storage(done, what="bundle built here earlier", hint=_CACHE_FIX)   # it is installed unchecked
     if done.is_file():
         try:
-            if open_bundle(done).manifest.spec.sha256 == plan.loaded.sha256:
+            earlier = open_bundle(done)
+            if earlier.manifest.spec.sha256 == plan.loaded.sha256:
                 say(f"using the bundle built here earlier: {done}")
-                return done
+                return earlier
         except UserError:
             pass
         done.unlink()
@@ -354,14 +373,15 @@ def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Calla
         failed = [c.name for c in res.check.claims + res.check.controls if not c.ok]
         raise BundleBuildError(f"the bundle built here fails its checks ({', '.join(failed) or 'see above'}); "
                                "no file written, torch untouched")
-    return res.path
+    return open_bundle(res.path)
 
 
-def check_downloaded(path: Path, say: Callable[[str], None]) -> None:
+def check_downloaded(bundle: Bundle, say: Callable[[str], None]) -> None:
     """`bundle check` on a downloaded bundle (module doc, step 3)."""
+    path = bundle.path
     say(f"bundle check {path.name}")
     try:
-        rep = check_bundle(path, progress=say)
+        rep = check_opened(bundle, progress=say)
     except EnvironmentMissing as exc:
         say(f"bundle check: its emulated dispatch cannot run here ({exc}); the install still checks every member "
             "against the manifest and the library against torch's HIP runtime")
@@ -376,8 +396,7 @@ def check_downloaded(path: Path, say: Callable[[str], None]) -> None:
 def _validate(plan: OwnerPlan, bdir: Path | None, bundle: Path, say: Callable[[str], None]) -> Path:
     """validate in a child process on the card; on failure torch is restored from `bdir` (None:
     this run installed nothing, torch stays as it was) and ValidateFailed raised."""
-    out = owner_cache() / "validate"
-    out.mkdir(parents=True, exist_ok=True)
+    out = owner_cache("validate")
     env = dict(os.environ)
     card = plan.machine.card
     if card.override and env.get(HSA_OVERRIDE_ENV) != card.override:
@@ -410,12 +429,13 @@ class OwnerResult:
 
 def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callable[[str], None]) -> OwnerResult:
     """Steps 2–5 of the module doc."""
-    path, built_here = obtain_bundle(plan, opts, console, say)
+    bundle, built_here = obtain_bundle(plan, opts, console, say)
+    path = bundle.path
     if not built_here:
-        check_downloaded(path, say)
+        check_downloaded(bundle, say)
     bdir = backup_location(plan.torch, opts.backup_dir)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
-        prefix, arch, record = open_bundle_prefix(path, Path(work) / "bundle", plan.torch, plan.arch)
+        prefix, arch, record = bundle_prefix(bundle, Path(work) / "bundle", plan.torch, plan.arch)
         inst = plan_install(plan.torch, prefix, arch, bdir, bundle=record)
         for n in inst.notes:
             say(n)

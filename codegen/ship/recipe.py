@@ -24,7 +24,8 @@ from pathlib import Path
 from codegen.core import processes
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, EnvironmentMissing, UserError
 from codegen.ship.layout import (TORCH_LINES, TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, inspect_prefix,
-                     tag_line, unsupported_line_message)
+                     unsupported_line_message)
+from codegen.upstream.releases import tag_line
 
 PYTORCH_GIT = "https://github.com/pytorch/pytorch.git"
 

@@ -20,6 +20,7 @@ so a later 0.14 tag (0.14b) that also says 0.14.0 is refused until its own recor
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from codegen.upstream.knobs import COMMIT_ENV, TREE_SHA_ENV
@@ -52,6 +53,27 @@ def release_name(version: Version) -> str:
     """(0, 11, 0) -> '0.11b'; (0, 11, 1) -> '0.11.1b' (upstream's tag spelling)."""
     major, minor, patch = version
     return f"{major}.{minor}b" if patch == 0 else f"{major}.{minor}.{patch}b"
+
+
+_TAG_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?b")
+
+
+def parse_tag(tag: str) -> Version | None:
+    """`release_name`'s parser: '0.12b' -> (0, 12, 0), '0.12.1b' -> (0, 12, 1); None for anything
+    else (a snapshot's '0.14.0-dev', a name no tag has)."""
+    m = _TAG_RE.fullmatch(tag)
+    return (int(m[1]), int(m[2]), int(m[3] or 0)) if m else None
+
+
+def release_line(major: int, minor: int) -> str:
+    """A release line, '0.12': the releases of one line (0.12b, 0.12.1b) are ABI-compatible."""
+    return f"{major}.{minor}"
+
+
+def tag_line(tag: str) -> str | None:
+    """'0.12.1b' -> '0.12' (the release line of a tag); None for anything `parse_tag` refuses."""
+    v = parse_tag(tag)
+    return release_line(v[0], v[1]) if v else None
 
 
 def version_text(version: Version) -> str:
@@ -300,15 +322,11 @@ def by_release(name: str) -> Release:
 
 
 @dataclass(frozen=True)
-class TorchLink:
-    """One row of the torch-lines table, derived from the records."""
+class TorchLink(TorchLine):
+    """One row of the torch-lines table, derived from the records: a record's `TorchLine` and the
+    release it links (`aotriton`)."""
 
-    torch: str
-    aotriton: str
-    branch: str
-    note: str = ""
-    rocm: tuple[str, ...] = ()
-    hip_majors: tuple[int, ...] = ()
+    aotriton: str = ""
 
 
 def _torch_key(line: str) -> tuple[int, ...]:
@@ -316,10 +334,10 @@ def _torch_key(line: str) -> tuple[int, ...]:
 
 
 TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
-    (TorchLink(t.torch, r.release, t.branch, t.note, t.rocm, t.hip_majors) for r in RELEASES for t in r.torch_lines),
+    (TorchLink(t.torch, t.branch, t.note, t.rocm, aotriton=r.release) for r in RELEASES for t in r.torch_lines),
     key=lambda t: _torch_key(t.torch)))
 
 
 __all__ = ["DB_ARCHIVE_SUFFIX", "IMAGES_DIR", "OP_DB_FILE", "RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED",
            "SUPPORTED_RELEASES", "TORCH_LINES", "TUNING_DB_FILE", "TorchLine", "TorchLink", "by_release", "db_archive",
-           "release_name", "version_text"]
+           "parse_tag", "release_line", "release_name", "tag_line", "version_text"]

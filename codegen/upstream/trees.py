@@ -3,15 +3,16 @@
 the tests take them (tests/conftest.py reads the archive through this module):
 
 1. `AOTRITON_SRC`: an extracted tree, taken when it is that release (copied, never changed);
-2. `AOTRITON_GIT`: a git dir of ROCm/aotriton: `git archive TAG` (a snapshot of main: its record's
-   commit);
+2. `AOTRITON_GIT`: a git dir of ROCm/aotriton: `git archive` of the commit the release's record
+   names (the tag's, or a snapshot's of main: a tag moved since is refused, as the owner's clone
+   refuses it);
 3. the release archive: `AOTRITON_ARCHIVE`, else `shared/upstream/aotriton-releases.tar.xz` in the
    nearest ancestor of the current folder or of this install. The `TAGS` file beside it names
    what it holds (`tag commit date` per line); a snapshot of main (`main(<name>) commit date`) is
    in `aotriton-main-<yyyymmdd>.tar.xz` beside it, top folder `aotriton-main/`.
 
 Else one message naming the three (exit 2). The tree is written into the new folder the caller
-names, nothing else is written. No network here: a caller that may fetch a tag (the owner's
+names (made beside it and renamed into place), nothing else is written. No network here: a caller that may fetch a tag (the owner's
 `torch install --bundle auto`, codegen.ship.owner) passes its fetch as a last source."""
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def _from_git(release: str, dest: Path) -> str | None:
     if not git:
         return None
     record = by_release(release)
-    ref = record.commit if record.snapshot else release
-    data = _run(["git", "-C", git, "archive", ref], f"{GIT_ENV}={git}: git archive {ref}")
+    ref = record.commit or release   # the tag's commit as recorded: a moved tag is not its release
+    data = _run(["git", "-C", git, "archive", ref],
+                f"{GIT_ENV}={git}: git archive {ref}" + (f" (the commit of {release})" if ref != release else ""))
     dest.mkdir(parents=True)
     _run(["tar", "-x", "-C", str(dest)], f"{GIT_ENV}={git}: unpacking {ref}", input=data)
     return f"{GIT_ENV}={git} ({ref})"
@@ -116,12 +118,20 @@ def _from_archive(release: str, dest: Path) -> str | None:
 
 def release_tree(release: str, dest: Path, fetch: Callable[[str, Path], str | None] | None = None) -> str:
     """A pristine tree of `release` made at `dest` (a folder that does not exist yet) from the first
-    source that has it (see the module doc), `fetch(release, dest)` last when given; returns where
-    it came from. UserError when none has it."""
+    source that has it (see the module doc), `fetch(release, folder)` last when given; returns where
+    it came from. UserError when none has it. The tree is made in a sibling `.<name>.tmp` and renamed
+    into place: `dest` is whole or absent, and an interrupted run's leftover is made again."""
     by_release(release)   # a release we know (the bundle's manifest was checked against the same records)
+    dest = Path(dest)
+    tmp = dest.parent / f".{dest.name}.tmp"
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink()
+    shutil.rmtree(tmp, ignore_errors=True)
+    dest.parent.mkdir(parents=True, exist_ok=True)
     for source in (_from_src, _from_git, _from_archive, *([fetch] if fetch is not None else [])):
-        where = source(release, dest)
+        where = source(release, tmp)
         if where is not None:
+            move_into_place(tmp, dest)
             return where
     raise UserError(f"no AOTriton {release} tree to rebuild from",
                     hint=f"set {SRC_ENV} to an extracted {release} tree, {GIT_ENV} to a git dir of ROCm/aotriton, "
