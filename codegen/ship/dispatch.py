@@ -250,8 +250,11 @@ def compile_driver(prefix: Path, hip_include: Path, lib: Path, stub: Stub, cache
         raise EnvironmentMissing("no C++ compiler for the dispatch driver", hint="apt-get install -y g++")
     inc = prefix / "include"
     headers = b"".join(p.read_bytes() for p in sorted(inc.rglob("*.h")))
-    key = hashlib.sha256(b"\0".join([DRIVER.read_bytes(), headers, str(hip_include).encode(),
-                                     str(lib).encode(), str(stub.path).encode(), cxx.encode()])).hexdigest()[:16]
+    # keyed by the library's name and content, not its path: bundle check extracts each bundle into a
+    # new temporary folder, and a key with that path compiled (and kept) one more driver per check
+    key = hashlib.sha256(b"\0".join([DRIVER.read_bytes(), headers, str(hip_include).encode(), lib.name.encode(),
+                                     hashlib.sha256(lib.read_bytes()).digest(), str(stub.path).encode(),
+                                     cxx.encode()])).hexdigest()[:16]
     out = cache / f"driver-{key}"
     if out.is_file():
         return out
