@@ -99,7 +99,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-spec_app = typer.Typer(help="Validate specs and print their JSON Schema.", no_args_is_help=True)
+spec_app = typer.Typer(help="Validate specs; print an embedded spec or the specs' JSON Schema.", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 
 _state = {"debug": False, "interrupt_reported": False}
@@ -214,7 +214,8 @@ def _report(exc: CodegenError) -> None:
 
 # the one --spec of every command; the rule is codegen.apply.applied_spec.resolve_spec's, the one
 # function every command calls
-SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml; commands "
+SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml, which `spec "
+                       "show` prints; commands "
                        "that read an applied tree take the spec apply recorded in it, which a given --spec "
                        "must match).")
 
@@ -273,6 +274,20 @@ def spec_check(
     summary = ", ".join(f"{f} {n}" for f, n in counts.items())
     say(("ok:", "green"), f" {loaded.display}: {loaded.spec.arch}, head dims "
         f"{list(loaded.spec.head_dims)}, candidate configs: {summary}")
+
+
+@spec_app.command("show")
+@guarded
+def spec_show(
+    name: Optional[str] = typer.Argument(None, help="An embedded spec's name: mi100 (the default spec), mi50, "
+                                         "rdna2, examples/smoke (an unknown name lists them all)."),
+) -> None:
+    """Print an embedded spec as shipped, comments included.
+
+    `mi100-codegen spec show > my.yaml` starts a spec of your own (docs/howto/add-head-dim.md)."""
+    from codegen.core.resources import DEFAULT_SPEC, embedded_spec  # CLI start-up: loads when run
+
+    sys.stdout.write(embedded_spec(name or DEFAULT_SPEC).read_text(encoding="utf-8"))
 
 
 @spec_app.command("schema")
