@@ -67,7 +67,7 @@ def status(
 @torch_app.command("install")
 def install(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
-    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (mi100-codegen bundle build) instead of a prefix; "
+    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (made by bundle build) instead of a prefix; "
                                          "`auto`: detect the card and torch, take the matching bundle from the index or build it here, check, install, validate."),
     index: Optional[str] = typer.Option(None, "--index", metavar="URL", help="--bundle auto: the bundle index (a folder, or an https URL of "
                                         "a folder or of its index.json; default: $MI100_CODEGEN_INDEX, else the published one)."),
