@@ -232,7 +232,8 @@ def _path_option(value):
 def render(
     spec: Optional[Path] = SpecOpt,
     out: Path = typer.Option(Path("aotriton_overlay"), "--out", parser=_path_option, metavar="PATH",
-                             help="Overlay directory to write."),
+                             help="Overlay directory to write: a preview to read or diff (apply renders "
+                             "again from its --spec and never reads it)."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""

@@ -110,7 +110,9 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows.
 
-        Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
+        Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`).
+
+        It renders the overlay from --spec itself: a render --out folder is a preview, never read."""
         from codegen.upstream import detect  # CLI start-up: the engine (~220 ms) loads only when apply runs
         from codegen.apply.applied_spec import resolve_spec
         from codegen.apply.engine import ApplyConflict, apply_overlay
