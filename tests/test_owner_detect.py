@@ -130,7 +130,7 @@ def test_status_shows_the_card_and_the_torch(tmp_path):
     r = cli("torch", "status", "--torch-dir", str(root), "--sysfs", str(sys_root))
     assert r.exit_code == 0, r.output
     assert "GPUs:             gfx1031 (1 device)" in r.stdout
-    assert "card:             gfx1031 -> spec rdna2 (rules/rdna2.yaml), bundle arch gfx1030" in r.stdout
+    assert "card:             gfx1031 -> bundle arch gfx1030, spec rdna2: rules/rdna2.yaml" in r.stdout
     assert "HSA_OVERRIDE_GFX_VERSION=10.3.0: NOT set in this environment" in r.stdout
     assert "HIP major:        6  (libamdhip64.so.6" in r.stdout
     s = json.loads(cli("torch", "status", "--torch-dir", str(root), "--sysfs", str(sys_root), "--json").stdout)
@@ -139,7 +139,7 @@ def test_status_shows_the_card_and_the_torch(tmp_path):
     assert m["torch"]["build_release"] == "0.11.2b" and m["torch"]["hip_major"] == 6
     r = cli("torch", "status", "--torch-dir", str(root), "--sysfs", str(sysfs(tmp_path / "two", "gfx908", "gfx906")),
             "--arch", "gfx906")
-    assert "card:             gfx906 -> spec mi50" in r.stdout, r.output
+    assert "card:             gfx906 -> bundle arch gfx906, spec mi50" in r.stdout, r.output
 
 
 def test_status_of_a_flash_off_torch_says_what_fits(tmp_path):
@@ -149,6 +149,41 @@ def test_status_of_a_flash_off_torch_says_what_fits(tmp_path):
     assert r.exit_code == 0, r.output
     assert "no bundle fits:   torch 2.9.1+rocm7.10.0 does not link AOTriton at all" in r.stdout
     assert snapshot(tmp_path / "site") == before
+
+
+def test_status_says_what_is_missing_and_the_one_next_step(tmp_path, monkeypatch):
+    """Issue 39 item 3: every gap on the way to a drop-in is listed (`missing`), and `next` is the
+    step of the first one, else the next stage; a command in it carries the user's own options and
+    runs as printed (tests/test_hints.py's parser)."""
+    from test_hints import check, command_lines
+
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    good, off = wheel(tmp_path / "a", "2.9-rocm6.4"), wheel(tmp_path / "b", "flash-off")
+    rdna2, nothing = sysfs(tmp_path / "s1", "gfx1031"), sysfs(tmp_path / "s2")
+
+    def status(root, machine, *args):
+        r = cli("torch", "status", "--torch-dir", str(root), "--sysfs", str(machine), "--json", *args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    s = status(off, nothing)
+    assert s["missing"][0].startswith("a torch a bundle can go into") and s["missing"][1].startswith("a GPU")
+    assert s["next"].startswith("install a pytorch.org ROCm wheel: ") and wheel_lines()[-1] in s["next"]
+    s = status(good, nothing)
+    assert len(s["missing"]) == 1 and "lists no GPU" in s["missing"][0]
+    assert "mi100-codegen torch status --arch ARCH (gfx1030, gfx906, gfx908)" in s["next"]
+    s = status(good, rdna2)
+    assert s["missing"] == ["HSA_OVERRIDE_GFX_VERSION=10.3.0 in this environment"]
+    assert s["next"] == "export HSA_OVERRIDE_GFX_VERSION=10.3.0 in every shell that runs torch"
+    monkeypatch.setenv("HSA_OVERRIDE_GFX_VERSION", "10.3.0")
+    s = status(good, rdna2, "--backup-dir", str(tmp_path / "bk"))
+    assert s["missing"] == [] and s["hsa_override"] == "10.3.0"
+    assert s["next"] == f"mi100-codegen torch install --bundle auto --torch-dir {good} --backup-dir {tmp_path / 'bk'}"
+    text = cli("torch", "status", "--torch-dir", str(good), "--sysfs", str(rdna2)).stdout
+    assert f"next:             mi100-codegen torch install --bundle auto --torch-dir {good}" in text
+    for step in (s["next"], status(good, nothing)["next"]):
+        (argv,) = command_lines(step)
+        assert check(argv) is None, step
 
 
 def test_detect_machine_asks_torch_only_without_kfd(tmp_path):

@@ -30,13 +30,22 @@ def _gone(pid: int) -> bool:
 
 
 def test_stream_passes_each_line_as_it_comes_and_returns_the_status(tmp_path):
-    seen: list[tuple[str, float]] = []
-    cmd = _script(tmp_path, "echo one\necho two >&2\nsleep 0.5\nprintf 'caf\\351\\n'\nexit 4\n")
-    t0 = time.monotonic()
-    rc = processes.stream([cmd], lambda line: seen.append((line, time.monotonic() - t0)))
-    assert rc == 4
-    assert [s for s, _ in seen] == ["one\n", "two\n", "caf\ufffd\n"]  # stderr merged, bad bytes replaced
-    assert seen[1][1] < 0.4 <= seen[2][1]  # lines arrive while the command runs, not at its end
+    """Lines arrive while the command runs, not at its end: the command goes on only once the
+    caller has seen its second line (an event, not a timing: a loaded machine cannot break it)."""
+    seen: list[str] = []
+    go = tmp_path / "go"
+    cmd = _script(tmp_path, f"echo one\necho two >&2\nn=0\nwhile [ ! -e {go} ] && [ $n -lt 600 ]; do "
+                            "sleep 0.1; n=$((n+1)); done\n"
+                            f"[ -e {go} ] || exit 5\nprintf 'caf\\351\\n'\nexit 4\n")
+
+    def on_line(line: str) -> None:
+        seen.append(line)
+        if line == "two\n":
+            go.touch()
+
+    rc = processes.stream([cmd], on_line)
+    assert rc == 4, "the second line reached the caller only after the command ended"
+    assert seen == ["one\n", "two\n", "caf\ufffd\n"]  # stderr merged, bad bytes replaced
 
 
 @pytest.mark.timeout(60)

@@ -177,6 +177,15 @@ def test_lock_serialises_creations(tmp_path, monkeypatch):
 
     monkeypatch.setattr(venv, "create_venv", create)
     console = Console(stderr=True, record=True, force_terminal=False)
+    waiting = threading.Semaphore(0)   # released as each run says it waits: an event, not a timing
+    shown = console.print
+
+    def noted(*args, **kw):
+        shown(*args, **kw)
+        if "waiting for another mi100-codegen run" in str(args[0]):
+            waiting.release()
+
+    console.print = noted
     held = FileLock(str(root / venv.LOCK))
     held.acquire()
     results = []
@@ -184,9 +193,8 @@ def test_lock_serialises_creations(tmp_path, monkeypatch):
             for _ in range(2)]
     for t in runs:
         t.start()
-    time.sleep(1.0)
+    assert all(waiting.acquire(timeout=120) for _ in runs), "a run did not reach the held lock"
     assert all(t.is_alive() for t in runs) and calls == []           # both wait for the holder
-    assert "waiting for another mi100-codegen run" in console.export_text()
     held.release()
     for t in runs:
         t.join(30)

@@ -6,7 +6,8 @@ made with the bundle writer), each asserting that nothing outside changed (a sna
 test's whole folder): items 1 (arch), 2 (links inside torch), 3 (planted backups), 6 (the
 tracebacks of install, status and restore; the manifest ones are in tests/test_records.py), 7
 (install checks what `bundle check` checks), 8 (bounded to what restore reads back), 9 (terminal
-escapes), 10 (one canonical torch folder), 12 (`torch status` without torch exits 3). Then
+escapes), 10 (one canonical torch folder), 12 (`torch status` without torch exits 3, after showing
+what it detected: issue 39). Then
 property tests (hypothesis) of the bundle zip, its manifest and the backup manifest through the
 commands: 3 x 20 cases in the default run, 3 x 300 under `-m slow`."""
 
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -479,13 +482,30 @@ def test_10_install_through_a_link_and_restore_through_the_real_path(wheel, tmp_
 
 # ------------------------------------------------------------------ 12: status without torch --
 
-def test_12_status_without_torch_in_the_environment_exits_3(monkeypatch):
+def test_12_status_without_torch_in_the_environment_exits_3(monkeypatch, tmp_path):
+    """Issue 39 item 3: it still shows what it detected (this Python, the card, the HSA override),
+    that torch is missing and the one next step, text and JSON; the exit code stays 3."""
     import importlib.util
+
+    from owner_machine import sysfs
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
-    r = cli("torch", "status")
-    refused(r, "torch is not installed in this Python environment", code=EXIT_UPSTREAM)
+    monkeypatch.delenv("HSA_OVERRIDE_GFX_VERSION", raising=False)
+    machine = str(sysfs(tmp_path / "sys", "gfx1031"))
+    r = cli("torch", "status", "--sysfs", machine)
+    refused(r, "torch: none in this Python", "card: gfx1031 -> bundle arch gfx1030, spec rdna2", code=EXIT_UPSTREAM)
+    assert f"Python: {platform.python_version()} ({sys.executable})" in " ".join(r.stdout.split())
+    assert "HSA_OVERRIDE_GFX_VERSION=10.3.0: NOT set" in r.stdout
+    assert "missing:          torch: this Python" in r.stdout
+    assert "missing:          HSA_OVERRIDE_GFX_VERSION=10.3.0 in this environment" in r.stdout
+    assert "next:             install mi100-codegen into the environment of your ROCm PyTorch" in r.stdout
+    r = cli("torch", "status", "--sysfs", machine, "--json")
+    assert r.exit_code == EXIT_UPSTREAM, r.output
+    s = json.loads(r.stdout)
+    assert s["torch_found"] is False and s["torch_dir"] is None and s["python"]["executable"] == sys.executable
+    assert s["machine"]["card"]["family"]["spec"] == "rdna2" and s["hsa_override"] is None
+    assert len(s["missing"]) == 2 and s["next"].startswith("install mi100-codegen into the environment")
 
 
 def test_12_the_exit_code_page_says_what_the_code_does_for_a_missing_environment():

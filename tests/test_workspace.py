@@ -114,3 +114,44 @@ def test_every_command_without_a_tree_takes_the_same_rule(tmp_path, home, monkey
     assert not any("differs" in w for w in resolve_spec(None, tmp_path / "rules" / "mi100.yaml").warnings)
     r = CliRunner().invoke(app, ["spec", "check"])
     assert r.exit_code == 0 and "rules/mi100.yaml here differs from the spec embedded" in r.output, r.output
+
+
+# ------------------------------------------- the default spec, one command away (issue 39 item 2) --
+
+def test_spec_show_prints_the_embedded_spec_with_its_comments(tmp_path, home, monkeypatch):
+    """`spec show > my.yaml` is the copy the add-head-dim guide starts from: the shipped bytes,
+    comments included, a spec that means the default; an unknown name lists the embedded ones."""
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["spec", "show"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout == default_spec_path().read_text(encoding="utf-8") and r.stdout.count("\n# ") > 10
+    mine = tmp_path / "my.yaml"
+    mine.write_text(r.stdout)
+    assert load_spec(mine).sha256 == load_spec(default_spec_path()).sha256
+    r = CliRunner().invoke(app, ["spec", "show", "mi50"])
+    assert r.exit_code == 0 and r.stdout == (data_dir("rules") / "mi50.yaml").read_text(encoding="utf-8")
+    r = CliRunner().invoke(app, ["spec", "show", "../pyproject"])
+    assert r.exit_code == 2 and "no embedded spec named '../pyproject'" in r.output
+    assert "mi100, mi50, rdna2" in r.output and not r.stdout.strip().startswith("[")
+
+
+def test_messages_name_embedded_specs_as_the_user_can_open_them(tmp_path, home, monkeypatch):
+    """In a checkout (the CWD holds rules/), the embedded spec is `rules/mi100.yaml`; anywhere else
+    it is named with the command that prints it, and an install's data inside site-packages below
+    the CWD (a `.venv` there) is never named by that path."""
+    from codegen.core import resources
+
+    want = "rules/mi100.yaml (embedded: mi100-codegen spec show mi100)"
+    monkeypatch.chdir(REPO)
+    assert resources.display_path(default_spec_path()) == "rules/mi100.yaml"
+    monkeypatch.chdir(tmp_path)
+    assert resources.display_path(default_spec_path()) == want
+    r = CliRunner().invoke(app, ["render", "--out", str(tmp_path / "ov")])
+    assert r.exit_code == 0 and f"spec {want})" in r.output, r.output
+    # a wheel's layout: the data inside the package, the package in a venv below the CWD
+    pkg = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "codegen"
+    shutil.copytree(data_dir("rules"), pkg / "_data" / "rules")
+    monkeypatch.setattr(resources, "_PKG", pkg)
+    assert resources.display_path(pkg / "_data" / "rules" / "mi50.yaml") == \
+        "rules/mi50.yaml (embedded: mi100-codegen spec show mi50)"
+    assert resources.display_path(pkg / "__init__.py") == str(pkg / "__init__.py")  # not data: as given

@@ -414,7 +414,7 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
         if pretend:
             if pending(tree):
                 raise UserError(f"{tree}: an interrupted mi100-codegen run left a journal",
-                                hint="run `mi100-codegen apply` or `revert` (without --pretend) to recover")
+                                hint=f"run `mi100-codegen apply {tree}` or `mi100-codegen revert {tree}` (without --pretend) to recover")
         else:
             recovered = recover_state(tree, "apply")
         plan = plan_apply(tree, adapter, loaded, progress)

@@ -99,7 +99,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-spec_app = typer.Typer(help="Validate specs and print their JSON Schema.", no_args_is_help=True)
+spec_app = typer.Typer(help="Validate specs; print an embedded spec or the specs' JSON Schema.", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 
 _state = {"debug": False, "interrupt_reported": False}
@@ -214,7 +214,8 @@ def _report(exc: CodegenError) -> None:
 
 # the one --spec of every command; the rule is codegen.apply.applied_spec.resolve_spec's, the one
 # function every command calls
-SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml; commands "
+SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embedded rules/mi100.yaml, which `spec "
+                       "show` prints; commands "
                        "that read an applied tree take the spec apply recorded in it, which a given --spec "
                        "must match).")
 
@@ -231,7 +232,8 @@ def _path_option(value):
 def render(
     spec: Optional[Path] = SpecOpt,
     out: Path = typer.Option(Path("aotriton_overlay"), "--out", parser=_path_option, metavar="PATH",
-                             help="Overlay directory to write."),
+                             help="Overlay directory to write: a preview to read or diff (apply renders "
+                             "again from its --spec and never reads it)."),
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
@@ -273,6 +275,20 @@ def spec_check(
     summary = ", ".join(f"{f} {n}" for f, n in counts.items())
     say(("ok:", "green"), f" {loaded.display}: {loaded.spec.arch}, head dims "
         f"{list(loaded.spec.head_dims)}, candidate configs: {summary}")
+
+
+@spec_app.command("show")
+@guarded
+def spec_show(
+    name: Optional[str] = typer.Argument(None, help="An embedded spec's name: mi100 (the default spec), mi50, "
+                                         "rdna2, examples/smoke (an unknown name lists them all)."),
+) -> None:
+    """Print an embedded spec as shipped, comments included.
+
+    `mi100-codegen spec show > my.yaml` starts a spec of your own (docs/howto/add-head-dim.md)."""
+    from codegen.core.resources import DEFAULT_SPEC, embedded_spec  # CLI start-up: data folders (~1 ms), when run
+
+    sys.stdout.write(embedded_spec(name or DEFAULT_SPEC).read_text(encoding="utf-8"))
 
 
 @spec_app.command("schema")

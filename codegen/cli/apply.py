@@ -31,7 +31,7 @@ def _print_table(console: Console, table: Table) -> None:
     console.file.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
 
 
-def _print_result(console: Console, result, show_edits: bool = True) -> None:
+def _print_result(console: Console, result, show_edits: bool = True, report: Path | None = None) -> None:
     title = f"{result.command} {result.tree}"  # verbatim (a path may hold [brackets]): Text, never markup
     if result.release:
         title += f" (AOTriton {result.release}, adapter {result.adapter})"
@@ -57,7 +57,7 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
             if e.verdict == "skip":
                 table.add_row(Text(e.verdict, style=STYLES[e.verdict]), Text(f"{e.path} ({e.id})"), Text(e.detail))
     _print_table(console, table)
-    _print_compile_check(console, result)
+    _print_compile_check(console, result, report)
     counts: dict[str, int] = {}
     for f in result.files:
         counts[f.verdict] = counts.get(f.verdict, 0) + 1
@@ -65,8 +65,9 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
     console.print(f"{result.command}: {summary}")
 
 
-def _print_compile_check(console: Console, result) -> None:
-    """The seeded rows against tuning/<arch>/compile_report.json (see codegen.apply.dbrows)."""
+def _print_compile_check(console: Console, result, report: Path | None) -> None:
+    """The seeded rows against tuning/<arch>/compile_report.json (see codegen.apply.dbrows);
+    `report`: the spec's own compile report, where precompile measures what is missing."""
     capped, unclean, unmeasured, checked = 0, set(), set(), False
     for tables in result.rows.values():
         for st in tables.values():
@@ -81,8 +82,10 @@ def _print_compile_check(console: Console, result) -> None:
     for name in sorted(unclean):
         console.print(f"[bold red]spills or fails at every measured waves_per_eu (kept):[/] {name}")
     if unmeasured:
-        console.print(f"[yellow]{len(unmeasured)} config(s) not in the compile report[/] (run `mi100-codegen "
-                      f"precompile --tuning-report`), e.g. {', '.join(sorted(unmeasured)[:3])}")
+        console.print(Text.assemble((f"{len(unmeasured)} config(s) not in the compile report", "yellow"),
+                                    f" (measure them: `mi100-codegen precompile {result.tree} --tuning-report "
+                                    f"{report or 'FILE'} --descend`, then apply again), e.g. "
+                                    f"{', '.join(sorted(unmeasured)[:3])}"))
 
 
 def _printed(console: Console, exc, as_json: bool, command: str) -> UserError:
@@ -107,10 +110,13 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows.
 
-        Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
+        Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`).
+
+        It renders the overlay from --spec itself: a render --out folder is a preview, never read."""
         from codegen.upstream import detect  # CLI start-up: the engine (~220 ms) loads only when apply runs
         from codegen.apply.applied_spec import resolve_spec
         from codegen.apply.engine import ApplyConflict, apply_overlay
+        from codegen.render.workspace import COMPILE_REPORT, results_dir
 
         console = ui.console(log_width=200)  # verdicts: piped, lines long rather than folded
         loaded = resolve_spec(None, spec)  # no tree: apply records the spec it is given
@@ -122,7 +128,7 @@ def register(app: typer.Typer, guarded) -> None:
                                        progress=lambda msg: status.update(msg), release=release)
         except ApplyConflict as exc:
             raise _printed(console, exc, as_json, "apply") from None
-        _print_result(console, result)
+        _print_result(console, result, report=results_dir(loaded) / COMPILE_REPORT)
         if loaded.spec.rows.split_backward and release.op_db is None:
             console.print(f"rows.split_backward: AOTriton {release.label} has no op database to route with; its "
                           "fused backward kernels stay selectable (PyTorch's v2 path calls attn_bwd_fused for "

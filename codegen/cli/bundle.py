@@ -64,7 +64,7 @@ def build(
     spec: Optional[Path] = SpecOpt,
     out: Path = typer.Option(Path("."), "--out", help="Folder the bundle file is written to."),
     images: Optional[Path] = typer.Option(None, "--images", help="Take the kernel images from this "
-                                          "`mi100-codegen build` prefix of the same tree (else build them)."),
+                                          "prefix, installed by build from the same tree (else build them)."),
     build_dir: Optional[Path] = typer.Option(None, "--build-dir", help="Build folder (default: "
                                              "build-hip<N> in the tree)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel jobs."),

@@ -43,7 +43,7 @@ def register(app: typer.Typer, guarded) -> None:
         triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
         rows: int = typer.Option(30, "--rows", min=-1, help="Rows of the per-config table (-1: all)."),
         kernels: str = typer.Option("all", "--kernels", help="'all' (default): every kernel upstream's build "
-                                    "compiles; 'dispatched': only those `build --kernels dispatched` compiles."),
+                                    "compiles; 'dispatched': only those build compiles with --kernels dispatched."),
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
         resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."""

@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from codegen.cli import SpecOpt
 from codegen.core import ui
-from codegen.core.errors import UserError
+from codegen.core.errors import EXIT_UPSTREAM, UserError
 
 stderr = ui.console()
 
@@ -49,25 +49,27 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout."),
     sysfs: Path = SysfsOpt,
 ) -> None:
-    """The card and the spec that serves it; installed torch, HIP, the AOTriton file it links, images, whether ours is in."""
-    # CLI start-up: the status stage (~145 ms) loads when the command runs
-    from codegen.ship.detect import DetectOptions, detect_machine
-    from codegen.ship.install import backup_location
-    from codegen.ship.layout import inspect_torch
-    from codegen.ship.status import format_status, torch_status
+    """What this machine has for a drop-in: Python, card, HSA override, torch (or none), what is missing, next step.
 
-    t = inspect_torch(torch_dir)
-    machine = detect_machine(t, DetectOptions(arch, sysfs, ask_torch=torch_dir is None and t.is_rocm))
-    s = torch_status(t, backup_location(t, backup_dir), machine)
+    The card and the spec that serves it; the installed torch, its HIP, the AOTriton file it links,
+    its images, whether ours is in. Without torch in this Python the rest is still shown, and the
+    exit code is 3 (a missing environment)."""
+    # CLI start-up: the status stage (~145 ms) loads when the command runs
+    from codegen.ship.status import StatusOptions, format_status, read_status
+
+    s = read_status(StatusOptions(torch_dir, backup_dir, arch, sysfs))
     if as_json:
-        sys.stdout.write(json.dumps(s, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(json.dumps(s.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(format_status(s))
+    if not s.torch_found:
+        raise typer.Exit(EXIT_UPSTREAM)
+
 
 @torch_app.command("install")
 def install(
     prefix: Optional[Path] = typer.Option(None, "--prefix", help="AOTriton install prefix (holds lib/libaotriton_v2.so.X.Y.Z and lib/aotriton.images/)."),
-    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (mi100-codegen bundle build) instead of a prefix; "
+    bundle: Optional[str] = typer.Option(None, "--bundle", metavar="FILE", help="A bundle file (made by bundle build) instead of a prefix; "
                                          "`auto`: detect the card and torch, take the matching bundle from the index or build it here, check, install, validate."),
     index: Optional[str] = typer.Option(None, "--index", metavar="URL", help="--bundle auto: the bundle index (a folder, or an https URL of "
                                         "a folder or of its index.json; default: $MI100_CODEGEN_INDEX, else the published one)."),

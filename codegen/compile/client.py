@@ -84,7 +84,7 @@ def main(address):
     except OSError as exc:
         sys.stderr.write(
             f"mi100-codegen: the compile service at {address} is gone ({exc}): the build that started it "
-            f"has stopped. Re-run `mi100-codegen build` (it resumes), or run ninja without {POOL_ENV} to "
+            f"has stopped. Re-run the same mi100-codegen build command (it resumes), or run ninja without {POOL_ENV} to "
             f"compile with the tree's own compile.py.\n")
         sys.stderr.flush()
         os._exit(1)
@@ -128,7 +128,7 @@ def _after_generator(python, build_dir, failed):
         rc = subprocess.call([python, "-m", "codegen.imagebuild.reach", build_dir, os.getcwd()], env=env)
     except OSError as exc:
         sys.stderr.write(f"mi100-codegen: cannot run {python} to leave out unreachable kernels ({exc}); "
-                         f"re-run `mi100-codegen build` (or pass --kernels all)\n")
+                         f"re-run the same mi100-codegen build command (or pass --kernels all)\n")
         rc = 1
     if rc:
         sys.stderr.flush()

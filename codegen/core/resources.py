@@ -38,8 +38,11 @@ def data_dir(name: str) -> Path:
                     hint="reinstall mi100-codegen (pip install .)")
 
 
+DEFAULT_SPEC = "mi100"   # the embedded spec every command takes without --spec (`spec show` prints it)
+
+
 def default_spec_path() -> Path:
-    return data_dir("rules") / "mi100.yaml"
+    return data_dir("rules") / f"{DEFAULT_SPEC}.yaml"
 
 
 def card_specs() -> list[Path]:
@@ -49,21 +52,52 @@ def card_specs() -> list[Path]:
     return sorted(p for p in data_dir("rules").glob("*.yaml") if p.is_file())
 
 
+def embedded_specs() -> dict[str, Path]:
+    """Every spec shipped in the embedded `rules/` folder by the name `spec show` takes: its path
+    under `rules/` without `.yaml` ('mi100', 'examples/smoke')."""
+    rules = data_dir("rules")
+    specs = {p.relative_to(rules).with_suffix("").as_posix(): p for p in rules.rglob("*.yaml") if p.is_file()}
+    return dict(sorted(specs.items()))
+
+
+def embedded_spec(name: str) -> Path:
+    """The shipped spec `name` (embedded_specs); anything else is one message naming them all."""
+    specs = embedded_specs()
+    if name not in specs:
+        raise UserError(f"no embedded spec named {name!r}; the embedded specs: {', '.join(specs)}",
+                        hint="for a spec file of yours, open it or pass it with --spec FILE")
+    return specs[name]
+
+
+def _embedded(resolved: Path) -> str | None:
+    """How messages name a file of the install's data folders: its name there, and for a spec
+    the command that prints it (the file itself may lie inside site-packages)."""
+    for name in ("rules", "templates", "tuning"):
+        try:
+            rel = resolved.relative_to(data_dir(name).resolve()).as_posix()
+        except (ValueError, OSError, RuntimeError, UserError):
+            continue
+        if name == "rules" and rel.endswith(".yaml"):
+            return f"{name}/{rel} (embedded: mi100-codegen spec show {rel[:-len('.yaml')]})"
+        return f"{name}/{rel} (embedded in mi100-codegen)"
+    return None
+
+
 def display_path(path: Path) -> str:
-    """A short, stable name for messages: relative to the CWD when below it, else the name
-    under the data folder for embedded files, else the path as given."""
+    """A short, stable name for messages: relative to the CWD when below it (a checkout's own
+    `rules/mi100.yaml`), else for an embedded file its name in the install with the way to see it
+    (`rules/mi100.yaml (embedded: mi100-codegen spec show mi100)`: never a path inside
+    site-packages, and never a bare `rules/…` the user cannot open from where they are), else the
+    path as given."""
     path = Path(path)
     try:
         resolved = path.resolve()
     except (OSError, RuntimeError):  # a symbolic-link loop, a working directory that is gone
         return str(path)
-    try:
-        return str(resolved.relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        pass
-    for name in ("rules", "templates", "tuning"):
+    inside_package = _PKG in resolved.parents
+    if not inside_package:
         try:
-            return f"{name}/{resolved.relative_to(data_dir(name).resolve())}"
-        except (ValueError, OSError, RuntimeError):
-            continue
-    return str(path)
+            return str(resolved.relative_to(Path.cwd().resolve()))
+        except (ValueError, OSError):
+            pass
+    return _embedded(resolved) or str(path)

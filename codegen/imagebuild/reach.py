@@ -60,7 +60,7 @@ def read_reach(build_dir: Path) -> Reach | None:
     if not path.exists() and not path.is_symlink():
         return None
     return read_record(Reach, path, what="reach record",
-                       hint="re-run `mi100-codegen build` with --reconfigure", defaults={"format": 1})
+                       hint="re-run the same mi100-codegen build command with --reconfigure", defaults={"format": 1})
 
 
 def prune(v3src: Path, tree: Path) -> Reach:

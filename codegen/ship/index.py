@@ -231,7 +231,7 @@ def build_index(folder: Path, *, progress=lambda line: None) -> BundleIndex:
     if refused:
         raise UserError(f"{folder}: {len(refused)} of {len(files)} bundles cannot be listed, no index written:\n"
                         + "\n".join(f"  {printable(r)}" for r in refused),
-                        hint="build those again (mi100-codegen bundle build) or move them out of the folder")
+                        hint="build those again (mi100-codegen bundle build TREE --hip N) or move them out of the folder")
     entries.sort(key=lambda e: (parse_tag(e.release) or (999, 999, 999), e.release, e.arch, e.hip_major))
     return validate_record(BundleIndex, {"format": INDEX_FORMAT, "bundles": [e.to_json() for e in entries]},
                            where=str(folder / INDEX_FILE), what="bundle index")

@@ -289,7 +289,7 @@ def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None =
     want = m.library.needs.glibc if m.library.needs else None
     if want and have and version_key(have) < version_key(want):
         _refuse(f"{path}: its library needs {want}, this machine has {have}",
-                hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build")
+                hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build TREE --hip N")
     root = extract(b, work)
     prefix = inspect_prefix(root)
     runtime = torch_hip(torch.lib_dir, torch.hip_dyn, torch.hip)

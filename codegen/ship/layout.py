@@ -256,7 +256,7 @@ def inspect_prefix(prefix: Path) -> PrefixInstall:
     lib_dir = prefix / "lib"
     if not lib_dir.is_dir():
         raise UserError(f"{prefix}: not an AOTriton install prefix (no lib/ folder)",
-                        hint="pass the CMAKE_INSTALL_PREFIX of your AOTriton build (`mi100-codegen build`)")
+                        hint="pass the CMAKE_INSTALL_PREFIX of your AOTriton build (`mi100-codegen build TREE --prefix PREFIX`)")
     found = []
     for p in sorted(lib_dir.iterdir()):
         parsed = AotLib.parse(p.name)

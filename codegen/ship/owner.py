@@ -291,7 +291,7 @@ def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Ca
         path.unlink()
         raise UserError(f"{path.name}: the index's entry does not describe the bundle it names: " + "; ".join(lies[:3])
                         + (f" (and {len(lies) - 3} more)" if len(lies) > 3 else "") + "; deleted, torch untouched",
-                        hint="the index was changed or not written by `mi100-codegen bundle index`: use another "
+                        hint="the index was changed or not written by `mi100-codegen bundle index DIR`: use another "
                              "(--index), or --build-locally")
     return bundle, False
 
@@ -389,7 +389,7 @@ def check_downloaded(bundle: Bundle, say: Callable[[str], None]) -> None:
     if not rep.ok:
         failed = [c.name for c in rep.claims + rep.controls if not c.ok] or ["emulated dispatch"]
         raise BundleBuildError(f"{path}: the bundle fails bundle check ({', '.join(failed)}); torch untouched",
-                               hint=f"mi100-codegen bundle check {path} shows every check")
+                               hint=f"`mi100-codegen bundle check {path}` shows every check")
     say("bundle check: every check passed (CPU-built, dispatch emulated)")
 
 

@@ -149,7 +149,7 @@ def recorded_triton(bundle: Bundle) -> str:
     if not version:
         raise BundleError(f"{bundle.path}: its manifest records no Triton version (built_with.toolchain.triton): "
                           "nothing to rebuild its kernels with", hint="a bundle made by an older mi100-codegen: "
-                          "build it again with `mi100-codegen bundle build`")
+                          "build it again with `mi100-codegen bundle build TREE --hip N`")
     try:   # it becomes a pip requirement: a version and nothing else
         if not _VERSION_RE.fullmatch(version) or str(Version(version)) != version:
             raise InvalidVersion(version)

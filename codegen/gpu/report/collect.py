@@ -26,7 +26,7 @@ from codegen.core.errors import CodegenError, EnvironmentMissing
 from codegen.core.fsutil import atomic_write
 from codegen.apply.applied_spec import resolve_spec
 from codegen.ship.layout import inspect_torch
-from codegen.ship.status import format_status, torch_status
+from codegen.ship.status import TorchStatus, format_status, torch_status
 from codegen.gpu.report.privacy import KNOWN_ENV, PATH, REDACTED, URL, sanitize, scrub
 from codegen.gpu.validate.report import render_markdown
 from codegen.gpu.validate import run as validate
@@ -101,7 +101,7 @@ def environment(plat=None) -> dict:
 def _torch_status() -> tuple[dict | None, str | None]:
     """torch status as JSON, or why there is none."""
     try:
-        return torch_status(inspect_torch(None)), None
+        return torch_status(inspect_torch(None)).model_dump(mode="json"), None
     except CodegenError as exc:
         return None, str(exc)
 
@@ -111,7 +111,7 @@ def compose_report(env: dict, status: dict | None, status_error: str | None, val
     """The report's text from what was collected: every string and key scrubbed first
     (`privacy.scrub`; `counts` gains what was replaced), then rendered."""
     env, status, validation = scrub(env, counts), scrub(status, counts), scrub(validation, counts)
-    status_text = (format_status(status) if status is not None
+    status_text = (format_status(TorchStatus.model_validate(status)) if status is not None
                    else f"torch status failed: {sanitize(status_error or '-', counts)}\n")
     return render_report(env, status_text, render_markdown(validation), validation, status)
 
