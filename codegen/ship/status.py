@@ -14,7 +14,7 @@ from codegen.core.ui import printable
 from codegen.formats.elf import ElfError, read_dynamic
 from codegen.models.archs import HSA_OVERRIDE_ENV
 from codegen.models.machine import Machine
-from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest
+from codegen.ship.install import MANIFEST, default_backup_dir, read_manifest, unfinished
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, sha256_file,
                      unsupported_line_message)
 
@@ -65,6 +65,7 @@ def torch_status(torch: TorchInstall, backup_dir: Path | None = None, machine: M
         out["aotriton_file"] = info
     elif torch.hip_dyn is not None:
         out["problems"].append("libtorch_hip.so needs no libaotriton_v2.so.X.Y.Z (static or no AOTriton)")
+    out["problems"] += [u for u in [unfinished(torch, backup_dir)] if u]
     if os.path.islink(backup_dir) or os.path.lexists(backup_dir / MANIFEST):
         try:
             m = read_manifest(backup_dir)
