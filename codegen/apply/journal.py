@@ -100,7 +100,8 @@ class Mismatch(Exception):
 
 
 class Finished(KeyboardInterrupt):
-    """Ctrl-C after the commit point: the operations were finished first, then this is raised."""
+    """Ctrl-C after the commit point: the operations were finished first, then this is raised
+    (its words: what was finished, for the interrupted message)."""
 
 
 class TxnFailed(Exception):
@@ -330,7 +331,7 @@ def _forward(roots: list[Path], entries: list[JournalOp]) -> None:
     except KeyboardInterrupt:  # committed: finish the swap (each op is idempotent), then stop
         _run(roots, entries)
         _finish(roots[0])
-        raise Finished() from None
+        raise Finished("it came after the commit point, so the change was finished first") from None
     except _FAILURES as exc:
         os.replace(txn / "journal.json", txn / "rollback.json")
         _rollback(roots, entries, exc)

@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
-from codegen.apply.journal import (STATE_DIR, TXN_DIR, RollbackIncomplete, RootsDiffer, StagedDiffers, Transaction, TreeBusy,
+from codegen.apply.journal import (STATE_DIR, TXN_DIR, Finished, RollbackIncomplete, RootsDiffer, StagedDiffers, Transaction, TreeBusy,
                                    TxnFailed, journal_label, pending, recover, state_of, tree_lock, write_durable)
 from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
@@ -596,6 +596,9 @@ def _commit(txn: Transaction, torch: TorchInstall, backup_dir: Path, prepare=Non
         txn.commit()
     except StagedDiffers as exc:
         raise InstallError(f"{exc.src} changed while it was read for {doing}; nothing was changed") from None
+    except Finished:
+        raise Finished(f"{txn.label} had passed its commit point and was finished first"
+                       + (" (torch restore undoes it)" if txn.label == INSTALL_LABEL else "")) from None
     except TxnFailed as exc:
         raise _failed(doing, exc) from None
     except RollbackIncomplete as exc:
