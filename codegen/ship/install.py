@@ -783,10 +783,10 @@ def _check_belongs(torch: TorchInstall, backup_dir: Path, manifest: BackupManife
     lib = next((e for e in manifest.entries if e.path == manifest.library), None)
     if lib is None:
         return
-    now = state_of(inside(torch.root, lib.path))
-    if now not in (lib.sha256_after, lib.sha256_before or "absent"):
+    now, after = state_of(inside(torch.root, lib.path)), lib.sha256_after or "absent"
+    if now not in (after, lib.sha256_before or "absent"):
         raise UserError(f"{lib.path}: not the library the backup at {backup_dir} records installing (sha256 "
-                        f"{_short(now)}, it installed {lib.sha256_after[:12]}…): the backup is not of this torch's "
+                        f"{_short(now)}, it installed {_short(after)}): the backup is not of this torch's "
                         "install; nothing was changed", hint=fix)
 
 
