@@ -412,11 +412,9 @@ def _transaction(torch: TorchInstall, backup_dir: Path, label: str) -> Transacti
 
 @dataclass
 class Recovered:
-    """What a torch command found unfinished and finished first (lines to say), and the journal's
-    label when it finished one."""
+    """What a torch command found unfinished and finished first: lines to say."""
 
     said: list[str] = field(default_factory=list)
-    label: str | None = None
 
 
 @contextmanager
@@ -490,9 +488,7 @@ def recover_torch(torch: TorchInstall, backup_dir: Path) -> Recovered:
     }
     if what is None and state_dir and not os.path.lexists(torch.root / STATE_DIR):
         said[what] = f"removed the empty {torch.root / STATE_DIR} an interrupted torch command left"
-    out = Recovered([said[what]] if what in said else [], label if what == "forward" else None)
-    out.said += _sweep(torch, backup_dir)
-    return out
+    return Recovered(([said[what]] if what in said else []) + _sweep(torch, backup_dir))
 
 
 def _sweep(torch: TorchInstall, backup_dir: Path) -> list[str]:
