@@ -31,10 +31,19 @@ STALE = "torch/lib/aotriton.images/amd-gfx908/flash/zz-old.aks2"
 BACKUP = "torch.mi100-codegen-backup"
 
 
+def make_world(base: Path, site: Path, bundle: Path) -> dict:
+    """`site` (a site-packages holding a torch the bundle fits, with a stale image of its arch) and
+    the states before and after the bundle's install; each test works on copies."""
+    done = _copy(site, base / "installed")
+    r = install(done, bundle)
+    assert r.exit_code == 0, r.output
+    return {"site": site, "bundle": bundle, "pristine": state(site), "installed": state(done, mtimes=False),
+            "done": done, "base": base}
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    """A wheel-shaped torch (HIP 6) with a stale gfx908 image, a bundle for it, and the states
-    before and after its install (each test works on copies)."""
+    """A wheel-shaped torch (HIP 6) with a stale gfx908 image, and the fixture bundle for it."""
     from test_torch_hip_runtime import torch_with_hip
 
     need_cc()
@@ -43,12 +52,7 @@ def world(tmp_path_factory):
     torch_with_hip(site, 6)
     (site / STALE).parent.mkdir(parents=True)
     (site / STALE).write_bytes(b"an image of another build\n")
-    bundle = make_bundle(base / "mk")
-    done = _copy(site, base / "installed")
-    r = install(done, bundle)
-    assert r.exit_code == 0, r.output
-    return {"site": site, "bundle": bundle, "pristine": state(site), "installed": state(done, mtimes=False),
-            "done": done, "base": base}
+    return make_world(base, site, make_bundle(base / "mk"))
 
 
 def is_state(world, site: Path, which: str) -> bool:
@@ -85,15 +89,16 @@ def _settles(world, site: Path, after: Outcome, then: str, where: str) -> None:
     assert is_state(world, site, "installed" if then == "install" else "pristine"), (where, r.output)
 
 
-def _sweep(world, command: str, action: str, then: str, stride: int = 1) -> int:
-    """`command` stopped at each of its steps in turn (every `stride`-th), then `then`."""
+def sweep(world, command: str, action: str, then: str, samples: int | None = None) -> int:
+    """`command` stopped at each of its steps in turn (`samples`: about that many, evenly spread),
+    then `then`."""
     base = world["base"] / f"{command}-{action}-{then}"
     template = world["site"] if command == "install" else world["done"]
     run = (lambda s: (lambda: install(s, world["bundle"]))) if command == "install" else (lambda s: (lambda: restore(s)))
     probe = _copy(template, base / "probe")
     steps = count_steps(probe, run(probe))
     assert steps > 10
-    for at in range(1, steps + 1, stride):
+    for at in range(1, steps + 1, max(1, steps // samples) if samples else 1):
         site = _copy(template, base / "site")
         out = run_stopped(site, run(site), at, action, base / "log.json")
         where = f"{command} {action} at step {at} of {steps}"
@@ -111,17 +116,17 @@ def _sweep(world, command: str, action: str, then: str, stride: int = 1) -> int:
 
 @pytest.mark.parametrize("then", ["restore", "install"])
 def test_install_killed_at_every_step_settles(world, then):
-    _sweep(world, "install", "kill", then)
+    sweep(world, "install", "kill", then)
 
 
 @pytest.mark.parametrize("then", ["restore", "install"])
 def test_restore_killed_at_every_step_settles(world, then):
-    _sweep(world, "restore", "kill", then)
+    sweep(world, "restore", "kill", then)
 
 
 @pytest.mark.parametrize("command", ["install", "restore"])
 def test_ctrl_c_at_every_step_leaves_torch_before_or_installed(world, command):
-    _sweep(world, command, "interrupt", "restore" if command == "install" else "install")
+    sweep(world, command, "interrupt", "restore" if command == "install" else "install")
 
 
 # ------------------------------------------------------------------------- the red team, one by one --
