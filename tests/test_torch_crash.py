@@ -287,3 +287,20 @@ def test_status_says_an_interrupted_install_is_unfinished(world, tmp_path):
     assert out.killed
     r = cli("torch", "status", "--torch-dir", str(site / "torch"))
     assert r.exit_code == 0 and "an interrupted torch install left its journal" in " ".join(r.stdout.split()), r.stdout
+
+
+def test_the_owners_dry_run_says_an_interrupted_install_is_unfinished(world, tmp_path, monkeypatch):
+    """`torch install --bundle auto --dry-run` changes nothing and names the unfinished install."""
+    from owner_machine import sysfs
+
+    monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    site = _copy(world["site"], tmp_path / "site")
+    out = run_stopped(site, lambda: install(site, world["bundle"]), _lands_on("replace", LIB.split("/")[-1]),
+                      "kill", tmp_path / "log.json")
+    assert out.killed
+    frozen = state(site)
+    r = cli("torch", "install", "--bundle", "auto", "--index", str(tmp_path / "none"), "--torch-dir",
+            str(site / "torch"), "--sysfs", str(sysfs(tmp_path / "sys", "gfx908")), "--build-locally", "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "note:     an interrupted torch install left its journal" in r.output, r.output
+    assert state(site) == frozen

@@ -57,7 +57,8 @@ from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of,
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import (entry_differences, index_location, index_source, read_index, read_index_file,
                                 select_bundle)
-from codegen.ship.install import backup_location, bundle_prefix, install_into, machine_glibc, restore_torch
+from codegen.ship.install import (backup_location, bundle_prefix, install_into, machine_glibc, restore_torch,
+                                  unfinished)
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
 from codegen.upstream.trees import release_tree
@@ -471,6 +472,9 @@ def install_auto(opts: OwnerOptions, console: Console) -> OwnerResult | None:
     for line in describe(plan):
         say(line)
     if opts.dry_run:
+        note = unfinished(plan.torch, backup_location(plan.torch, opts.backup_dir))
+        if note:
+            say(f"note:     {note}")
         say("dry run: nothing fetched, built or installed")
         return None
     res = run_owner(plan, opts, console, say)
