@@ -260,10 +260,12 @@ def _child(site: Path, bundle: Path, delay: float) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-@pytest.mark.parametrize("ops", [0, 1, 3, 6])
-def test_sigkill_of_a_real_install_inside_its_transaction(world, tmp_path, ops):
-    """A `torch install` child process SIGKILLed after `ops` operations of its journal (each
-    delayed 0.3 s), then `torch restore` in a fresh process: torch as before, nothing left."""
+@pytest.mark.parametrize("sig,ops", [(signal.SIGKILL, 0), (signal.SIGKILL, 1), (signal.SIGKILL, 3), (signal.SIGKILL, 6),
+                                     (signal.SIGTERM, 2), (signal.SIGINT, 2)])
+def test_a_real_signal_inside_the_transaction(world, tmp_path, sig, ops):
+    """A `torch install` child process sent `sig` after `ops` operations of its journal (each
+    delayed 0.3 s), then `torch restore` in a fresh process: torch as before, nothing left. SIGINT
+    (Ctrl-C) exits 130 with the install finished; SIGKILL and SIGTERM leave it to the restore."""
     site = _copy(world["site"], tmp_path / "site")
     journal = site / "torch" / ".mi100-codegen" / "txn" / "journal.json"
     p = _child(site, world["bundle"], 0.3)
@@ -272,11 +274,14 @@ def test_sigkill_of_a_real_install_inside_its_transaction(world, tmp_path, ops):
         time.sleep(0.01)
     assert journal.exists(), "the install never committed"
     time.sleep(0.3 * ops + 0.15)
-    p.send_signal(signal.SIGKILL)
-    assert p.wait() == -signal.SIGKILL
+    p.send_signal(sig)
+    assert p.wait() == (130 if sig == signal.SIGINT else -sig)
+    if sig == signal.SIGINT:
+        assert is_state(world, site, "installed") and leftovers(site) == []
     r = subprocess.run([sys.executable, "-m", "codegen.cli", "torch", "restore", "--torch-dir", str(site / "torch")],
                        cwd=REPO, capture_output=True, text=True)
-    assert r.returncode == 0 and "finished the interrupted torch install" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert sig == signal.SIGINT or "finished the interrupted torch install" in r.stderr, r.stderr
     assert is_state(world, site, "pristine") and leftovers(site) == []
 
 
