@@ -116,3 +116,91 @@ def test_sigkill_at_random_moments_never_half_applies(tmp_path):
     seen = kill_loop(lambda n: make_fake_tree(tmp_path / f"k{n}", version), pristine, applied,
                      runs=6, max_delay=3.0, seed=908, txn_delay=0.05)
     assert seen["pristine"] + seen["applied"] == 6
+
+
+# ---------------------------------------------------------------- the engine the torch install uses --
+
+def _two_roots(tmp_path):
+    tree, other = tmp_path / "tree", tmp_path / "beside"
+    (tree / "lib").mkdir(parents=True)
+    (tree / "lib" / "f").write_bytes(b"old")
+    (other / "bk.tmp").mkdir(parents=True)
+    (other / "bk.tmp" / "m").write_text("backup")
+    return tree, other
+
+
+def test_a_second_root_rename_and_copy_commit_and_roll_back(tmp_path):
+    """A transaction with the backup folder beside the tree as its second root: the staged backup
+    renamed into place, a file copied in (streamed, its sha256 checked), a check; an I/O error on
+    the last step undoes everything, the rename included."""
+    tree, other = _two_roots(tmp_path)
+    src = tmp_path / "src"
+    src.write_bytes(b"new" * 1000)
+    t = journal.Transaction(tree, (other,), "test")
+    t.rename("bk.tmp", "bk", root=1)
+    t.copy("lib/f", src, journal.state_of(src))
+    t.check("lib/f", journal.state_of(src))
+    t.commit()
+    assert (tree / "lib" / "f").read_bytes() == src.read_bytes() and (other / "bk" / "m").is_file()
+    assert not (other / "bk.tmp").exists() and not (tree / journal.STATE_DIR).exists()
+
+    tree, other = _two_roots(tmp_path / "again")
+    t = journal.Transaction(tree, (other,), "test")
+    t.rename("bk.tmp", "bk", root=1)
+    t.copy("lib/f", src)
+    t.check("lib/f", "0" * 64)   # not what was written: the whole is undone
+    with pytest.raises(journal.TxnFailed) as exc:
+        t.commit()
+    assert exc.value.committed and isinstance(exc.value.cause, journal.Mismatch)
+    assert (tree / "lib" / "f").read_bytes() == b"old" and (other / "bk.tmp" / "m").is_file()
+    assert not (other / "bk").exists() and not (tree / journal.STATE_DIR).exists()
+
+
+def test_a_copy_that_is_not_what_was_planned_changes_nothing(tmp_path):
+    tree, other = _two_roots(tmp_path)
+    src = tmp_path / "src"
+    src.write_bytes(b"changed meanwhile")
+    t = journal.Transaction(tree, (other,), "test")
+    t.copy("lib/f", src, "0" * 64)
+    with pytest.raises(journal.StagedDiffers):
+        t.commit()
+    assert (tree / "lib" / "f").read_bytes() == b"old" and not (tree / journal.STATE_DIR).exists()
+
+
+def _committed_not_run(tmp_path):
+    """A committed journal none of whose operations ran (as after a kill at the commit point)."""
+    tree, other = _two_roots(tmp_path)
+    t = journal.Transaction(tree, (other,), "test install")
+    t.rename("bk.tmp", "bk", root=1)
+    t.write("lib/f", b"new")
+    real = journal._forward
+    journal._forward = lambda *a: None
+    try:
+        t.commit()
+    finally:
+        journal._forward = real
+    assert journal.pending(tree) == "forward"
+    return tree, other
+
+
+def test_recovery_follows_only_the_roots_the_command_names(tmp_path):
+    tree, other = _committed_not_run(tmp_path)
+    for wrong in ((), (tmp_path / "elsewhere",)):
+        with pytest.raises(journal.RootsDiffer) as exc:
+            journal.recover(tree, wrong)
+        assert exc.value.journal.label == "test install" and exc.value.journal.roots == [str(other)]
+    assert journal.pending(tree) == "forward" and (tree / "lib" / "f").read_bytes() == b"old"
+    assert journal.journal_label(tree) == "test install"
+    assert journal.recover(tree, (other,)) == "forward"
+    assert (tree / "lib" / "f").read_bytes() == b"new" and (other / "bk" / "m").is_file()
+
+
+def test_a_journal_the_tree_moved_away_from_is_not_rolled_forward(tmp_path):
+    """A path holding neither its state before the journal nor what the journal writes (torch
+    reinstalled meanwhile): recovery refuses (Diverged) and changes nothing."""
+    tree, other = _committed_not_run(tmp_path)
+    (tree / "lib" / "f").write_bytes(b"someone else's")
+    with pytest.raises(journal.Diverged) as exc:
+        journal.recover(tree, (other,))
+    assert exc.value.paths == ["lib/f: a file of other content"]
+    assert (tree / "lib" / "f").read_bytes() == b"someone else's" and journal.pending(tree) == "forward"

@@ -218,17 +218,16 @@ def test_a_tampered_bundle_is_one_message(bundle, tmp_path):
     assert r.returncode == 2 and "does not match the manifest" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
-    """`torch install --bundle` of the real bundle into a fake ROCm wheel of its HIP major laid out as PyTorch's
-    scripts leave one (torch/lib/libamdhip64.so, SONAME libamdhip64.so.<N> — here the stub HIP
-    runtime —, libtorch_hip.so needing the unversioned name and the library's real v2/v3 entry
-    points, DT_RPATH $ORIGIN); then a fresh process loads libtorch_hip.so (RTLD_NOW: every symbol
-    and version resolved) and asks the installed library's check_gpu for the stub's gfx908."""
+def _real_wheel(bundle: Path, tmp_path: Path) -> tuple[Path, str, list[str]]:
+    """A fake ROCm wheel of the bundle's HIP major laid out as PyTorch's scripts leave one
+    (torch/lib/libamdhip64.so, SONAME libamdhip64.so.<N> — here the stub HIP runtime —,
+    libtorch_hip.so needing the unversioned name and the library's real v2/v3 entry points,
+    DT_RPATH $ORIGIN); (its site-packages, the AOTriton version it links, those entry points)."""
     from codegen.formats.bundle_zip import open_bundle
     from codegen.ship.stub import build_stub
     from codegen.ship.sysroot import ensure_sysroot
     from codegen.formats.elf import parse_dynamic
-    from test_torch_install import _cc, build_torch, cli
+    from test_torch_install import _cc, build_torch
 
     b = open_bundle(bundle)
     lib_bytes = b.members[b.manifest.library.file]
@@ -253,6 +252,19 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     src = decls + "int hipGetDevice(int*);\nvoid *table[] = {" + calls + "};\nint which_hip(void) { int d; return hipGetDevice(&d); }\n"
     _cc(lib / "libtorch_hip.so", src, "-Wl,--no-as-needed", f"-L{link}", f"-L{lib}", f"-l:libaotriton_v2.so.{aot}",
         "-l:libamdhip64.so", "-Wl,-rpath,$ORIGIN", "-Wl,--disable-new-dtags")
+    return site, aot, wanted
+
+
+def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
+    """`torch install --bundle` of the real bundle into a fake ROCm wheel of its HIP major
+    (`_real_wheel`); then a fresh process loads libtorch_hip.so (RTLD_NOW: every symbol and
+    version resolved) and asks the installed library's check_gpu for the stub's gfx908."""
+    from test_torch_install import cli
+
+    site, aot, wanted = _real_wheel(bundle, tmp_path)
+    root = site / "torch"
+    lib = root / "lib"
+    hip = _hip(bundle)
     r = cli("torch", "install", "--bundle", str(bundle), "--torch-dir", str(root))
     assert r.exit_code == 0, r.output
     code = ("import ctypes, sys\n"
@@ -266,6 +278,23 @@ def test_installs_into_a_wheel_layout_and_loads(bundle, tmp_path):
     assert p.returncode == 0 and p.stdout.strip() == "0", p.stderr
     s = json.loads(cli("torch", "status", "--torch-dir", str(root), "--json").stdout)
     assert s["ours"]["bundle"]["file"] == bundle.name and s["ours"]["bundle"]["hip_major"] == hip
+
+
+def test_install_and_restore_of_the_real_bundle_survive_kills_and_ctrl_c(bundle, tmp_path):
+    """Issue 36 must-hold 2 on the real bundle: `torch install` and `torch restore` of it into a
+    wheel (`_real_wheel`, with a stale gfx908 image install removes) killed, or interrupted, at
+    about 15 of their filesystem steps each (tests/crash_points.py); after each, the next command
+    leaves torch byte for byte as before or fully installed (tests/test_torch_crash.sweep)."""
+    from test_torch_crash import STALE, make_world, sweep
+
+    site, _aot, _wanted = _real_wheel(bundle, tmp_path)
+    (site / STALE).parent.mkdir(parents=True)
+    (site / STALE).write_bytes(b"an image of another build\n")
+    world = make_world(tmp_path / "crash", site, bundle)
+    for command in ("install", "restore"):
+        for action, then in (("kill", "restore"), ("kill", "install"), ("interrupt", "install")):
+            steps = sweep(world, command, action, then, samples=15)
+            print(f"\n{command}: {steps} steps, {action} at about 15 of them, then {then}")
 
 
 def _without(bundle: Path, dest: Path, pick) -> tuple[Path, str]:

@@ -336,32 +336,50 @@ def test_second_install_of_another_build_refused(site, tmp_path):
 def test_restore_refuses_when_files_changed_since(site, tmp_path):
     prefix = build_prefix(tmp_path / "prefix")
     assert cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(site / "torch")).exit_code == 0
+    image = site / "torch" / "lib" / "aotriton.images" / "amd-gfx908" / "flash" / "bwd_kernel_dq.aks2"
+    image.write_bytes(b"changed by hand")
+    r = cli("torch", "restore", "--torch-dir", str(site / "torch"))
+    assert r.exit_code == 2 and "changed since install" in r.output and "--force" in r.output
+    r = cli("torch", "restore", "--torch-dir", str(site / "torch"), "--force")
+    assert r.exit_code == 0, r.output
+    assert load_which(site / "torch") == "original" and not image.exists()
+
+
+def test_restore_never_puts_back_a_library_the_backup_does_not_vouch_for(site, tmp_path):
+    """Issue 36 item 3 (red team item 7): torch's library is not the one the backup records
+    installing (torch reinstalled since, or a backup of another torch): refused, --force or not,
+    and the message does not suggest --force."""
+    prefix = build_prefix(tmp_path / "prefix")
+    assert cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(site / "torch")).exit_code == 0
     lib = site / "torch" / "lib" / "libaotriton_v2.so.0.11.0"
     lib.write_bytes(b"reinstalled by pip")
-    r = cli("torch", "restore", "--torch-dir", str(site / "torch"))
-    assert r.exit_code == 2 and "changed since install" in r.output
-    r = cli("torch", "restore", "--torch-dir", str(site / "torch"), "--force")
-    assert r.exit_code == 0
-    assert load_which(site / "torch") == "original"
+    before = snapshot(site)
+    for force in ((), ("--force",)):
+        r = cli("torch", "restore", "--torch-dir", str(site / "torch"), *force)
+        assert r.exit_code == 2, r.output
+        assert "not the library the backup" in r.output and "--force" not in r.output, r.output
+    assert snapshot(site) == before
 
 
 def test_failed_install_rolls_back(site, tmp_path, monkeypatch):
-    from codegen.ship import install as inst
+    from codegen.apply import journal
 
     prefix = build_prefix(tmp_path / "prefix")
     before = snapshot(site)
-    real = inst.atomic_copy
+    real = journal.os.replace
     calls = {"n": 0}
 
     def flaky(src, dest):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise OSError(28, "No space left on device")
+        if "txn/new" in str(src):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise OSError(28, "No space left on device")
         real(src, dest)
 
-    monkeypatch.setattr(inst, "atomic_copy", flaky)
+    monkeypatch.setattr(journal.os, "replace", flaky)
     r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(site / "torch"))
-    assert r.exit_code == 3 and "rolled back" in r.output
+    assert r.exit_code == 3 and "rolled back" in r.output, r.output
+    assert calls["n"] == 3
     assert snapshot(site) == before
 
 

@@ -145,3 +145,70 @@ def test_wrong_arch_and_newer_glibc_are_refused(site, tmp_path):
 
 def test_prefix_xor_bundle(site, tmp_path):
     _refused(site, [], "give one of --prefix PREFIX or --bundle FILE")
+
+
+def _big_bundle(tmp_path: Path, members: int, size: int) -> Path:
+    """A bundle of the fixture library and `members` image packages of `size` zero bytes each (it
+    names them, as a built library names its packages), written streamed: deflated zeros keep the
+    file small while its members add up to members x size bytes."""
+    import hashlib
+    import stat
+    import zipfile
+
+    from codegen.formats.bundle_zip import MANIFEST
+
+    small = make_bundle(tmp_path / f"mk{size}")
+    with zipfile.ZipFile(small) as z:
+        files = {n: z.read(n) for n in z.namelist() if n != MANIFEST}
+        manifest = json.loads(z.read(MANIFEST))
+    names = [f"amd-gfx908/flash/big{i}" for i in range(members)]
+    lib = manifest["library"]["file"]
+    files[lib] += b"".join(b"\0" + n.encode() + b"\0" for n in names)
+    h, chunk = hashlib.sha256(), bytes(1 << 20)
+    for _ in range(size // len(chunk)):
+        h.update(chunk)
+    manifest["files"] = {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}
+    manifest["files"].update({f"lib/aotriton.images/{n}.aks2": {"sha256": h.hexdigest(), "size": size} for n in names})
+    out = tmp_path / f"big{size}" / bundle_name("0.11b", "gfx908", 6)
+    out.parent.mkdir()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+        z.writestr(MANIFEST, json.dumps(manifest))
+        for n, b in files.items():
+            z.writestr(n, b)
+        for n in names:
+            info = zipfile.ZipInfo(f"lib/aotriton.images/{n}.aks2", (2026, 1, 1, 0, 0, 0))
+            info.external_attr, info.compress_type = (stat.S_IFREG | 0o644) << 16, zipfile.ZIP_DEFLATED
+            with z.open(info, "w", force_zip64=True) as w:
+                for _ in range(size // len(chunk)):
+                    w.write(chunk)
+    return out
+
+
+def _peak_rss_mib(args: list[str]) -> tuple[int, str]:
+    """The command run in a child Python; its peak resident memory (MiB) and its output."""
+    import subprocess
+    import sys
+
+    code = ("import resource, sys\nfrom codegen.cli import main\nsys.argv = ['mi100-codegen'] + sys.argv[1:]\n"
+            "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
+            "sys.stderr.write(f'\\nexit {code} peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\n")
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+    last = r.stderr.strip().splitlines()[-1].split()
+    assert last[:2] == ["exit", "0"], r.stderr
+    return int(last[3]) // 1024, r.stderr
+
+
+def test_install_holds_no_member_in_memory_whatever_the_bundle_size(wheel, tmp_path):
+    """Issue 36 item 12: `torch install --bundle --dry-run` of a bundle whose images add up to
+    256 MiB (4 x 64 MiB) peaks within 32 MiB of the same command on a bundle of 4 x 1 MiB:
+    members are streamed (codegen.formats.bundle_zip), never held (360f28b held them all, and
+    the file: 5.2 GB for 4 x 1000 MiB; figures in docs/measurements.md)."""
+    torch_root = wheel / "torch"
+    runs = {}
+    for members, size in ((4, 1 << 20), (4, 64 << 20)):
+        b = _big_bundle(tmp_path, members, size)
+        runs[size], out = _peak_rss_mib(["torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root),
+                                         "--dry-run"])
+        assert "dry run: would 7 add, 1 replace" in out, out
+    print(f"\npeak RSS (MiB) by member size: {runs}")   # -s shows it (docs/measurements.md)
+    assert runs[64 << 20] - runs[1 << 20] < 32, runs

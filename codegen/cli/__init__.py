@@ -120,10 +120,11 @@ def _root(
     _state["debug"] = debug
 
 
-def _interrupted() -> None:
+def _interrupted(why: str = "") -> None:
+    """'interrupted', once; `why`: what the interrupted stage left (a KeyboardInterrupt's words)."""
     if not _state["interrupt_reported"]:
         _state["interrupt_reported"] = True
-        say(("interrupted", "yellow"))
+        say(("interrupted", "yellow"), f": {why}" if why else "")
 
 
 def guarded(fn: Callable) -> Callable:
@@ -156,8 +157,8 @@ def guarded(fn: Callable) -> Callable:
             _report(SystemFailure(f"{exc.filename}: {exc.strerror or exc}"))
         except CodegenError as exc:
             _report(exc)
-        except KeyboardInterrupt:
-            _interrupted()
+        except KeyboardInterrupt as exc:
+            _interrupted(str(exc))
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -89,56 +88,82 @@ def install(
         # CLI start-up: the owner's command loads the index, the fetcher, check, build and install (~1 s) when it runs
         from codegen.ship.owner import OwnerOptions, install_auto
 
-        install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs), stderr)
+        install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs,
+                                  validator=_validate_child), stderr)
         return
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
     # CLI start-up: the install stage (~140 ms) loads when the command runs
-    from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install
+    from codegen.ship.install import backup_location, install_into, open_bundle_prefix
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
     if (prefix is None) == (bundle is None):
         raise UserError("give one of --prefix PREFIX or --bundle FILE (or --bundle auto)")
-    bundle = Path(bundle) if bundle is not None else None
     t = inspect_torch(torch_dir)
     bdir = backup_location(t, backup_dir)
-    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
-        record = None
-        if bundle is not None:
-            p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", t, arch)
-        else:
-            p, a = inspect_prefix(prefix), _arch(arch, spec)
-        plan = plan_install(t, p, a, bdir, bundle=record)
-        for n in plan.notes:
-            stderr.print(ui.printable(n), style="yellow", markup=False)
-        for act in plan.actions:
-            stderr.print(ui.printable(f"{act.kind:8} {act.rel}"), markup=False)
-        if plan.identical:
-            stderr.print(f"[green]identical:[/] our build is already installed in {escape(ui.printable(str(t.root)))}")
-            return
-        if dry_run:
-            stderr.print(ui.printable(f"dry run: would {plan.summary()} in {t.root}; nothing changed"), markup=False)
-            return
-        apply_install(plan, bdir)
-    what = f"bundle {record.file} ({record.label})" if record else p.lib.name
+    if bundle is not None:
+        res = install_into(t, bdir, lambda work: open_bundle_prefix(Path(bundle), work / "bundle", t, arch), dry_run)
+    else:
+        res = install_into(t, bdir, lambda work: (inspect_prefix(prefix), _arch(arch, spec), None), dry_run)
+    _say_installed(res, t)
+
+
+def _validate_child(run) -> int:
+    """`validate` in a fresh process (a fresh `import torch`) after `--bundle auto` installed:
+    the owner's command (codegen.ship.owner) gets this function, so ship starts no CLI command."""
+    import subprocess  # CLI start-up: only --bundle auto validates (~5 ms)
+
+    from codegen.core import processes
+
+    cmd = [sys.executable, "-m", "codegen.cli", "validate", f"--spec={run.spec}", "--no-perf",
+           "--json", str(run.out / "validate.json"), "--md", str(run.out / "validate.md")]
+    return processes.run(cmd, timeout=run.timeout_s, env=run.env, stdin=subprocess.DEVNULL).returncode
+
+
+def _say_installed(res, t) -> None:
+    """What `install_into` did, as the command prints it."""
+    plan = res.plan
+    for line in res.recovered.said:
+        stderr.print(ui.printable(line), markup=False)
+    if plan is None:
+        stderr.print(ui.printable(f"dry run: {res.unfinished}; nothing changed"), markup=False)
+        return
+    for n in plan.notes:
+        stderr.print(ui.printable(n), style="yellow", markup=False)
+    for act in plan.actions:
+        stderr.print(ui.printable(f"{act.kind:8} {act.rel}"), markup=False)
+    if plan.identical:
+        stderr.print(f"[green]identical:[/] our build is already installed in {escape(ui.printable(str(t.root)))}")
+        return
+    if res.dry_run:
+        stderr.print(ui.printable(f"dry run: would {plan.summary()} in {t.root}; nothing changed"), markup=False)
+        return
+    record = plan.bundle
+    what = f"bundle {record.file} ({record.label})" if record else plan.prefix.lib.name
     stderr.print("[green]installed:[/] " + escape(ui.printable(
-        f"{what} as lib/{t.aot_needed.name} + images for {a} into {t.root} ({plan.summary()}); backup {bdir}")))
+        f"{what} as lib/{t.aot_needed.name} + images for {plan.arch} into {t.root} ({plan.summary()}); "
+        f"backup {res.backup_dir}")))
     stderr.print("next: mi100-codegen validate --json report.json --md report.md")
 
 @torch_app.command("restore")
 def restore_cmd(
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
-    force: bool = typer.Option(False, "--force", help="Restore even if installed files changed since."),
+    force: bool = typer.Option(False, "--force", help="Restore even if files install added or replaced were changed since "
+                               "(never a backup of another torch, never needed after an interrupted install or restore)."),
 ) -> None:
     """Put the original files back (byte-identical) and remove what install added."""
     # CLI start-up: the install stage (~140 ms) loads when the command runs
-    from codegen.ship.install import backup_location, restore
+    from codegen.ship.install import backup_location, restore_torch
     from codegen.ship.layout import inspect_torch
 
     t = inspect_torch(torch_dir)
-    m = restore(t, backup_location(t, backup_dir), force=force)
-    stderr.print(f"[green]restored:[/] {len(m.entries)} files in {escape(ui.printable(str(t.root)))}; backup removed")
+    res = restore_torch(t, backup_location(t, backup_dir), force=force)
+    for line in res.recovered.said:
+        stderr.print(ui.printable(line), markup=False)
+    if res.manifest is not None:
+        stderr.print(f"[green]restored:[/] {len(res.manifest.entries)} files in {escape(ui.printable(str(t.root)))}; "
+                     "backup removed")
 
 @torch_app.command("rebuild-recipe")
 def rebuild_recipe(

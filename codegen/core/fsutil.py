@@ -1,7 +1,7 @@
 """Atomic file writes shared by every stage: write a sibling temp file, then `os.replace`, so a
 reader sees the old bytes or the new ones, never a torn file; a failure leaves no temp behind.
 The one place (with the apply journal) that renames files into place. Also the two rules for
-reading what we did not write: `read_input` (a bounded regular file, never a FIFO or a device)
+reading what we did not write: `read_input`/`open_input` (a bounded regular file, never a FIFO or a device)
 and `trusted_storage` (a folder or file we believe without checking each byte: only this user
 can have written it)."""
 
@@ -15,6 +15,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from codegen.core.errors import UntrustedStorage, UserError
 from codegen.core.ui import printable
@@ -89,12 +90,10 @@ def atomic_copy(src: str | Path, dest: str | Path) -> None:
 INPUT_LIMIT = 64 << 20  # bytes: no data file, state file or spec of ours comes near it
 
 
-def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT, trusted: bool = False) -> bytes:
-    """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
-    directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
-    most `limit` bytes is read; anything else is one UserError naming the path. `trusted`: the
-    file must also be trusted storage (`trusted_storage`, checked on the open file itself, the
-    last component never followed if it is a link): else UntrustedStorage."""
+def open_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT, trusted: bool = False) -> BinaryIO:
+    """An input file that may be anything (see `read_input`), opened to be read in pieces: a
+    regular file of at most `limit` bytes now, else one UserError naming the path (nothing read).
+    `trusted`: as `read_input`'s."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if trusted else 0))
@@ -113,10 +112,25 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
         why = _distrust(st) if trusted else None
         if why:
             raise UntrustedStorage(f"{path}: this {what} {why}")
+        if st.st_size > limit:
+            raise UserError(f"{path}: this {what} is larger than {limit:,} bytes; refusing to read it")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT, trusted: bool = False) -> bytes:
+    """The bytes of an input file that may be anything: a FIFO (never waited on), a device, a
+    directory, a symbolic-link loop, a file that grows without end. Only a regular file of at
+    most `limit` bytes is read; anything else is one UserError naming the path. `trusted`: the
+    file must also be trusted storage (`trusted_storage`, checked on the open file itself, the
+    last component never followed if it is a link): else UntrustedStorage."""
+    with open_input(path, what=what, limit=limit, trusted=trusted) as fh:
         chunks, size = [], 0
         while True:
             try:
-                chunk = os.read(fd, 1 << 20)
+                chunk = fh.read(1 << 20)
             except OSError as exc:
                 raise UserError(f"{path}: cannot read this {what}: {exc.strerror or exc}") from None
             if not chunk:
@@ -126,8 +140,6 @@ def read_input(path: str | Path, *, what: str = "file", limit: int = INPUT_LIMIT
                 raise UserError(f"{path}: this {what} is larger than {limit:,} bytes; refusing to read it")
             chunks.append(chunk)
         return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def _own_group(gid: int) -> bool:

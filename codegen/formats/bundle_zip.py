@@ -15,6 +15,13 @@ field checked: the arch a processor name, the release one of `codegen.upstream`'
 a known one, every path clean), read through the records' one reader (`codegen.models.records`):
 anything else is one located message (`BUNDLE: manifest.json: FIELD: what is wrong`, exit 2).
 `extract` then writes each member below one new folder through `codegen.core.contain.inside`.
+
+Streamed: the file and every member are read in CHUNK-sized pieces, so opening, checking and
+extracting a bundle holds at most a few of them in memory whatever its size (a member is held
+whole only when a caller asks `Bundle.members` for it: the library, the tuning rows). What is
+read after `open_bundle` (a member, an extraction) is checked against the manifest's sha256
+again, so it is the bytes that were verified, or a BundleError; the file changing while it is
+verified (its size, mtime or inode) is one too.
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ from __future__ import annotations
 import hashlib
 import io
 import lzma
+import os
 import stat
 import zipfile
 import zlib
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside, rel_path
 from codegen.core.errors import UserError, os_failure, os_reason
-from codegen.core.fsutil import move_into_place, read_input, stage_write
+from codegen.core.fsutil import move_into_place, open_input, stage_write
 from codegen.models.bundle import MANIFEST_FORMAT, MANIFEST_LIMIT, BundleManifest
 from codegen.models.records import clip, parse_record, validate_record, write_json
 from codegen.upstream.releases import SUPPORTED, version_text
@@ -42,6 +52,7 @@ BUNDLE_LIMIT = 2 << 30          # bytes of one bundle file
 MEMBER_LIMIT = 1 << 30          # uncompressed bytes of one member
 MEMBER_DEPTH = 32               # folders of one member's path: ours go 5 deep (lib/aotriton.images/amd-<arch>/flash/…)
 TOTAL_LIMIT = 4 << 30           # uncompressed bytes of all members
+CHUNK = 1 << 20                 # bytes read at a time (the file, a member)
 
 
 class BundleError(UserError):
@@ -75,13 +86,61 @@ def manifest_of(data: dict, where: str) -> BundleManifest:
 class Bundle:
     path: Path
     manifest: BundleManifest
-    members: dict[str, bytes]     # every member but manifest.json, verified
+    members: Mapping[str, bytes]  # every member but manifest.json, verified; read when asked for (`Members`)
     size: int = 0                 # bytes of the file as it was read (the bytes verified)
     sha256: str = ""              # their sha256 (what an index lists)
 
     @property
     def library(self) -> str:
         return self.manifest.library.file
+
+
+class Members(Mapping):
+    """A verified bundle's members by name: each read from the file when asked for, and checked
+    against the manifest again (BundleError if the file changed since it was verified)."""
+
+    def __init__(self, path: Path, manifest: BundleManifest):
+        self._path, self._files = path, manifest.files
+
+    def __getitem__(self, name: str) -> bytes:
+        rec = self._files[name]
+        with _reading(self._path) as z:
+            try:
+                data = z.read(name) if z.getinfo(name).file_size == rec.size else b""
+            except _ZIP_ERRORS as exc:
+                raise _corrupt(self._path, exc) from None
+        if len(data) != rec.size or sha256(data) != rec.sha256:
+            raise BundleError(f"{self._path}: member {name} changed since the bundle was verified", hint=_HINT)
+        return data
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._files
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._files))
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+
+_ZIP_ERRORS = (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, zlib.error,
+               lzma.LZMAError, RuntimeError)   # RuntimeError: an encrypted member, an unknown compression
+
+
+def _corrupt(path: Path, exc: Exception) -> BundleError:
+    return BundleError(f"{path}: corrupt bundle ({type(exc).__name__}: {exc})", hint="download or build it again")
+
+
+@contextmanager
+def _reading(path: Path):
+    """The bundle file as a zip, read in place (bounded, a regular file: `open_input`)."""
+    with open_input(path, what="bundle", limit=BUNDLE_LIMIT) as fh:
+        try:
+            z = zipfile.ZipFile(fh)
+        except _ZIP_ERRORS as exc:
+            raise _corrupt(path, exc) from None
+        with z:
+            yield z
 
 
 def write_bundle(dest: Path, manifest: BundleManifest, files: dict[str, bytes]) -> None:
@@ -101,22 +160,53 @@ def write_bundle(dest: Path, manifest: BundleManifest, files: dict[str, bytes]) 
 
 
 def open_bundle(path: Path) -> Bundle:
-    """Read and verify a bundle (see the module doc); BundleError on anything wrong."""
-    data = read_input(path, what="bundle", limit=BUNDLE_LIMIT)
-    try:
-        z = zipfile.ZipFile(io.BytesIO(data))
-    except (zipfile.BadZipFile, OSError, ValueError) as exc:
-        raise BundleError(f"{path}: not a bundle or a truncated one ({exc})",
-                          hint="download or build it again: mi100-codegen bundle build TREE --hip N") from None
-    try:
-        return replace(_verify(path, z), size=len(data), sha256=sha256(data))
-    except (zipfile.BadZipFile, OSError, ValueError, KeyError, EOFError, UnicodeDecodeError, zlib.error,
-            lzma.LZMAError, RuntimeError) as exc:   # RuntimeError: an encrypted member, an unknown compression
-        raise BundleError(f"{path}: corrupt bundle ({type(exc).__name__}: {exc})",
-                          hint="download or build it again") from None
+    """Read and verify a bundle (see the module doc), streamed; BundleError on anything wrong."""
+    with open_input(path, what="bundle", limit=BUNDLE_LIMIT) as fh:
+        before = os.fstat(fh.fileno())
+        h, size = hashlib.sha256(), 0
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+        fh.seek(0)
+        try:
+            z = zipfile.ZipFile(fh)
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise BundleError(f"{path}: not a bundle or a truncated one ({exc})",
+                              hint="download or build it again: mi100-codegen bundle build TREE --hip N") from None
+        try:
+            manifest = _verify(path, z)
+        except _ZIP_ERRORS as exc:
+            raise _corrupt(path, exc) from None
+        after = os.fstat(fh.fileno())
+    if (before.st_size, before.st_mtime_ns, before.st_ino) != (after.st_size, after.st_mtime_ns, after.st_ino) \
+            or size > BUNDLE_LIMIT:
+        raise BundleError(f"{path}: the file changed while it was read", hint="read it again when nothing writes it")
+    return Bundle(path, manifest, Members(path, manifest), size, h.hexdigest())
 
 
-def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
+def _digest(path: Path, z: zipfile.ZipFile, name: str, out=None) -> tuple[str, int]:
+    """The sha256 and size of one member, read in CHUNK-sized pieces (each written to `out`,
+    when given: its errors are the caller's); a member that cannot be read is BundleError."""
+    h, n = hashlib.sha256(), 0
+    try:
+        f = z.open(name)
+    except _ZIP_ERRORS as exc:
+        raise _corrupt(path, exc) from None
+    with f:
+        while True:
+            try:
+                chunk = f.read(CHUNK)
+            except _ZIP_ERRORS as exc:
+                raise _corrupt(path, exc) from None
+            if not chunk:
+                return h.hexdigest(), n
+            h.update(chunk)
+            n += len(chunk)
+            if out is not None:
+                out.write(chunk)
+
+
+def _verify(path: Path, z: zipfile.ZipFile) -> BundleManifest:
     infos: dict[str, zipfile.ZipInfo] = {}
     total = 0
     for info in z.infolist():
@@ -151,31 +241,34 @@ def _verify(path: Path, z: zipfile.ZipFile) -> Bundle:
                           + "; ".join(x for x in (f"not listed: {', '.join(extra[:5])}" if extra else "",
                                                   f"missing: {', '.join(missing[:5])}" if missing else "") if x) + ")",
                           hint=_HINT)
-    members: dict[str, bytes] = {}
     for name, rec in sorted(listed.items()):
-        blob = z.read(name)
-        if len(blob) != rec.size or sha256(blob) != rec.sha256:
-            raise BundleError(f"{path}: member {name} does not match the manifest (sha256 {sha256(blob)[:12]}…, "
+        got, n = _digest(path, z, name)
+        if n != rec.size or got != rec.sha256:
+            raise BundleError(f"{path}: member {name} does not match the manifest (sha256 {got[:12]}…, "
                               f"manifest {rec.sha256[:12]}…)", hint=_HINT)
-        members[name] = blob
-    return Bundle(path, manifest, members)   # the library and the spec are listed members (the model)
+    return manifest   # the library and the spec are listed members (the model)
 
 
 def extract(bundle: Bundle, dest: Path) -> Path:
-    """Write the verified members below `dest` (a new or empty folder); returns it."""
+    """Write the verified members below `dest` (a new or empty folder), streamed, each checked
+    against the manifest again as it is written; returns `dest`."""
     try:
         dest.mkdir(parents=True, exist_ok=True)
-        for name, blob in sorted(bundle.members.items()):
-            try:
-                target = inside(dest, name)
-            except Escape as exc:
-                raise BundleError(f"{bundle.path}: {exc}") from None
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(blob)
+        with _reading(bundle.path) as z:
+            for name, rec in sorted(bundle.manifest.files.items()):
+                try:
+                    target = inside(dest, name)
+                except Escape as exc:
+                    raise BundleError(f"{bundle.path}: {exc}") from None
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as out:
+                    got, n = _digest(bundle.path, z, name, out)
+                if n != rec.size or got != rec.sha256:
+                    raise BundleError(f"{bundle.path}: member {name} changed since the bundle was verified", hint=_HINT)
     except OSError as exc:
         raise os_failure(f"{bundle.path}: cannot extract it into {dest} ({os_reason(exc)})", exc) from None
     return dest
 
 
-__all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "SPEC", "bundle_name", "extract",
+__all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "Members", "SPEC", "bundle_name", "extract",
            "manifest_of", "open_bundle", "sha256", "write_bundle"]

@@ -23,9 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import re
-import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +37,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerDefSection, GNUVerNeedSection, GNUVerSymSection
 
 from codegen.core.errors import UserError
+from codegen.core.fsutil import open_input
 
 EM_AMDGPU = 224
 NT_AMDGPU_METADATA = 32
@@ -57,6 +56,7 @@ AMDGPU_MACH = {
 }
 _MACH_NAME = {v: k for k, v in AMDGPU_MACH.items()}
 SHT_NOBITS = 8
+ELF_LIMIT = 1 << 40   # bytes of a file read_dynamic opens: read in pieces, never whole
 # what pyelftools (and msgpack, for the metadata note) raise on a truncated or corrupt file
 _READ_ERRORS = (_PyElfError, ValueError, OSError, KeyError, TypeError, AttributeError, IndexError,
                 struct.error, msgpack.UnpackException)
@@ -265,21 +265,12 @@ def _dynamic_symbols(symbols: list, versym: GNUVerSymSection | None, names: dict
 def read_dynamic(path: Path | str) -> DynamicInfo:
     """DT_NEEDED, SONAME, RPATH/RUNPATH, dynamic symbols and symbol versions of an ELF file."""
     p = Path(path)
-    with _open_regular(p) as stream:  # streamed: torch's libraries are up to a few GB
+    try:   # streamed: torch's libraries are up to a few GB; a FIFO, device or folder is one ElfError
+        stream = open_input(p, what="ELF file", limit=ELF_LIMIT)
+    except UserError as exc:
+        raise ElfError(str(exc)) from None
+    with stream:
         return parse_dynamic(stream, str(p))
-
-
-def _open_regular(p: Path) -> BinaryIO:
-    """A regular file opened for reading; a FIFO, device, directory or link loop is one ElfError
-    (the rule of `fsutil.read_input`, without reading the whole file)."""
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ElfError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ElfError(f"{p}: not a regular file")
-    return os.fdopen(fd, "rb")
 
 
 # --- AMDGPU code objects -------------------------------------------------------------------------

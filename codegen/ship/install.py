@@ -2,9 +2,14 @@
 
 Plan first, then act: `plan_install` checks everything and lists every file it would add,
 replace or remove (refusals raise before anything is touched); `apply_install` backs up each
-file it replaces or removes (a manifest with sha256s), then replaces files one by one with
-atomic renames, and rolls back from the backup if anything fails. `restore` puts the backed-up
-files back (same bytes, mode and mtime) and removes what was added.
+file it replaces or removes (a manifest with sha256s) and changes torch in one transaction of
+the engine `apply` uses (codegen.apply.journal: a journal inside the torch folder, written
+before the first change, every step recorded before it runs). `restore` puts the backed-up files
+back (same bytes, mode and mtime), removes what was added, checks each file at its recorded
+sha256, and only then removes the backup: one transaction as well. `install_into` and
+`restore_torch` are the one way in (the lock, then `recover_torch`): after a kill, Ctrl-C or a
+failure at any step, torch is as before or fully installed once the next install or restore has
+run, without --force, and that command says what it finished.
 
 The backup lives beside the torch package (`<site-packages>/torch.mi100-codegen-backup/`),
 not inside it, so that after `restore` the torch folder is byte-identical to before.
@@ -24,16 +29,19 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
-from filelock import FileLock, Timeout
 from pydantic import TypeAdapter, ValidationError
 
+from codegen.apply.journal import (STATE_DIR, TXN_DIR, Finished, RollbackIncomplete, RootsDiffer, StagedDiffers, Transaction, TreeBusy,
+                                   TxnFailed, journal_label, pending, recover, state_of, tree_lock, write_durable)
 from codegen.core.contain import Escape, inside, is_rel_path
-from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError, os_failure, os_reason
-from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, trusted_storage
+from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
+from codegen.core.fsutil import trusted_storage
 from codegen.core.ui import printable
 from codegen.formats.aks2 import ImageError, packed_containers
 from codegen.formats.bundle_zip import Bundle, extract, open_bundle
@@ -73,13 +81,20 @@ def default_backup_dir(torch: TorchInstall) -> Path:
 
 def backup_location(torch: TorchInstall, backup_dir: Path | None) -> Path:
     """The backup folder: `--backup-dir` (the folder that holds it resolved once, like the torch
-    folder: codegen.ship.layout.find_torch_dir), else beside the torch folder."""
+    folder: codegen.ship.layout.find_torch_dir), else beside the torch folder; one that is there
+    but is no folder is refused by name (issue 36 item 11)."""
     if backup_dir is None:
-        return default_backup_dir(torch)
-    name = Path(backup_dir).name
-    if name in ("", ".", ".."):
-        raise UserError(f"--backup-dir {backup_dir}: name a folder of its own (it is created, and removed by restore)")
-    return Path(backup_dir).parent.resolve() / name
+        where = default_backup_dir(torch)
+    else:
+        name = Path(backup_dir).name
+        if name in ("", ".", ".."):
+            raise UserError(f"--backup-dir {backup_dir}: name a folder of its own (it is created, and removed by restore)")
+        where = Path(backup_dir).parent.resolve() / name
+    if os.path.lexists(where) and not os.path.islink(where) and not os.path.isdir(where):
+        raise UserError(f"{'--backup-dir ' if backup_dir is not None else 'the backup folder '}{where}: a file, not a "
+                        "folder; nothing was changed",
+                        hint="name a folder of its own (install creates it, restore removes it), or move the file away")
+    return where
 
 
 @dataclass(frozen=True)
@@ -377,31 +392,260 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
     return plan
 
 
-# --- act -----------------------------------------------------------------------------------------
+# --- act: one transaction on the torch folder (codegen.apply.journal) ----------------------------
+INSTALL_LABEL = "torch install"
+RESTORE_LABEL = "torch restore"
+_BACKUP_PARTS = {MANIFEST, "files"}   # what a backup folder (or its staging) holds
+
+
+def _staging(backup_dir: Path) -> Path:
+    """Where install builds the backup before its transaction moves it into place, and where
+    restore's transaction moves it once every file is back (then removed): a temporary."""
+    return backup_dir.with_name(backup_dir.name + ".tmp")
+
+
+def _transaction(torch: TorchInstall, backup_dir: Path, label: str) -> Transaction:
+    """A transaction on the torch folder (its journal inside it, in `.mi100-codegen/txn/`) and,
+    as its second root, the folder that holds the backup (root=1)."""
+    return Transaction(torch.root, (backup_dir.parent,), label)
+
+
+@dataclass
+class Recovered:
+    """What a torch command found unfinished and finished first: lines to say."""
+
+    said: list[str] = field(default_factory=list)
+
+
 @contextmanager
-def _locked(torch: TorchInstall):
-    lock_path = torch.root.parent / f".{torch.root.name}.mi100-codegen.lock"
-    if os.path.islink(lock_path):   # the lock is opened for writing: never through a link
-        raise UserError(f"{lock_path} is a symbolic link (to {printable(os.readlink(lock_path))}); refusing to open it",
-                        hint=f"remove it (rm {lock_path}) and run the command again")
-    lock = FileLock(str(lock_path))
+def torch_session(torch: TorchInstall, backup_dir: Path) -> Iterator[Recovered]:
+    """The torch folder locked (flock on the folder itself: nothing is written for the lock, the
+    kernel releases it when the process dies), what an interrupted install or restore left
+    finished (`recover_torch`), then the body."""
+    lock = tree_lock(torch.root)
     try:
-        lock.acquire(timeout=5)
-    except Timeout:
-        raise UserError(f"another mi100-codegen torch command holds {lock_path}") from None
+        lock.__enter__()
+    except TreeBusy:
+        raise UserError(f"another mi100-codegen command is changing {torch.root}", hint="let it finish") from None
     except OSError as exc:
-        raise os_failure(f"cannot take the lock {lock_path} ({os_reason(exc)}); nothing was changed", exc,
-                         hint=f"the folder that holds torch ({lock_path.parent}) must be writable") from None
+        raise os_failure(f"cannot lock {torch.root} ({os_reason(exc)}); nothing was changed", exc) from None
     try:
-        yield
+        yield recover_torch(torch, backup_dir)
     finally:
-        lock.release()
-        try:
-            lock_path.unlink()
-        except OSError:
-            pass
+        lock.__exit__(None, None, None)
 
 
+def _recorded_backup(journal) -> str:
+    """The backup folder a journal's operations move (root 1), by its name beside its staging."""
+    names = [op.to if op.path.endswith(".tmp") else op.path for op in journal.ops if op.op == "rename"]
+    base = Path(journal.roots[0]) if journal.roots else Path("?")
+    return str(base / names[0]) if names else str(base)
+
+
+def _vet(torch: TorchInstall, backup_dir: Path, label: str):
+    """The journal may change, beside torch, the command's backup folder and its staging only."""
+    names = {backup_dir.name, _staging(backup_dir).name}
+
+    def vet(journal) -> None:
+        if any(op.root == 1 and {p.split("/")[0] for p in (op.path, op.to or op.path)} - names for op in journal.ops):
+            raise _other_backup(torch, label, _recorded_backup(journal))
+    return vet
+
+
+def _other_backup(torch: TorchInstall, label: str, recorded: str) -> UserError:
+    return UserError(f"{torch.root}: an interrupted {label} was using the backup folder {recorded}, not this "
+                     "command's; nothing was changed",
+                     hint=f"run the command again with --backup-dir {recorded}: it finishes the {label} first")
+
+
+_DONE = {INSTALL_LABEL: "our build is installed, its backup is {backup}",
+         RESTORE_LABEL: "torch's own files are back and the backup is removed"}
+
+
+def recover_torch(torch: TorchInstall, backup_dir: Path) -> Recovered:
+    """Finish what an interrupted `torch install` or `torch restore` left: its journal in the torch
+    folder says which and how far it got (rolled forward, or its undo finished; a stage without
+    a journal is discarded: torch was not touched), then leftover temporaries are removed. Run by
+    every install and restore before anything else, under the lock; never needs --force."""
+    label = journal_label(torch.root) or "torch command"
+    txn = torch.root / TXN_DIR
+    state_dir = os.path.lexists(torch.root / STATE_DIR)
+    hint = (f"check what torch holds (mi100-codegen torch status); to start over, reinstall torch, then remove "
+            f"{txn} and {backup_dir}")
+    try:
+        what = recover(torch.root, (backup_dir.parent,), hint=hint, vet=_vet(torch, backup_dir, label))
+    except RootsDiffer as exc:
+        raise _other_backup(torch, label, _recorded_backup(exc.journal)) from None
+    except TxnFailed as exc:
+        raise _failed(f"finishing the interrupted {label}", exc) from None
+    except RollbackIncomplete as exc:
+        raise _incomplete(torch, f"finishing the interrupted {label}", exc) from None
+    said = {
+        "forward": f"finished the interrupted {label} (its journal: {txn}): "
+                   + _DONE.get(label, "done").format(backup=backup_dir),
+        "rollback": f"finished undoing the interrupted {label}: torch is as it was before it",
+        "discard": f"removed what an interrupted torch command had staged in {txn}; it had changed nothing",
+    }
+    if what is None and state_dir and not os.path.lexists(torch.root / STATE_DIR):
+        said[what] = f"removed the empty {torch.root / STATE_DIR} an interrupted torch command left"
+    return Recovered(([said[what]] if what in said else []) + _sweep(torch, backup_dir))
+
+
+def _sweep(torch: TorchInstall, backup_dir: Path) -> list[str]:
+    """Remove the temporaries an interrupted command left: the backup's staging (never while a
+    journal needs it: recovery ran first), and `.<name>.mi100-tmp` files of earlier versions'
+    copies in the folders install changes. A staging that holds what no backup holds is
+    refused, never removed."""
+    said = []
+    tmp = _staging(backup_dir)
+    if os.path.islink(tmp):   # a link left there: removed itself, never followed
+        tmp.unlink()
+    elif tmp.is_dir():
+        if set(os.listdir(tmp)) - _BACKUP_PARTS:
+            raise UserError(f"{tmp}: in the way of the backup's staging, and not one install made (it holds "
+                            f"{printable(sorted(set(os.listdir(tmp)) - _BACKUP_PARTS)[0])}); nothing was changed",
+                            hint="move it away, or name another backup folder (--backup-dir)")
+        shutil.rmtree(tmp)
+        said.append(f"removed {tmp}, a backup folder an interrupted command left unfinished (nothing depends on it)")
+    elif os.path.lexists(tmp):
+        raise UserError(f"{tmp}: a file in the way of the backup's staging; nothing was changed",
+                        hint="move it away, or name another backup folder (--backup-dir)")
+    stale = [p for d in (torch.lib_dir, torch.lib_dir / IMAGES_DIR) if d.is_dir() and not d.is_symlink()
+             for p in ([d / n for n in os.listdir(d)] if d == torch.lib_dir else _walk_files(d))
+             if p.name.startswith(".") and p.name.endswith(".mi100-tmp") and p.is_file() and not p.is_symlink()]
+    for p in stale:
+        p.unlink()
+    if stale:
+        said.append(f"removed {len(stale)} temporary file(s) an interrupted command left in {torch.root} "
+                    f"({printable(stale[0].relative_to(torch.root).as_posix())}" + (", …)" if len(stale) > 1 else ")"))
+    return said
+
+
+def _walk_files(top: Path) -> list[Path]:
+    return [Path(d, n) for d, _dirs, names in os.walk(top) for n in names]
+
+
+def _failed(doing: str, exc: TxnFailed) -> CodegenError:
+    cause = exc.cause
+    why = os_reason(cause) if isinstance(cause, OSError) else str(cause)
+    state = "was rolled back: torch is unchanged" if exc.committed else "changed nothing"
+    msg = f"{doing} failed and {state}: {why}"
+    return os_failure(msg, cause) if isinstance(cause, OSError) else InstallError(msg)
+
+
+def _incomplete(torch: TorchInstall, doing: str, exc: RollbackIncomplete) -> SystemFailure:
+    cause = exc.cause
+    why = (os_reason(cause) if isinstance(cause, OSError) else str(cause)) if cause is not None else "interrupted"
+    return SystemFailure(f"{torch.root}: {doing} failed ({why}) and {len(exc.left)} path(s) could not be put back "
+                         "yet:\n" + "\n".join(exc.left) + f"\nwhat is needed to finish is kept in {torch.root / TXN_DIR}",
+                         hint="fix the cause (permissions, free space), then run `mi100-codegen torch restore`: every "
+                              "torch install and restore finishes the undo first")
+
+
+def _stage_backup(plan: InstallPlan, staging: Path) -> None:
+    """The backup, complete (a copy of every file replaced or removed, then the manifest), at
+    `staging`: the install's transaction moves it into place before torch's first file changes.
+    Folders 0755 and files without group or other write bits whatever the umask: restore trusts
+    only storage no one else can have written (trusted_storage)."""
+    torch = plan.torch
+    try:
+        (staging / "files").mkdir(parents=True)
+        for a in plan.actions:
+            if a.kind in ("replace", "remove"):
+                dest = staging / "files" / a.rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(torch.root / a.rel, dest)
+                os.chmod(dest, stat.S_IMODE(os.lstat(dest).st_mode) & ~0o022)
+                if sha256_file(dest) != a.sha_before:
+                    raise InstallError(f"{torch.root / a.rel} changed while it was backed up; nothing was changed")
+        for d, _subdirs, _files in os.walk(staging):
+            os.chmod(d, 0o755)
+        write_durable(staging / MANIFEST, write_json(plan.backup), 0o644)
+    except OSError as exc:
+        raise os_failure(f"cannot write the backup {staging} ({os_reason(exc)}); nothing was changed", exc) from None
+
+
+def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
+    """One transaction (inside `torch_session`): the backup moved into place, then every file of
+    the plan (the library last), all or nothing, recoverable after a kill at any step."""
+    if plan.identical:
+        return
+    txn = _transaction(plan.torch, backup_dir, INSTALL_LABEL)
+    txn.rename(_staging(backup_dir).name, backup_dir.name, root=1)   # the backup in place first
+    for d in plan.created_dirs:
+        txn.mkdir(d)
+    for a in plan.actions:
+        if a.kind == "remove":
+            txn.delete(a.rel)
+        else:
+            txn.copy(a.rel, a.src, a.sha_after)
+    _commit(txn, plan.torch, backup_dir, lambda: _stage_backup(plan, _staging(backup_dir)))
+
+
+def _commit(txn: Transaction, torch: TorchInstall, backup_dir: Path, prepare=None) -> None:
+    """`txn` committed, its failures as one message each; the staging removed unless a journal
+    still needs it."""
+    doing = txn.label.removeprefix("torch ")
+    try:
+        if prepare is not None:
+            prepare()
+        txn.commit()
+    except StagedDiffers as exc:
+        raise InstallError(f"{exc.src} changed while it was read for {doing}; nothing was changed") from None
+    except Finished:
+        raise Finished(f"{txn.label} had passed its commit point and was finished first"
+                       + (" (torch restore undoes it)" if txn.label == INSTALL_LABEL else "")) from None
+    except TxnFailed as exc:
+        raise _failed(doing, exc) from None
+    except RollbackIncomplete as exc:
+        raise _incomplete(torch, doing, exc) from None
+    finally:
+        if pending(torch.root) is None:
+            _sweep(torch, backup_dir)
+
+
+@dataclass
+class Installed:
+    """What `install_into` did: the plan, and what it finished first."""
+
+    plan: InstallPlan | None        # None: a dry run found an interrupted command unfinished (`unfinished`)
+    backup_dir: Path
+    recovered: Recovered
+    dry_run: bool = False
+    unfinished: str | None = None   # a dry run: what an interrupted command left for the next install
+
+
+def unfinished(torch: TorchInstall, backup_dir: Path) -> str | None:
+    """What an interrupted install or restore left for the next one to finish (None: nothing)."""
+    what = pending(torch.root)
+    if what is None and not os.path.lexists(_staging(backup_dir)):
+        return None
+    label = journal_label(torch.root) or "torch command"
+    return (f"an interrupted {label} left its journal in {torch.root / TXN_DIR}" if what in ("forward", "rollback")
+            else "an interrupted torch command left temporaries") + ": the next torch install or torch restore finishes it"
+
+
+def install_into(torch: TorchInstall, backup_dir: Path, prepare: Callable[[Path], tuple[PrefixInstall, str, BundleRecord | None]],
+                 dry_run: bool = False) -> Installed:
+    """The one torch install: `prepare(work)` gives the prefix (a bundle extracted and checked
+    below `work`, or the user's), its arch and the bundle's record; then, under the lock and
+    after finishing what an interrupted command left, the plan (every check) and its one
+    transaction. A dry run plans only (nothing locked, finished or changed), and not at all while
+    an interrupted command is unfinished (torch is then between two states: the next install
+    finishes that first)."""
+    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
+        prefix, arch, record = prepare(Path(work))
+        if dry_run:
+            note = unfinished(torch, backup_dir)
+            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record) if note is None else None
+            return Installed(plan, backup_dir, Recovered(), True, note)
+        with torch_session(torch, backup_dir) as recovered:
+            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record)
+            apply_install(plan, backup_dir)
+    return Installed(plan, backup_dir, recovered)
+
+
+# --- restore -------------------------------------------------------------------------------------
 def _backup_manifest(plan: InstallPlan, where: Path) -> BackupManifest:
     """What restore will read back, checked before anything is copied (one message, exit 2): the
     model restore reads, within the size restore reads (BACKUP_LIMIT)."""
@@ -431,69 +675,6 @@ def _backup_manifest(plan: InstallPlan, where: Path) -> BackupManifest:
     return manifest
 
 
-def _stage_backup(plan: InstallPlan, backup_dir: Path) -> None:
-    """The backup, complete (a copy of every file replaced or removed, then the manifest), moved
-    into place in one rename. Folders 0755 and files without group or other write bits whatever
-    the umask: restore trusts only storage no one else can have written (trusted_storage)."""
-    torch = plan.torch
-    staging = backup_dir.with_name(backup_dir.name + ".tmp")
-    if os.path.islink(staging):
-        staging.unlink()          # a link left there: removed itself, never followed
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        (staging / "files").mkdir(parents=True)
-        for a in plan.actions:
-            if a.kind in ("replace", "remove"):
-                dest = staging / "files" / a.rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(torch.root / a.rel, dest)
-                os.chmod(dest, stat.S_IMODE(os.lstat(dest).st_mode) & ~0o022)
-                if sha256_file(dest) != a.sha_before:
-                    raise InstallError(f"{torch.root / a.rel} changed while it was backed up; nothing was changed")
-        for d, _subdirs, _files in os.walk(staging):
-            os.chmod(d, 0o755)
-        atomic_write(staging / MANIFEST, write_json(plan.backup))
-        move_into_place(staging, backup_dir)  # from here on the original files are safe
-    except OSError as exc:
-        raise os_failure(f"cannot write the backup {backup_dir} ({os_reason(exc)}); nothing was changed", exc) from None
-    finally:
-        if staging.is_dir() and not staging.is_symlink():
-            shutil.rmtree(staging, ignore_errors=True)
-
-
-def apply_install(plan: InstallPlan, backup_dir: Path) -> None:
-    torch = plan.torch
-    if plan.identical:
-        return
-    manifest = plan.backup
-    with _locked(torch):
-        _stage_backup(plan, backup_dir)
-        done: list[Action] = []
-        try:
-            for d in plan.created_dirs:
-                inside(torch.root, d).mkdir(exist_ok=True)
-            for a in plan.actions:
-                dest = inside(torch.root, a.rel)
-                if a.kind == "remove":
-                    dest.unlink()
-                else:
-                    atomic_copy(a.src, dest)
-                done.append(a)
-        except BaseException as exc:
-            try:
-                _restore_from(torch, backup_dir, manifest, force=True, only=done)
-            except Exception as exc2:  # pragma: no cover - double fault
-                raise InstallError(
-                    f"install failed ({exc}) and the rollback failed too ({exc2}); "
-                    f"the original files are in {backup_dir / 'files'}",
-                    hint="run `mi100-codegen torch restore --force`",
-                ) from None
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            raise InstallError(f"install failed and was rolled back, torch is unchanged: {exc}") from None
-
-
-# --- restore -------------------------------------------------------------------------------------
 def _not_ours(m: BackupManifest) -> list[str]:
     """Why a backup manifest cannot be one our install wrote (none: it can be). Install changes
     torch's AOTriton library (`library`: lib/libaotriton<suffix>_v2.so.X.Y.Z) and files below
@@ -584,59 +765,80 @@ def _check_copies(backup_dir: Path, manifest: BackupManifest) -> None:
                             "the bytes whose sha256 the manifest recorded); nothing was changed")
 
 
-def _restore_from(torch: TorchInstall, backup_dir: Path, manifest: BackupManifest, force: bool,
-                  only: list[Action] | None = None) -> None:
-    entries = manifest.entries
-    if only is not None:
-        done = {a.rel for a in only}
-        entries = [e for e in entries if e.path in done]
-    # the library first: torch stops using our build before its images go
-    lib = manifest.library
-    entries = sorted(entries, key=lambda e: (e.path != lib, e.path))
+
+
+def _check_belongs(torch: TorchInstall, backup_dir: Path, manifest: BackupManifest) -> None:
+    """The backup vouches for this torch's install, or restore refuses, --force or not: it was made
+    for this torch version, and torch's library is the one its install put there (or already the
+    one it backed up). A backup of another torch would put that torch's files into this one."""
+    fix = (f"its files are another torch's, not this one's: keep torch as it is, and remove the backup if you no "
+           f"longer need it (rm -r {backup_dir}); `mi100-codegen torch status` shows what torch links")
+    if manifest.torch_version != torch.version:
+        raise UserError(f"the backup at {backup_dir} was made for torch {manifest.torch_version}, this is torch "
+                        f"{torch.version} (reinstalled since?); nothing was changed", hint=fix)
+    lib = next((e for e in manifest.entries if e.path == manifest.library), None)
+    if lib is None:
+        return
+    now, after = state_of(inside(torch.root, lib.path)), lib.sha256_after or "absent"
+    if now not in (after, lib.sha256_before or "absent"):
+        raise UserError(f"{lib.path}: not the library the backup at {backup_dir} records installing (sha256 "
+                        f"{_short(now)}, it installed {_short(after)}): the backup is not of this torch's "
+                        "install; nothing was changed", hint=fix)
+
+
+def _short(state: str) -> str:
+    return f"{state[:12]}…" if len(state) == 64 else state
+
+
+def _restore_txn(torch: TorchInstall, backup_dir: Path, manifest: BackupManifest) -> Transaction:
+    """Every file back (the library first: torch stops using our build before its images go), the
+    folders install made removed, every file checked at its recorded sha256, and only then the
+    backup moved away (to its staging name, removed after the commit)."""
+    txn = _transaction(torch, backup_dir, RESTORE_LABEL)
+    entries = sorted(manifest.entries, key=lambda e: (e.path != manifest.library, e.path))
     for e in entries:
-        dest = inside(torch.root, e.path)
         if e.action == "add":
-            if dest.is_file() or dest.is_symlink():
-                dest.unlink()
-        else:
-            src = inside(backup_dir / "files", e.path)
-            if sha256_file(src) != e.sha256_before:
-                raise UserError(f"{src}: the backup copy is damaged (sha256 differs from the manifest)")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            atomic_copy(src, dest)
+            txn.delete(e.path)
+            continue
+        parent = Path(e.path).parent.as_posix()
+        if parent != "." and not inside(torch.root, parent).is_dir():   # removed since (restore --force)
+            txn.mkdir(parent)
+        txn.copy(e.path, inside(backup_dir / "files", e.path), e.sha256_before)
     for d in sorted(manifest.created_dirs, key=lambda d: (-d.count("/"), d)):
-        p = inside(torch.root, d)
-        try:
-            p.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            if not force:
-                raise UserError(f"{p} holds files we did not install; left in place")
-    shutil.rmtree(backup_dir)
+        txn.rmdir(d)   # left when it holds more than install added (restore --force)
+    for e in entries:
+        txn.check(e.path, None if e.action == "add" else e.sha256_before)
+    txn.rename(backup_dir.name, _staging(backup_dir).name, root=1)
+    return txn
 
 
 def restore(torch: TorchInstall, backup_dir: Path, force: bool = False) -> BackupManifest:
+    """Put torch's files back from the backup in one transaction (inside `torch_session`). The
+    backup must vouch for this torch (`_check_belongs`, never overridden); files changed since
+    install are refused unless `force`."""
     manifest = read_manifest(backup_dir)
-    if manifest.torch_version != torch.version and not force:
-        raise UserError(
-            f"the backup at {backup_dir} was made for torch {manifest.torch_version}, "
-            f"this is torch {torch.version} (reinstalled since?)",
-            hint="restoring would put old files into a newer torch; delete the backup, or use --force",
-        )
+    _check_belongs(torch, backup_dir, manifest)
     problems = _current_problems(torch, manifest)
     if problems and not force:
         raise UserError(
-            "files we installed were changed since (a torch reinstall?); restoring would overwrite them:\n"
-            + "\n".join(problems),
+            "files we installed were changed since; restoring would overwrite them:\n" + "\n".join(problems),
             hint="use --force to restore anyway",
         )
     _check_copies(backup_dir, manifest)
-    with _locked(torch):
-        try:
-            _restore_from(torch, backup_dir, manifest, force=force)
-        except OSError as exc:
-            raise os_failure(f"restore stopped ({os_reason(exc)}): the files put back so far stay, the backup "
-                             f"stays in {backup_dir}", exc,
-                             hint="fix the cause, then run `mi100-codegen torch restore --force`") from None
+    _commit(_restore_txn(torch, backup_dir, manifest), torch, backup_dir)
     return manifest
+
+
+@dataclass
+class Restored:
+    manifest: BackupManifest | None   # None: the recovery left nothing to restore
+    recovered: Recovered
+
+
+def restore_torch(torch: TorchInstall, backup_dir: Path, force: bool = False) -> Restored:
+    """The one torch restore: under the lock, what an interrupted command left finished first,
+    then `restore` (when the recovery did not leave torch as it was before the install)."""
+    with torch_session(torch, backup_dir) as recovered:
+        if recovered.said and not os.path.lexists(backup_dir):
+            return Restored(None, recovered)
+        return Restored(restore(torch, backup_dir, force), recovered)

@@ -17,9 +17,11 @@
 3. **bundle check** (codegen.ship.check) on a downloaded bundle (a bundle built here was checked by
    its build); where this machine cannot run its emulated dispatch (no HIP sysroot can be made: not
    Debian, or offline), said, and the install's own checks still run.
-4. **The install** (codegen.ship.install: backup, atomic, rolled back on failure).
-5. **validate** on a machine with the card, in a child process (a fresh `import torch`); a
-   failure restores torch as it was. Then the `report` command to send.
+4. **The install** (codegen.ship.install.install_into, the one torch install: backup and one
+   journaled transaction; what an interrupted install or restore left is finished first).
+5. **validate** on a machine with the card, in a child process (a fresh `import torch`) the
+   command line starts (`OwnerOptions.validator`: ship runs no command of the CLI); a failure
+   restores torch as it was. Then the `report` command to send.
 
 Nothing of torch is touched before step 4, so any failure before it leaves torch as it was; a
 failure in step 5 restores it."""
@@ -29,7 +31,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -56,7 +57,8 @@ from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of,
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
 from codegen.ship.index import (entry_differences, index_location, index_source, read_index, read_index_file,
                                 select_bundle)
-from codegen.ship.install import apply_install, backup_location, bundle_prefix, machine_glibc, plan_install, restore
+from codegen.ship.install import (backup_location, bundle_prefix, install_into, machine_glibc, restore_torch,
+                                  unfinished)
 from codegen.ship.layout import TorchInstall, inspect_torch
 from codegen.upstream.releases import by_release
 from codegen.upstream.trees import release_tree
@@ -73,6 +75,17 @@ class ValidateFailed(CodegenError):
 
 
 @dataclass(frozen=True)
+class ValidateRun:
+    """What validate runs against after the install: the spec, the folder its reports go to
+    (validate.json, validate.md), the environment of the child process and its time limit."""
+
+    spec: Path
+    out: Path
+    env: dict[str, str]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
 class OwnerOptions:
     torch_dir: Path | None = None
     backup_dir: Path | None = None
@@ -83,6 +96,7 @@ class OwnerOptions:
     dry_run: bool = False
     jobs: int | None = None
     sysfs: Path = SYSFS
+    validator: Callable[[ValidateRun], int] | None = None   # validate in a fresh process: its exit status
 
 
 @dataclass
@@ -140,7 +154,7 @@ def plan_owner(opts: OwnerOptions, say: Callable[[str], None]) -> OwnerPlan:
     loaded = _spec(opts, machine)
     plan = OwnerPlan(torch, machine, loaded, machine.card.family.arch, facts.build_release, facts.hip_major)
     plan.notes += list(loaded.warnings)
-    plan.validate = _no_validate(plan)
+    plan.validate = _no_validate(plan, opts.validator)
     others = sorted({g.arch for g in machine.gpus if g.devices and family_of(g.arch) != machine.card.family})
     if others:
         plan.notes.append(f"this machine also has {', '.join(others)}: the bundle's library dispatches for "
@@ -159,11 +173,13 @@ _CHILD_TORCH = ("import importlib.util as u\ns = u.find_spec('torch')\n"
                 "print(list(s.submodule_search_locations)[0] if s and s.submodule_search_locations else '')\n")
 
 
-def _no_validate(plan: OwnerPlan) -> str | None:
+def _no_validate(plan: OwnerPlan, validator) -> str | None:
     """Why validate cannot run after the install (None: it can): no such card here, or the torch
     installed into is not the one a child of this Python imports (validate would test another)."""
     if not has_gpu(plan.machine):
         return "no such card in this machine: validate on the card's machine"
+    if validator is None:
+        return "no validate step was given: run mi100-codegen validate"
     try:
         r = processes.run([sys.executable, "-c", _CHILD_TORCH], timeout=60, capture_output=True, text=True,
                           stdin=subprocess.DEVNULL)
@@ -393,27 +409,25 @@ def check_downloaded(bundle: Bundle, say: Callable[[str], None]) -> None:
     say("bundle check: every check passed (CPU-built, dispatch emulated)")
 
 
-def _validate(plan: OwnerPlan, bdir: Path | None, bundle: Path, say: Callable[[str], None]) -> Path:
-    """validate in a child process on the card; on failure torch is restored from `bdir` (None:
-    this run installed nothing, torch stays as it was) and ValidateFailed raised."""
+def _validate(plan: OwnerPlan, opts: OwnerOptions, bdir: Path | None, bundle: Path, say: Callable[[str], None]) -> Path:
+    """validate in a child process on the card (`opts.validator`); on failure torch is restored
+    from `bdir` (None: this run installed nothing, torch stays as it was) and ValidateFailed raised."""
     out = owner_cache("validate")
     env = dict(os.environ)
     card = plan.machine.card
     if card.override and env.get(HSA_OVERRIDE_ENV) != card.override:
         env[HSA_OVERRIDE_ENV] = card.override
-    cmd = [sys.executable, "-m", "codegen.cli", "validate", f"--spec={plan.loaded.path}", "--no-perf",
-           "--json", str(out / "validate.json"), "--md", str(out / "validate.md")]
     say("validate (a fresh torch on the card)")
-    undo = (lambda: restore(plan.torch, bdir)) if bdir is not None else (lambda: None)
+    undo = (lambda: restore_torch(plan.torch, bdir)) if bdir is not None else (lambda: None)
     try:
-        r = processes.run(cmd, timeout=VALIDATE_TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+        code = opts.validator(ValidateRun(plan.loaded.path, out, env, VALIDATE_TIMEOUT_S))
     except BaseException:
         undo()
         raise
-    if r.returncode:
+    if code:
         undo()
         raise ValidateFailed(
-            f"validate failed on {card.arch} (exit {r.returncode}, above); torch is as it was before this command",
+            f"validate failed on {card.arch} (exit {code}, above); torch is as it was before this command",
             hint=f"the failure is worth a report: mi100-codegen torch install --bundle {bundle}, then "
                  "mi100-codegen report (send the file), then mi100-codegen torch restore")
     return out / "validate.md"
@@ -434,23 +448,19 @@ def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callab
     if not built_here:
         check_downloaded(bundle, say)
     bdir = backup_location(plan.torch, opts.backup_dir)
-    with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
-        prefix, arch, record = bundle_prefix(bundle, Path(work) / "bundle", plan.torch, plan.arch)
-        inst = plan_install(plan.torch, prefix, arch, bdir, bundle=record)
-        for n in inst.notes:
-            say(n)
-        if inst.identical:
-            say(f"identical: this bundle is already installed in {plan.torch.root}")
-        else:
-            apply_install(inst, bdir)
-            say(f"installed: {path.name} as lib/{plan.torch.aot_needed.name} + images for {arch} into "
-                f"{plan.torch.root} ({inst.summary()}); backup {bdir}")
+    res = install_into(plan.torch, bdir, lambda work: bundle_prefix(bundle, work / "bundle", plan.torch, plan.arch))
+    inst = res.plan
+    for line in res.recovered.said + inst.notes:
+        say(line)
+    if inst.identical:
+        say(f"identical: this bundle is already installed in {plan.torch.root}")
+    else:
+        say(f"installed: {path.name} as lib/{plan.torch.aot_needed.name} + images for {inst.arch} into "
+            f"{plan.torch.root} ({inst.summary()}); backup {bdir}")
     validated = plan.validate is None
     if validated:
-        _validate(plan, bdir if not inst.identical else None, path, say)
+        _validate(plan, opts, bdir if not inst.identical else None, path, say)
     return OwnerResult(path, not inst.identical, validated, inst.summary())
-
-
 
 
 def install_auto(opts: OwnerOptions, console: Console) -> OwnerResult | None:
@@ -462,6 +472,9 @@ def install_auto(opts: OwnerOptions, console: Console) -> OwnerResult | None:
     for line in describe(plan):
         say(line)
     if opts.dry_run:
+        note = unfinished(plan.torch, backup_location(plan.torch, opts.backup_dir))
+        if note:
+            say(f"note:     {note}")
         say("dry run: nothing fetched, built or installed")
         return None
     res = run_owner(plan, opts, console, say)
@@ -474,5 +487,5 @@ def install_auto(opts: OwnerOptions, console: Console) -> OwnerResult | None:
     return res
 
 
-__all__ = ["OwnerOptions", "OwnerPlan", "OwnerResult", "ValidateFailed", "build_here", "check_downloaded",
+__all__ = ["OwnerOptions", "OwnerPlan", "OwnerResult", "ValidateFailed", "ValidateRun", "build_here", "check_downloaded",
            "describe", "install_auto", "obtain_bundle", "plan_owner", "run_owner"]

@@ -20,7 +20,7 @@ from codegen.models.archs import HSA_OVERRIDE_ENV
 from codegen.models.machine import Machine
 from codegen.models.records import Record
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, families, wheel_lines
-from codegen.ship.install import MANIFEST, backup_location, default_backup_dir, read_manifest
+from codegen.ship.install import MANIFEST, backup_location, default_backup_dir, read_manifest, unfinished
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, inspect_torch,
                                  sha256_file, unsupported_line_message)
 
@@ -130,6 +130,7 @@ def torch_facts(torch: TorchInstall, backup_dir: Path | None = None) -> dict:
         out["aotriton_file"] = info
     elif torch.hip_dyn is not None:
         out["problems"].append("libtorch_hip.so needs no libaotriton_v2.so.X.Y.Z (static or no AOTriton)")
+    out["problems"] += [u for u in [unfinished(torch, backup_dir)] if u]
     if os.path.islink(backup_dir) or os.path.lexists(backup_dir / MANIFEST):
         try:
             m = read_manifest(backup_dir)
