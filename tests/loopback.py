@@ -1,7 +1,7 @@
 """A loopback HTTP server for the owner's command's tests: http.server in a thread of the test
 process, bound to 127.0.0.1 on a free port, serving only the files it is given (bytes by URL
 path), with HTTP Range, and faults on request: a connection cut after N bytes, the Range header
-ignored, a redirect, a header's value replaced, a body or header that trickles, a body that stalls.
+ignored, a redirect, an HTTP error, a header's value replaced, a body or header that trickles, a body that stalls.
 Bounded: a few seconds' socket timeout, a slow answer given up after `slow_s`, shut down when the
 test ends."""
 
@@ -25,6 +25,7 @@ class Site:
     ignore_range: bool = False            # answer 200 with the whole file to a Range request
     no_length: bool = False               # no Content-Length: the body ends when the connection closes
     redirects: dict[str, str] = field(default_factory=dict)   # path -> Location
+    errors: dict[str, int] = field(default_factory=dict)      # path -> the HTTP error it answers
     headers: dict[str, str] = field(default_factory=dict)     # header -> the value sent instead of the true one
     trickle: float | None = None          # send the body one byte at a time, this many seconds apart
     stall_after: int | None = None        # send this many body bytes, then nothing (the connection held)
@@ -62,8 +63,8 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
                 self._slowly(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100_000, site.trickle or 0.05)
                 return
             data = site.files.get(self.path)
-            if data is None:
-                self.send_error(404)
+            if data is None or self.path in site.errors:
+                self.send_error(site.errors.get(self.path, 404))
                 return
             start = 0
             if rng and rng.startswith("bytes=") and not site.ignore_range:
