@@ -172,6 +172,7 @@ def test_an_entry_that_says_another_bundle_than_the_file_is_refused(machine, dis
     (b"\xff\xfe", "not UTF-8"),
     (b'{"format": 1, "bundles": [{"file": "../../x.mi100-bundle.zip"}]}', "bundles.0.file"),
     (b" " * (5 << 20), "larger than"),
+    (b'{"format": 1, "bundles": [], "bundles": []}', "holds the key 'bundles' twice in one object"),
 ])
 def test_an_index_that_is_not_ours_is_one_message(machine, doc, words):
     before = snapshot(machine.site)
