@@ -12,8 +12,10 @@ from pathlib import Path
 from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
 from codegen.formats.elf import read_dynamic
 from codegen.ship.install import machine_glibc
+from codegen.upstream.releases import IMAGES_DIR as IMAGES
 import pytest
 
+from test_bundle_units import aks2
 from test_torch_hip_runtime import prefix_with_hip, torch_with_hip
 from test_torch_install import cli, load_which, need_cc, site, snapshot  # noqa: F401 (site: the fixture)
 
@@ -30,14 +32,17 @@ def wheel(tmp_path):
 def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None, hip: int = 6,
                 out_dir: Path | None = None, **fields) -> Path:
     """A bundle of AOTriton 0.11b for `arch` and HIP `hip` (its library linked against
-    `libamdhip64.so.<hip>`), written to `out_dir` (default `tmp_path`); `fields`: more manifest
-    fields (`built_with`, `torch_lines`, …)."""
+    `libamdhip64.so.<hip>`, naming its image packages as a built library's dispatch tables do,
+    each package a valid AKS2 one around the fixture's bytes), written to `out_dir` (default
+    `tmp_path`); `fields`: more manifest fields (`built_with`, `torch_lines`, …)."""
     prefix = prefix_with_hip(tmp_path / f"prefix-{arch}-{hip}", hip, arch=arch)
     lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
     files = {f"lib/{lib.name}": lib.read_bytes()}
     for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
         if p.is_file():
-            files[p.relative_to(prefix).as_posix()] = p.read_bytes()
+            files[p.relative_to(prefix).as_posix()] = aks2({"kernel": p.read_bytes()})
+    files[f"lib/{lib.name}"] += b"".join(b"\0" + n.removeprefix(f"lib/{IMAGES}/").removesuffix(".aks2").encode() + b"\0"
+                                         for n in files if n.startswith(f"lib/{IMAGES}/"))
     dyn = read_dynamic(lib)
     manifest = {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
                 "arch": arch, "hip_major": hip, "spec": {"sha256": "0" * 64},
@@ -120,7 +125,7 @@ def test_bundle_missing_a_package_its_library_names_is_refused(wheel, tmp_path):
     bad = _relinked(make_bundle(tmp_path / "b"), [fwd], drop=f"lib/aotriton.images/{fwd}.aks2")
     r = cli("torch", "install", "--bundle", str(bad), "--torch-dir", str(torch_root))
     assert r.exit_code == 2, r.output
-    assert "names image packages the bundle does not hold" in r.output and f"missing {fwd}.aks2" in r.output
+    assert "every image package the library names is in the bundle" in r.output and f"missing: {fwd}.aks2" in r.output
     assert "Traceback" not in r.output
     assert snapshot(wheel) == before
 
@@ -145,3 +150,93 @@ def test_wrong_arch_and_newer_glibc_are_refused(site, tmp_path):
 
 def test_prefix_xor_bundle(site, tmp_path):
     _refused(site, [], "give one of --prefix PREFIX or --bundle FILE")
+
+
+# --- one verdict: bundle check and torch install refuse the same bundles (issue 36 item 7) -------
+def _resigned(bundle: Path, edit) -> Path:
+    """`bundle` rewritten whole by `edit(files, manifest)`, every hash recomputed: a bundle changed
+    in one property and signed again, which the member checks pass."""
+    import zipfile
+
+    with zipfile.ZipFile(bundle) as z:
+        files = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+        manifest = json.loads(z.read("manifest.json"))
+    edit(files, manifest)
+    manifest["files"] = {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}
+    write_bundle(bundle, manifest_of(manifest, str(bundle)), files)
+    return bundle
+
+
+def _relabel(files: dict, manifest: dict) -> None:
+    """The red team's item 8: the images moved to amd-gfx90a/, the manifest saying gfx90a."""
+    for n in [n for n in files if "/amd-gfx908/" in n]:
+        files[n.replace("/amd-gfx908/", "/amd-gfx90a/")] = files.pop(n)
+    manifest["arch"] = "gfx90a"
+
+
+def _second_library(files: dict, manifest: dict) -> None:
+    files["lib/libaotriton_v2.so.0.11.1"] = files["lib/libaotriton_v2.so.0.11.0"]
+
+
+def _corrupt_package(files: dict, manifest: dict) -> None:
+    name = next(n for n in files if n.endswith("FONLY__fp16.aks2"))
+    data = bytearray(files[name])
+    data[len(data) // 2] ^= 0x55        # inside the xz stream
+    files[name] = bytes(data)
+
+
+def _names_nothing(files: dict, manifest: dict) -> None:
+    lib = manifest["library"]["file"]
+    files[lib] = files[lib][:files[lib].index(b"\0amd-gfx908/")]   # the package names make_bundle appended
+
+
+RED_TEAM = {   # case: (edit, the verdict's claim that fails, torch install's extra arguments)
+    "relabelled gfx90a": (_relabel, "every image package the library names is in the bundle (0 named for amd-gfx90a",
+                          ["--arch", "gfx90a"]),
+    "a second listed library": (_second_library, "one AOTriton library, the one the manifest names (lib/ holds "
+                                "libaotriton_v2.so.0.11.0, libaotriton_v2.so.0.11.1", []),
+    "a corrupt xz package": (_corrupt_package, "every kernel package decompresses whole (lib/aotriton.images/amd-gfx908/"
+                             "flash/attn_fwd/FONLY__fp16.aks2: corrupt kernel package", []),
+    "a claim over nothing": (_names_nothing, "every image package the library names is in the bundle (0 named for "
+                             "amd-gfx908", []),
+}
+
+
+def test_the_unchanged_bundle_passes_the_verdict(tmp_path):
+    """The control of the cases below: make_bundle's bundle passes every claim, so each refusal is
+    its one change."""
+    from codegen.formats.bundle_zip import extract, open_bundle
+    from codegen.ship.verdict import bundle_verdict
+    from conftest import cached_sysroot
+
+    sysroot = cached_sysroot(6)
+    if sysroot is None:
+        pytest.skip("needs the HIP 6 sysroot in the user cache (bundle build makes it)")
+    need_cc()
+    b = open_bundle(make_bundle(tmp_path))
+    claims = bundle_verdict(extract(b, tmp_path / "x"), b.manifest, set(read_dynamic(sysroot.runtime).version_defs))
+    assert all(c.ok for c in claims), [(c.name, c.detail) for c in claims if not c.ok]
+    assert len(claims) >= 8 and any("1 named for amd-gfx908" in c.detail for c in claims)
+
+
+@pytest.mark.parametrize("case", sorted(RED_TEAM))
+def test_each_red_team_bundle_is_refused_by_check_and_install_alike(wheel, tmp_path, case):
+    """The red team's bundles, each re-signed: `bundle check` fails the verdict's claim (exit 3,
+    its dispatch never run) and `torch install --bundle` refuses naming the same claim (exit 2,
+    torch untouched). Before, the relabelled bundle, the corrupt package and the claim over
+    nothing installed, and the second library passed check."""
+    from conftest import cached_sysroot
+
+    if cached_sysroot(6) is None:
+        pytest.skip("needs the HIP 6 sysroot in the user cache (bundle build makes it)")
+    edit, claim, args = RED_TEAM[case]
+    b = _resigned(make_bundle(tmp_path), edit)
+    r = cli("bundle", "check", str(b))
+    assert r.exit_code == 3 and "Traceback" not in r.output, r.output
+    out = " ".join(r.output.split())
+    assert f"FAIL {claim.replace(' (', ': ', 1)}" in out and "no emulated dispatch" in out, r.output
+    before = snapshot(wheel)
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(wheel / "torch"), *args)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"refused by the bundle's verdict: {claim}" in " ".join(r.output.split()), r.output
+    assert snapshot(wheel) == before

@@ -12,8 +12,8 @@ not inside it, so that after `restore` the torch folder is byte-identical to bef
 A torch folder, a bundle and a backup may each come from someone else (docs/trust.md). Install
 touches only torch's AOTriton library and `lib/aotriton.images/amd-<arch>/` (the arch a processor
 name, never a path), through no symbolic link: one on the way or inside that folder is refused,
-never followed or removed. A bundle's library passes the checks `bundle check` makes
-(codegen.ship.identity) against the HIP runtime torch ships. Restore reads a backup only from
+never followed or removed. A bundle passes the verdict `bundle check` makes
+(codegen.ship.verdict) against the HIP runtime torch ships. Restore reads a backup only from
 trusted storage (`codegen.core.fsutil.trusted_storage`: no link, only this user can have written
 it), only entries that name what install touches, and puts back only bytes whose sha256 the
 manifest recorded, every copy checked before the first file is touched.
@@ -35,15 +35,13 @@ from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, UserError, os_failure, os_reason
 from codegen.core.fsutil import atomic_copy, atomic_write, move_into_place, trusted_storage
 from codegen.core.ui import printable
-from codegen.formats.aks2 import ImageError, packed_containers
 from codegen.formats.bundle_zip import Bundle, extract, open_bundle
 from codegen.formats.elf import ElfError, read_dynamic, version_key
 from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
 from codegen.models.records import RECORD_LIMIT, RecordError, read_record, validate_record, write_json
-from codegen.ship.coverage import cover_packages
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
-from codegen.ship.identity import library_identity
+from codegen.ship.verdict import bundle_verdict, refused
 from codegen.ship.layout import (
     AotLib,
     inspect_prefix,
@@ -276,9 +274,10 @@ def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | 
 def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None = None,
                   glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
     """An opened bundle (`open_bundle`: every member verified against its manifest), its library
-    proven what the manifest says with the checks `bundle check` makes (codegen.ship.identity,
-    against the version nodes of the HIP runtime torch ships), checked against this machine (its
-    glibc against the library's needs) and extracted below `work` as an install prefix. Returns
+    accepted by the verdict `bundle check` makes (codegen.ship.verdict: its library's identity,
+    against the version nodes of the HIP runtime torch ships, one library, its image packages
+    named and decompressing), checked against this machine (its glibc against the library's
+    needs) and extracted below `work` as an install prefix. Returns
     the prefix, the arch and what the backup manifest records of the bundle (the sha256 of the
     bytes that were verified, not of the file read again). Every refusal is one message (exit 2)
     before anything of torch is touched."""
@@ -291,41 +290,18 @@ def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None =
         _refuse(f"{path}: its library needs {want}, this machine has {have}",
                 hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build")
     root = extract(b, work)
-    prefix = inspect_prefix(root)
     runtime = torch_hip(torch.lib_dir, torch.hip_dyn, torch.hip)
     nodes = set(runtime.nodes) if runtime is not None and runtime.nodes else None
-    failed = [c for c in library_identity(read_dynamic(root / m.library.file), m, nodes) if not c.ok]
-    if failed or prefix.lib != root / m.library.file:
-        why = "; ".join(f"{c.name} ({c.detail})" for c in failed) or \
-            f"its library is {m.library.file}, the prefix's {prefix.lib.relative_to(root)}"
-        _refuse(f"{path}: its library is not what its manifest says, or cannot load into torch: {why}",
+    why = refused(bundle_verdict(root, m, nodes))   # bundle check's verdict, against the HIP runtime torch ships
+    if why:
+        _refuse(f"{path}: refused by the bundle's verdict: {why}",
                 hint="the bundle was changed after it was built, or built wrong: download or build it again "
-                     "(`mi100-codegen bundle check FILE` shows every check)")
-    _check_packages(path, root, m)
+                     "(`mi100-codegen bundle check FILE` refuses it the same way)")
+    prefix = inspect_prefix(root)
     record = validate_record(BundleRecord, {
         "file": path.name, "sha256": b.sha256, "release": m.release, "arch": m.arch,
         "hip_major": m.hip_major, "label": m.label, "spec_sha256": m.spec.sha256}, where=str(path), what="bundle")
     return prefix, m.arch, record
-
-
-def _check_packages(path: Path, root: Path, m) -> None:
-    """`bundle check`'s static package claim (codegen.ship.coverage.cover_packages), made again: every
-    image package the library names is packed, or was left out by the build as an unreachable fused
-    backward package (the manifest's `built_with.reach`). A bundle with a package removed and its
-    hashes recomputed passes the member checks; this refuses it (issue 30 item 5)."""
-    reach = m.built_with.reach if m.built_with else None
-    try:
-        packed = packed_containers(root / "lib" / IMAGES_DIR)
-    except ImageError as exc:
-        _refuse(f"{path}: {exc}")
-    pc = cover_packages((root / m.library.file).read_bytes(), f"amd-{m.arch}", packed, set(),
-                        list(reach.left_out) if reach else [])
-    if pc.missing or pc.wrong_claims:
-        what = (f"missing {', '.join(pc.missing[:3])}" + (f" and {len(pc.missing) - 3} more" if len(pc.missing) > 3 else "")
-                if pc.missing else f"left out, though not fused backward: {', '.join(pc.wrong_claims[:3])}")
-        _refuse(f"{path}: its library names image packages the bundle does not hold ({what})",
-                hint="the bundle was changed after it was built, or built wrong: download or build it again "
-                     "(`mi100-codegen bundle check FILE` shows every check)")
 
 
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path,
