@@ -240,3 +240,27 @@ def test_each_red_team_bundle_is_refused_by_check_and_install_alike(wheel, tmp_p
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert f"refused by the bundle's verdict: {claim}" in " ".join(r.output.split()), r.output
     assert snapshot(wheel) == before
+
+
+def test_kernels_torch_ships_for_the_arch_are_replaced_only_on_purpose(wheel, tmp_path):
+    """A genuine gfx90a bundle into a wheel that ships gfx90a kernels: refused, torch untouched;
+    with --replace-shipped gfx90a installed, torch's own kernels backed up, and restore puts them
+    back byte for byte (the relabelled bundle of the red team removed torch's gfx90a image)."""
+    torch_root = wheel / "torch"
+    shipped = torch_root / "lib" / "aotriton.images" / "amd-gfx90a"
+    assert any(p.is_file() for p in shipped.rglob("*"))
+    b = make_bundle(tmp_path, arch="gfx90a")
+    before = snapshot(wheel)
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root))
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "lib/aotriton.images/amd-gfx90a/ already holds 2 kernel file(s)" in out and "--replace-shipped gfx90a" in out
+    assert snapshot(wheel) == before
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root), "--replace-shipped", "gfx908")
+    assert r.exit_code == 2 and snapshot(wheel) == before, r.output   # another arch named: still refused
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root), "--replace-shipped", "gfx90a")
+    assert r.exit_code == 0, r.output
+    assert not (shipped / "flash" / "bwd.aks2").exists() and load_which(torch_root) == "mi100"
+    r = cli("torch", "restore", "--torch-dir", str(torch_root))
+    assert r.exit_code == 0, r.output
+    assert snapshot(wheel) == before

@@ -26,6 +26,8 @@ torch_app = typer.Typer(
 TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
 BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
 CardOpt = typer.Option(None, "--arch", help="The card's arch (default: the GPU found in the KFD topology, else by torch).")
+ReplaceShippedOpt = typer.Option(None, "--replace-shipped", metavar="ARCH", help="Replace the kernels torch's "
+                                 "aotriton.images/amd-ARCH/ already holds (refused otherwise; backed up, put back by restore).")
 SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
                         help="The sysfs root the KFD topology is read from (tests give a fake machine's).")
 
@@ -78,6 +80,7 @@ def install(
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing (--bundle auto: print the plan only)."),
+    replace_shipped: Optional[str] = ReplaceShippedOpt,
     sysfs: Path = SysfsOpt,
 ) -> None:
     """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
@@ -87,7 +90,8 @@ def install(
         # CLI start-up: the owner's command loads the index, the fetcher, check, build and install (~1 s) when it runs
         from codegen.ship.owner import OwnerOptions, install_auto
 
-        install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs), stderr)
+        install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs,
+                                  replace_shipped=replace_shipped), stderr)
         return
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
@@ -106,7 +110,7 @@ def install(
             p, a, record = open_bundle_prefix(bundle, Path(work) / "bundle", t, arch)
         else:
             p, a = inspect_prefix(prefix), _arch(arch, spec)
-        plan = plan_install(t, p, a, bdir, bundle=record)
+        plan = plan_install(t, p, a, bdir, bundle=record, replace_shipped=replace_shipped)
         for n in plan.notes:
             stderr.print(ui.printable(n), style="yellow", markup=False)
         for act in plan.actions:

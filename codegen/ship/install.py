@@ -305,7 +305,10 @@ def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None =
 
 
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path,
-                 bundle: BundleRecord | None = None) -> InstallPlan:
+                 bundle: BundleRecord | None = None, replace_shipped: str | None = None) -> InstallPlan:
+    """What install would do (module doc). Kernels torch's aotriton.images/ already holds for
+    `arch` (torch's own: AMD's wheels ship gfx90a, gfx942, …) are replaced only when
+    `replace_shipped` names that arch (`--replace-shipped`); they are backed up like any file."""
     notes = check_compatible(torch, prefix, arch)
     want = torch.aot_needed
     assert want is not None
@@ -332,6 +335,11 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
     src_img = prefix.lib_dir / IMAGES_DIR / f"amd-{arch}"
     ours = {p.relative_to(src_img).as_posix(): p for p in _files_under(src_img)}
     theirs = _torch_files(torch, img_rel)
+    if theirs and replace_shipped != arch and not os.path.lexists(backup_dir):
+        _refuse(f"{torch.root}: {img_rel}/ already holds {len(theirs)} kernel file(s) (kernels torch ships for {arch}, "
+                "or another build's): installing would replace them",
+                hint=f"to replace them on purpose: --replace-shipped {arch} (backed up; `mi100-codegen torch restore` "
+                     "puts them back)")
     for relf in sorted(ours):
         add_or_replace(f"{img_rel}/{relf}", ours[relf])
     for rel in theirs:

@@ -83,6 +83,7 @@ class OwnerOptions:
     dry_run: bool = False
     jobs: int | None = None
     sysfs: Path = SYSFS
+    replace_shipped: str | None = None   # the arch whose kernels torch already holds may be replaced
 
 
 @dataclass
@@ -443,7 +444,7 @@ def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callab
     bdir = backup_location(plan.torch, opts.backup_dir)
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as work:
         prefix, arch, record = bundle_prefix(bundle, Path(work) / "bundle", plan.torch, plan.arch)
-        inst = plan_install(plan.torch, prefix, arch, bdir, bundle=record)
+        inst = plan_install(plan.torch, prefix, arch, bdir, bundle=record, replace_shipped=opts.replace_shipped)
         for n in inst.notes:
             say(n)
         if inst.identical:
