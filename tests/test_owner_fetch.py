@@ -21,6 +21,7 @@ from codegen.ship.fetch import (DEFAULT_LIMITS, LIMITS_ENV, Limits, NetworkError
                                 limits)
 from loopback import Site, serve
 
+REPO = Path(__file__).resolve().parents[1]
 DATA = os.urandom(3 * (1 << 20) + 12345)   # a few chunks' worth
 SHA = hashlib.sha256(DATA).hexdigest()
 
@@ -184,6 +185,16 @@ def test_the_limits_have_one_owner_and_the_environment_overrides_them(monkeypatc
         monkeypatch.setenv(LIMITS_ENV["speed_time"], bad)
         with pytest.raises(UserError, match=r"\$MI100_CODEGEN_SPEED_TIME=.*: not a positive number"):
             limits("download")
+
+
+def test_the_bundles_page_states_the_limits_and_their_overrides():
+    text = " ".join((REPO / "docs" / "bundles.md").read_text(encoding="utf-8").split())
+    index, download = DEFAULT_LIMITS["index"], DEFAULT_LIMITS["download"]
+    assert (index.speed_limit, index.speed_time) == (download.speed_limit, download.speed_time)   # said once
+    assert f"the index read within {index.deadline:g} s, each download within {download.deadline:,.0f} s" in text
+    assert f"under {download.speed_limit:,} bytes a second arrive over {download.speed_time:g} s" in text
+    for name in LIMITS_ENV.values():
+        assert f"`{name}`" in text, name
 
 
 def _partial(folder: Path) -> Path:
