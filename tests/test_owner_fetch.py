@@ -234,6 +234,20 @@ def test_headers_that_never_end_end_at_the_deadline():
     assert time.monotonic() - t0 < 3
 
 
+def test_a_tls_handshake_never_answered_ends_at_the_deadline():
+    """A server that accepts and says nothing: the read of the TLS handshake waits on a socket the
+    TLS layer took over; the watchdog's duplicate of it ends the wait at the deadline, well before
+    the speed time."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        t0 = time.monotonic()
+        with pytest.raises(NetworkError, match=r"did not finish within 1 s"):
+            fetch_bytes(f"https://127.0.0.1:{listener.getsockname()[1]}/i.json", limit=10, step="reading the index",
+                        lim=Limits("index", deadline=1.0, speed_limit=0, speed_time=20.0))
+    assert time.monotonic() - t0 < 3
+
+
 def test_a_stalled_download_keeps_every_byte_and_resumes_from_the_last(tmp_path):
     lim = Limits("download", deadline=30.0, speed_limit=0, speed_time=0.5)
     with serve(Site({"/b/x.mi100-bundle.zip": DATA}, stall_after=1001)) as site:
