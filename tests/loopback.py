@@ -1,11 +1,16 @@
 """A loopback HTTP server for the owner's command's tests: http.server in a thread of the test
 process, bound to 127.0.0.1 on a free port, serving only the files it is given (bytes by URL
 path), with HTTP Range, and faults on request: a connection cut after N bytes, the Range header
-ignored, a redirect, a header's value replaced. Bounded: a few seconds' socket timeout, shut down when the test ends."""
+ignored, a redirect, an HTTP error, a header's value replaced, a body or header that trickles, a body that stalls.
+Bounded: a few seconds' socket timeout, a slow answer given up after `slow_s`, shut down when the
+test ends."""
 
 from __future__ import annotations
 
+import select
+import socket
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,7 +25,13 @@ class Site:
     ignore_range: bool = False            # answer 200 with the whole file to a Range request
     no_length: bool = False               # no Content-Length: the body ends when the connection closes
     redirects: dict[str, str] = field(default_factory=dict)   # path -> Location
+    errors: dict[str, int] = field(default_factory=dict)      # path -> the HTTP error it answers
     headers: dict[str, str] = field(default_factory=dict)     # header -> the value sent instead of the true one
+    trickle: float | None = None          # send the body one byte at a time, this many seconds apart
+    stall_after: int | None = None        # send this many body bytes, then nothing (the connection held)
+    trickle_head: bool = False            # send the status line, then one header that never ends, trickled
+    slow_path: str | None = None          # the slow faults above only when serving this path (None: any)
+    slow_s: float = 8.0                   # a slow answer is given up (the connection closed) after this long
     requests: list[tuple[str, str | None]] = field(default_factory=list)   # (path, Range header)
     port: int = 0
 
@@ -47,9 +58,13 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
+            slow = site.slow_path in (None, self.path)
+            if site.trickle_head and slow:
+                self._slowly(b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100_000, site.trickle or 0.05)
+                return
             data = site.files.get(self.path)
-            if data is None:
-                self.send_error(404)
+            if data is None or self.path in site.errors:
+                self.send_error(site.errors.get(self.path, 404))
                 return
             start = 0
             if rng and rng.startswith("bytes=") and not site.ignore_range:
@@ -68,7 +83,39 @@ def _handler(site: Site) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
                 self.close_connection = True
                 return
+            if slow and site.stall_after is not None:
+                self.wfile.write(body[:site.stall_after])
+                self.wfile.flush()
+                self._slowly(b"", 0)
+                return
+            if slow and site.trickle is not None:
+                self._slowly(body, site.trickle)
+                return
             self.wfile.write(body)
+
+        def _slowly(self, data: bytes, gap: float) -> None:
+            """`data` one byte every `gap` seconds (nothing: the connection held), for at most
+            `site.slow_s`; then the connection closes. A client that left ends it sooner."""
+            self.close_connection = True
+            end = time.monotonic() + site.slow_s
+            for i in range(len(data) if gap else 0):
+                if time.monotonic() > end:
+                    return
+                try:
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+                except OSError:
+                    return
+                time.sleep(gap)
+            while time.monotonic() < end:
+                ready, _, _ = select.select([self.connection], [], [], 0.05)
+                try:
+                    if ready and not self.connection.recv(1 << 16, socket.MSG_PEEK):
+                        return   # the client closed its end
+                except OSError:
+                    return
+                if ready:
+                    time.sleep(0.05)
 
     return Handler
 

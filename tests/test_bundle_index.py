@@ -135,6 +135,19 @@ def test_a_library_that_is_not_what_its_manifest_says_is_refused(tmp_path):
     _refused(lying.parent, "DT_NEEDED names the HIP runtime of its major")
 
 
+def test_a_bundle_the_verdict_refuses_is_not_listed(tmp_path):
+    """The index lists only what bundle check and torch install accept (codegen.ship.verdict): a
+    second AOTriton library, re-signed into the manifest, is named and no index is written."""
+    from test_torch_install_bundle import _resigned, _second_library
+
+    need_cc()
+    folder = tmp_path / "d"
+    _resigned(make_bundle(folder, tmp_path / "w", "gfx908", 6), _second_library)
+    _refused(folder, "one AOTriton library, the one the manifest names (lib/ holds libaotriton_v2.so.0.11.0, "
+                     "libaotriton_v2.so.0.11.1")
+    assert not (folder / "index.json").exists()
+
+
 # --- hostile index documents ----------------------------------------------------------------------
 ENTRY = {"file": "aotriton-0.11b-gfx908-hip6.mi100-bundle.zip", "url": "aotriton-0.11b-gfx908-hip6.mi100-bundle.zip",
          "size": 10, "sha256": "b" * 64, "release": "0.11b", "arch": "gfx908", "hip_major": 6,

@@ -104,8 +104,10 @@ def test_bundle_check_passes_with_named_controls(bundle):
     rep = json.loads(r.stdout)
     assert r.returncode == 0 and rep["ok"], r.stderr[-4000:]
     assert rep["hip_major"] == _hip(bundle) and rep["arch"] == "gfx908"
-    claims = {c["claim"]: c["ok"] for c in rep["link_identity"]}
+    claims = {c["claim"]: c["ok"] for c in rep["link_identity"]}   # the bundle's verdict (codegen.ship.verdict)
     assert all(claims.values()) and "hipDeviceProp_t of HIP >= 6 (hipGetDevicePropertiesR0600)" in claims
+    assert {"one AOTriton library, the one the manifest names", "every image package the library names is in the bundle",
+            "every kernel package decompresses whole"} <= set(claims)
     d = rep["dispatch"]
     assert d["check_gpu"] == 0 and len(d["cases"]) == d["cases_ok"] >= 10 and d["launches"] > 0
     assert all(c["kernels"]["fwd"] and c["kernels"]["bwd"] for c in d["cases"])
@@ -120,7 +122,7 @@ def test_bundle_check_passes_with_named_controls(bundle):
     # coverage (issue 30 item 5): every declared axis dispatched, bf16 with an fp16-only spec and
     # a padded head included; every package the library names packed or left out (fused only)
     cov = rep["coverage"]
-    assert all(c["ok"] for c in cov["claims"]) and len(cov["claims"]) == 3, cov["claims"]
+    assert all(c["ok"] for c in cov["claims"]) and len(cov["claims"]) == 2, cov["claims"]
     assert {a["value"] for a in cov["axes"]} >= {"fp16", "bf16", "64", "causal", "bias", "dropout", "padded head"}
     assert all(a["cases"] and not a["failed"] for a in cov["axes"])
     pk = cov["packages"]
@@ -318,23 +320,19 @@ def _without(bundle: Path, dest: Path, pick) -> tuple[Path, str]:
 def test_a_bundle_without_a_bf16_package_fails_check_naming_it(bundle, tmp_path):
     """issue 30 item 5 (ii): one bf16 forward package removed and every hash recomputed (the
     spec lists fp16 only; upstream builds bf16 and PyTorch sends bf16 to the library): bundle
-    check fails, exit 3, naming the package, and the bf16 cases fail."""
+    check fails, exit 3, naming the package, by the bundle's verdict (codegen.ship.verdict, issue
+    36 item 7: no dispatch runs), as torch install refuses it."""
     t, victim = _without(bundle, tmp_path / bundle.name,
                          lambda c: "/attn_fwd" in c and ("bf16" in c.split(":")[-1].split("/")[-1]))
     r = _cli("bundle", "check", str(t), "--json", timeout=3600)
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr[-3000:]
     rep = json.loads(r.stdout)
-    cov = rep["coverage"]
-    claims = {c["claim"]: c for c in cov["claims"]}
+    claims = {c["claim"]: c for c in rep["link_identity"]}
     named = claims["every image package the library names is in the bundle"]
-    axes = claims["every dtype, head dim and variant the spec declares is dispatched"]
     name = victim.split(":", 1)[-1] if ":" in victim else victim
     assert not named["ok"] and name in named["detail"] and name in r.stderr, named
-    assert cov["packages"]["missing"] == [name]
-    assert not axes["ok"] and "dtype bf16" in axes["detail"], axes
-    failed = [c["case"] for c in rep["dispatch"]["cases"] if not c["ok"]]
-    assert failed and all(c.startswith("bf16.") for c in failed), failed
-    print(f"\n{named['detail']}\n{axes['detail']}")
+    assert rep["dispatch"] is None and rep["coverage"] is None and "no emulated dispatch" in r.stderr
+    print(f"\n{named['detail']}")
 
 
 def test_a_planted_reach_record_is_refused_not_believed(bundle, applied_tree, tmp_path):

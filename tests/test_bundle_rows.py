@@ -224,6 +224,7 @@ def _edit(data: bytes, change) -> bytes:
 
 HOSTILE = {
     "not JSON": lambda doc, row: None,
+    "a key twice": lambda doc, row: None,
     "another format": lambda doc, row: doc.update(format=2),
     "an unknown key": lambda doc, row: doc.update(extra=1),
     "a short row": lambda doc, row: row.pop(),
@@ -241,7 +242,8 @@ HOSTILE = {
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_hostile_carried_rows_are_one_message(tmp_path, case):
     data = _carried(tmp_path)
-    bad = b"{" if case == "not JSON" else _edit(data, HOSTILE[case])
+    bad = b"{" if case == "not JSON" else data.replace(b"{", b'{"gpus": [], ', 1) if case == "a key twice" \
+        else _edit(data, HOSTILE[case])
     with pytest.raises(BundleError, match=r"b\.zip: tuning-rows\.json: not the tuning rows of a bundle \(") as e:
         carried_database(bad, f"b.zip: {MEMBER}")
     assert "\n" not in str(e.value) and "\x1b" not in str(e.value)

@@ -1,7 +1,7 @@
 """Detection for the owner's command (issue 31 item 1): the card from a fake machine's KFD topology
 (one sysfs root per card family, one with two archs), the family whose spec serves it (the shipped
-specs' own `arch`), the HSA override of gfx1031–gfx1036 said and checked, and the torch facts of
-wheel-shaped ROCm torch folders (tests/owner_machine.py); `torch status` shows them, text and JSON."""
+specs' own `arch`), the HSA override of gfx1031–gfx1036 said and checked, an unreadable topology
+(one message naming --arch), and the torch facts of wheel-shaped ROCm torch folders (tests/owner_machine.py); `torch status` shows them, text and JSON."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 from codegen.core.errors import UserError
 from codegen.formats.spec import load_spec
 from codegen.models.archs import LLVM_AMDGPU_TARGETS, RUNS_AS, arch_of_target_version, hsa_version
-from codegen.ship.detect import (DetectOptions, detect_machine, families, family_of, kfd_gpus, match_card,
-                                 parse_probe, torch_facts, wheel_lines)
+from codegen.ship.detect import (DetectOptions, KfdUnreadable, detect_machine, families, family_of, kfd_gpus,
+                                 match_card, parse_probe, torch_facts, wheel_lines)
 from codegen.ship.layout import inspect_torch
 from owner_machine import TARGET_VERSION, sysfs, wheel
 from test_torch_install import cli, snapshot
@@ -99,6 +99,39 @@ def test_kfd_topology_read_as_hostile_input(tmp_path):
     (nodes / "12").mkdir()
     (nodes / "12" / "properties").write_text("gfx_target_version " + "9" * 5000 + "\n")   # past int()'s digits
     assert [(g.arch, g.devices) for g in kfd_gpus(root)] == [("gfx908", 1)]
+
+
+def _unreadable(monkeypatch, root):
+    """`root`'s KFD nodes unreadable (as for an unprivileged user: the tests run as root, whom a
+    mode does not stop, so the listing itself fails)."""
+    nodes = root / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    real = os.listdir
+
+    def listdir(path="."):
+        if os.fspath(path) == os.fspath(nodes):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    return nodes
+
+
+def test_an_unreadable_kfd_topology_is_one_message_naming_arch(tmp_path, monkeypatch):
+    """torch status and --bundle auto --dry-run: exit 3, what could not be read, how to name the
+    card; with --arch the card is named and the topology's failure is a note."""
+    root = wheel(tmp_path / "site", "2.9-rocm6.4")
+    nodes = _unreadable(monkeypatch, sysfs(tmp_path / "sys", "gfx908"))
+    with pytest.raises(KfdUnreadable):
+        kfd_gpus(tmp_path / "sys")
+    for args in (["torch", "status"], ["torch", "install", "--bundle", "auto", "--index", str(tmp_path), "--dry-run"]):
+        r = cli(*args, "--torch-dir", str(root), "--sysfs", str(tmp_path / "sys"))
+        assert r.exit_code == 3, r.output
+        assert f"cannot read the KFD topology at {nodes} ({nodes}: Permission denied (EACCES))" in r.output
+        assert "--arch ARCH (gfx1030 for rdna2, gfx906 for mi50, gfx908 for mi100)" in r.output
+        assert "Traceback" not in r.output
+    r = cli("torch", "status", "--torch-dir", str(root), "--sysfs", str(tmp_path / "sys"), "--arch", "gfx908")
+    assert r.exit_code == 0 and "card:             gfx908 -> bundle arch gfx908, spec mi100" in r.stdout, r.output
+    assert "cannot read the KFD topology" in r.stdout
 
 
 def test_torch_probe_answer_is_parsed_strictly():

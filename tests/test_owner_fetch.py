@@ -1,21 +1,27 @@
 """Fetching what an index names (codegen.ship.fetch) from a loopback HTTP server (tests/loopback.py):
 verified by size and sha256 before anyone opens it, a download cut midway and resumed with an HTTP
-Range, a server that ignores the range, a size or sha256 that lies, an unreachable server, and the
-URL rule (https, plain http only to this machine, redirects under the same rule)."""
+Range, a server that ignores the range, a size or sha256 that lies, an unreachable server, the
+URL rule (https, plain http only to this machine, redirects under the same rule: file:// too), and
+the limits every transfer ends by (a deadline, a minimum rate; made small here, so that each case
+ends in a second or two), with every byte received kept for the resume."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
 from codegen.core.errors import EXIT_UPSTREAM, EXIT_USER, UserError
-from codegen.ship.fetch import NetworkError, Wanted, check_url, fetch, fetch_bytes
+from codegen.ship.fetch import (DEFAULT_LIMITS, LIMITS_ENV, Limits, NetworkError, Wanted, check_url, fetch, fetch_bytes,
+                                limits)
 from loopback import Site, serve
 
+REPO = Path(__file__).resolve().parents[1]
 DATA = os.urandom(3 * (1 << 20) + 12345)   # a few chunks' worth
 SHA = hashlib.sha256(DATA).hexdigest()
 
@@ -155,3 +161,118 @@ def test_a_file_of_an_index_folder(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(UserError, match="not a regular file"):
         fetch(Wanted(Path(fifo), "f.mi100-bundle.zip", 1, SHA), tmp_path / "cache", step="copying f")
+
+
+def test_a_redirect_to_file_is_our_rule_not_a_network_failure(tmp_path):
+    """urllib refuses file:// itself, as an HTTP error (exit 3, "try again later"); our rule runs first."""
+    with serve(Site({"/i.json": b"{}"}, redirects={"/away": "file:///etc/passwd", "/i": "file:///etc/passwd"})) as site:
+        with pytest.raises(UserError, match="a redirect to file:///etc/passwd: only https:// URLs are fetched") as exc:
+            fetch(want(site, path="/away"), tmp_path, step="downloading x")
+        assert exc.value.exit_code == EXIT_USER and not isinstance(exc.value, NetworkError)
+        with pytest.raises(UserError, match="a redirect to file:///etc/passwd: only https:// URLs are fetched"):
+            fetch_bytes(site.url("/i"), limit=100, step="reading the index")
+
+
+def test_the_limits_have_one_owner_and_the_environment_overrides_them(monkeypatch):
+    for name in LIMITS_ENV.values():
+        monkeypatch.delenv(name, raising=False)
+    assert limits("download") == DEFAULT_LIMITS["download"] and limits("index") == DEFAULT_LIMITS["index"]
+    monkeypatch.setenv(LIMITS_ENV["download_deadline"], "2.5")
+    monkeypatch.setenv(LIMITS_ENV["speed_limit"], "0")
+    assert limits("download") == Limits("download", 2.5, 0, DEFAULT_LIMITS["download"].speed_time)
+    assert limits("index").deadline == DEFAULT_LIMITS["index"].deadline
+    for bad in ("0", "-1", "1e9", "soon", "\x1b[2J"):
+        monkeypatch.setenv(LIMITS_ENV["speed_time"], bad)
+        with pytest.raises(UserError, match=r"\$MI100_CODEGEN_SPEED_TIME=.*: not a positive number"):
+            limits("download")
+
+
+def test_the_bundles_page_states_the_limits_and_their_overrides():
+    text = " ".join((REPO / "docs" / "bundles.md").read_text(encoding="utf-8").split())
+    index, download = DEFAULT_LIMITS["index"], DEFAULT_LIMITS["download"]
+    assert (index.speed_limit, index.speed_time) == (download.speed_limit, download.speed_time)   # said once
+    assert f"the index read within {index.deadline:g} s, each download within {download.deadline:,.0f} s" in text
+    assert f"under {download.speed_limit:,} bytes a second arrive over {download.speed_time:g} s" in text
+    for name in LIMITS_ENV.values():
+        assert f"`{name}`" in text, name
+
+
+def _partial(folder: Path) -> Path:
+    return next(folder.glob("*.partial"))
+
+
+def test_a_trickling_server_ends_at_the_minimum_rate_and_every_byte_is_kept(tmp_path):
+    lim = Limits("download", deadline=30.0, speed_limit=1000, speed_time=0.5)
+    t0 = time.monotonic()
+    with serve(Site({"/b/x.mi100-bundle.zip": DATA}, trickle=0.01)) as site:
+        with pytest.raises(NetworkError, match=r"sent \d+ bytes in 1 s, less than the minimum rate of 1,000 bytes a "
+                           r"second \(\$MI100_CODEGEN_SPEED_LIMIT, \$MI100_CODEGEN_SPEED_TIME\)") as exc:
+            fetch(want(site), tmp_path, step="downloading x", lim=lim)
+    assert exc.value.exit_code == EXIT_UPSTREAM and time.monotonic() - t0 < 5
+    kept = _partial(tmp_path).read_bytes()
+    assert kept and kept == DATA[:len(kept)] and f"{len(kept):,} bytes are kept in" in exc.value.hint
+
+
+def test_a_server_fast_enough_still_ends_at_the_deadline(tmp_path):
+    lim = Limits("download", deadline=1.0, speed_limit=0, speed_time=0.5)
+    t0 = time.monotonic()
+    with serve(Site({"/b/x.mi100-bundle.zip": DATA}, trickle=0.002)) as site:
+        with pytest.raises(NetworkError, match=r"did not finish within 1 s \(\$MI100_CODEGEN_DOWNLOAD_DEADLINE\)"):
+            fetch(want(site), tmp_path, step="downloading x", lim=lim)
+    assert time.monotonic() - t0 < 3
+    kept = _partial(tmp_path).read_bytes()
+    assert kept and kept == DATA[:len(kept)]
+
+
+def test_headers_that_never_end_end_at_the_deadline():
+    """The watchdog shuts the socket down wherever the read is: here in the response's headers."""
+    lim = Limits("index", deadline=1.0, speed_limit=0, speed_time=0.5)
+    t0 = time.monotonic()
+    with serve(Site({"/i.json": b"{}"}, trickle_head=True, trickle=0.01)) as site:
+        with pytest.raises(NetworkError, match=r"did not finish within 1 s \(\$MI100_CODEGEN_INDEX_DEADLINE\)"):
+            fetch_bytes(site.url("/i.json"), limit=1000, step="reading the index", lim=lim)
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_tls_handshake_never_answered_ends_at_the_deadline():
+    """A server that accepts and says nothing: the read of the TLS handshake waits on a socket the
+    TLS layer took over; the watchdog's duplicate of it ends the wait at the deadline, well before
+    the speed time."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        t0 = time.monotonic()
+        with pytest.raises(NetworkError, match=r"did not finish within 1 s"):
+            fetch_bytes(f"https://127.0.0.1:{listener.getsockname()[1]}/i.json", limit=10, step="reading the index",
+                        lim=Limits("index", deadline=1.0, speed_limit=0, speed_time=20.0))
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_stalled_download_keeps_every_byte_and_resumes_from_the_last(tmp_path):
+    lim = Limits("download", deadline=30.0, speed_limit=0, speed_time=0.5)
+    with serve(Site({"/b/x.mi100-bundle.zip": DATA}, stall_after=1001)) as site:
+        with pytest.raises(NetworkError, match="127.0.0.1:[0-9]+ sent nothing for 0.5 s"):
+            fetch(want(site), tmp_path, step="downloading x", lim=lim)
+        assert _partial(tmp_path).read_bytes() == DATA[:1001]
+        with pytest.raises(NetworkError, match="sent nothing for 0.5 s"):   # the index read stalls alike
+            fetch_bytes(site.url("/b/x.mi100-bundle.zip"), limit=len(DATA), step="reading", lim=lim)
+        site.stall_after = None
+        assert fetch(want(site), tmp_path, step="downloading x", lim=lim).read_bytes() == DATA
+        assert site.requests[-1] == ("/b/x.mi100-bundle.zip", "bytes=1001-")
+
+
+def test_ctrl_c_while_a_read_waits_keeps_the_bytes_received(tmp_path):
+    """A read of 1 MiB used to hold what it had received until it was whole: an interrupt lost it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with serve(Site({"/b/x.mi100-bundle.zip": DATA}, stall_after=1001)) as site:
+            signal.setitimer(signal.ITIMER_REAL, 1.0)
+            with pytest.raises(KeyboardInterrupt):
+                fetch(want(site), tmp_path, step="downloading x")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert _partial(tmp_path).read_bytes() == DATA[:1001]

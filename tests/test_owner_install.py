@@ -4,8 +4,9 @@ serving an index (`bundle index`) of fixture bundles (real ELF libraries linked 
 HIP runtime, test_bundle_index.make_bundle): the plan, the download verified and installed, a
 download cut midway and resumed, index entries whose size or sha256 lie, an index that is not ours,
 a torch built without AOTriton, several archs, the RDNA2 override, the local-build route planned
-when the index has nothing or cannot be reached, an offline clone, and validate failing after the
-install. Every refusal: one message, torch byte for byte as it was.
+when the index has nothing or cannot be reached, an offline clone (after an index that failed:
+both said), a redirect our URL rule refuses, a download that trickles, an index read that stalls,
+and validate failing after the install. Every refusal: one message, torch byte for byte as it was.
 
 A fixture bundle's library cannot pass `bundle check`'s emulated dispatch (its kernels are random
 bytes), so the check is replaced here by a recorder; test_bundle_real.py runs the real one on a real
@@ -23,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 
 import codegen.ship.owner as owner
+from codegen.ship.fetch import LIMITS_ENV
 from codegen.core.resources import default_spec_path
 from codegen.formats.spec import load_spec
 from codegen.ship.index import write_index
@@ -170,6 +172,7 @@ def test_an_entry_that_says_another_bundle_than_the_file_is_refused(machine, dis
     (b"\xff\xfe", "not UTF-8"),
     (b'{"format": 1, "bundles": [{"file": "../../x.mi100-bundle.zip"}]}', "bundles.0.file"),
     (b" " * (5 << 20), "larger than"),
+    (b'{"format": 1, "bundles": [], "bundles": []}', "holds the key 'bundles' twice in one object"),
 ])
 def test_an_index_that_is_not_ours_is_one_message(machine, doc, words):
     before = snapshot(machine.site)
@@ -237,16 +240,75 @@ def test_no_bundle_in_the_index_or_no_index_plans_a_build_here(tmp_path, dist, m
 
 
 def test_offline_the_local_build_names_the_step_that_needs_the_network(machine, monkeypatch):
-    monkeypatch.setenv("AOTRITON_ARCHIVE", str(machine.cache / "no-archive"))   # no tree here
-    monkeypatch.delenv("AOTRITON_SRC", raising=False)
-    monkeypatch.delenv("AOTRITON_GIT", raising=False)
-    monkeypatch.setattr(owner, "AOTRITON_URL", "https://127.0.0.1:9/aotriton.git")   # nothing listens there
+    offline(machine, monkeypatch)
     before = snapshot(machine.site)
     r = auto(machine, str(machine.cache / "none"), "--build-locally")
     assert r.exit_code == 3, r.output
     assert "fetching AOTriton 0.11.2b (git clone https://127.0.0.1:9/aotriton.git)" in r.output
     assert "this step needs the network" in r.output and "AOTRITON_SRC" in r.output
     assert snapshot(machine.site) == before
+
+
+def offline(m, monkeypatch) -> None:
+    """No AOTriton tree can be had here: a build here fails at once (exit 3, git clone)."""
+    monkeypatch.setenv("AOTRITON_ARCHIVE", str(m.cache / "no-archive"))
+    monkeypatch.delenv("AOTRITON_SRC", raising=False)
+    monkeypatch.delenv("AOTRITON_GIT", raising=False)
+    monkeypatch.setattr(owner, "AOTRITON_URL", "https://127.0.0.1:9/aotriton.git")   # nothing listens there
+
+
+def test_a_failed_fallback_build_says_the_index_failed_and_why(machine, monkeypatch):
+    """The index answers 500: the plan builds here; offline, that build's final error is about git
+    clone, and says too why it was built here at all."""
+    offline(machine, monkeypatch)
+    with serve(Site({}, errors={"/r/index.json": 500})) as site:
+        r = auto(machine, site.url("/r/"))
+    assert r.exit_code == 3, r.output
+    last = r.output[r.output.index("fetching AOTriton 0.11.2b (git clone"):]
+    assert "(the bundle was built here because the index cannot be read: reading the bundle index: 127.0.0.1:" in last
+    assert "answers HTTP 500" in last, r.output
+
+
+@pytest.mark.parametrize("which", ["index", "bundle"])
+def test_a_redirect_our_url_rule_refuses_is_hostile_never_a_fallback(machine, dist, which, monkeypatch):
+    """file:// (which urllib itself refuses, as an HTTP error) and plain http to another host: exit 2
+    naming the rule, for the index and the bundle alike; never the plan's build here."""
+    offline(machine, monkeypatch)
+    for target in ("file:///etc/passwd", "http://10.0.0.1/x.json"):
+        path = "/r/index.json" if which == "index" else f"/r/{NAME}"
+        before = snapshot(machine.site)
+        with serve(site_of(dist, redirects={path: target})) as site:
+            r = auto(machine, site.url("/r/"))
+        assert r.exit_code == 2, r.output
+        assert f"a redirect to {target}: only https:// URLs are fetched" in r.output, r.output
+        assert "built here" not in r.output and "Traceback" not in r.output
+        assert snapshot(machine.site) == before and machine.checked == []
+
+
+def test_a_trickling_download_ends_with_exit_3_and_resumes(machine, dist, monkeypatch):
+    monkeypatch.setenv(LIMITS_ENV["speed_time"], "0.5")
+    monkeypatch.setenv(LIMITS_ENV["speed_limit"], "1000")
+    before = snapshot(machine.site)
+    with serve(site_of(dist, trickle=0.01, slow_path=f"/r/{NAME}")) as site:
+        r = auto(machine, site.url("/r/"))
+        assert r.exit_code == 3, r.output
+        assert "less than the minimum rate of 1,000 bytes a second" in r.output and "bytes are kept in" in r.output
+        assert snapshot(machine.site) == before and machine.checked == []
+        kept = next((machine.cache / "owner" / "downloads").glob("*.partial")).stat().st_size
+        site.trickle = None
+        r = auto(machine, site.url("/r/"))
+        assert r.exit_code == 0, r.output
+        assert site.requests[-1] == (f"/r/{NAME}", f"bytes={kept}-")
+    assert load_which(machine.torch) == "mi100"
+
+
+def test_an_index_read_that_stalls_ends_in_bounded_time(machine, dist, monkeypatch):
+    monkeypatch.setenv(LIMITS_ENV["speed_time"], "0.5")
+    with serve(site_of(dist, stall_after=10, slow_path="/r/index.json")) as site:
+        r = auto(machine, site.url("/r/"), "--dry-run")
+    assert r.exit_code == 0, r.output
+    assert "built here: the index cannot be read (reading the bundle index: 127.0.0.1:" in r.output
+    assert "sent nothing for 0.5 s ($MI100_CODEGEN_SPEED_TIME)" in r.output
 
 
 @pytest.mark.parametrize("plant,words", [

@@ -3,7 +3,8 @@ bundle manifest (bundle check, torch install), the torch backup manifest (restor
 the reach records are refused with one located message, exit 2, no traceback, for the inputs of
 the trust issue (a `hip_major` of "six" or NaN, no `arch`, 100,000-deep nesting, `library` or
 `library.needs` a string, a 10 MB arch, GLIBC_ with 5,000 digits, a 17 MiB label, a backup
-manifest whose `bundle` is a string); and the bundle writer's manifest.json is byte for byte what
+manifest whose `bundle` is a string, a key twice in one object, which readers resolve differently);
+and the bundle writer's manifest.json is byte for byte what
 it wrote before it went through the model."""
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ LIB = "lib/libaotriton_v2.so.0.11.0"
      "packages_left_out.0.x: unknown key"),
     (b'{"packages_left_out": "all"}', "packages_left_out: expected a list, found string"),
     (b'{"held": []}', "held: expected a mapping (JSON object), found list"),
+    (b'{"kernels_left_out": 1, "kernels_left_out": 2}', "holds the key 'kernels_left_out' twice in one object"),
+    (b'{"packages_left_out": [{"image": "a", "image": "b"}]}', "holds the key 'image' twice in one object"),
+    (b'{"held": {"Q": 1, "Q": 1}}', "holds the key 'Q' twice in one object"),
 ])
 def test_one_located_message_for_each_problem(tmp_path, raw, words):
     path = tmp_path / "reach.json"

@@ -68,7 +68,10 @@ def _copy(src: Path, dest: Path) -> Path:
 
 
 def install(site: Path, bundle: Path, *more: str):
-    return cli("torch", "install", "--bundle", str(bundle), "--torch-dir", str(site / "torch"), *more)
+    """The install, the stale gfx908 image named on purpose (`--replace-shipped`: torch's folder
+    for the arch holds kernels that are not ours)."""
+    return cli("torch", "install", "--bundle", str(bundle), "--torch-dir", str(site / "torch"),
+               "--replace-shipped", "gfx908", *more)
 
 
 def restore(site: Path, *more: str):
@@ -256,7 +259,7 @@ def test_dry_run_says_an_interrupted_install_is_unfinished_and_changes_nothing(w
 def _child(site: Path, bundle: Path, delay: float) -> subprocess.Popen:
     env = dict(os.environ, MI100_CODEGEN_TXN_DELAY=str(delay))
     return subprocess.Popen([sys.executable, "-m", "codegen.cli", "torch", "install", "--bundle", str(bundle),
-                             "--torch-dir", str(site / "torch")], cwd=REPO, env=env,
+                             "--torch-dir", str(site / "torch"), "--replace-shipped", "gfx908"], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

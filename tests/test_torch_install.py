@@ -256,6 +256,8 @@ def test_install_replaces_stale_images_of_the_same_arch(site, tmp_path):
     before = snapshot(site)
     prefix = build_prefix(tmp_path / "prefix")
     r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(torch_root))
+    assert r.exit_code == 2 and "--replace-shipped gfx908" in r.output and snapshot(site) == before, r.output
+    r = cli("torch", "install", "--prefix", str(prefix), "--torch-dir", str(torch_root), "--replace-shipped", "gfx908")
     assert r.exit_code == 0, r.output
     assert not stale.exists()
     assert cli("torch", "restore", "--torch-dir", str(torch_root)).exit_code == 0

@@ -12,8 +12,10 @@ from pathlib import Path
 from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
 from codegen.formats.elf import read_dynamic
 from codegen.ship.install import machine_glibc
+from codegen.upstream.releases import IMAGES_DIR as IMAGES
 import pytest
 
+from test_bundle_units import aks2
 from test_torch_hip_runtime import prefix_with_hip, torch_with_hip
 from test_torch_install import cli, load_which, need_cc, site, snapshot  # noqa: F401 (site: the fixture)
 
@@ -30,14 +32,17 @@ def wheel(tmp_path):
 def make_bundle(tmp_path: Path, arch: str = "gfx908", glibc: str | None = None, hip: int = 6,
                 out_dir: Path | None = None, **fields) -> Path:
     """A bundle of AOTriton 0.11b for `arch` and HIP `hip` (its library linked against
-    `libamdhip64.so.<hip>`), written to `out_dir` (default `tmp_path`); `fields`: more manifest
-    fields (`built_with`, `torch_lines`, …)."""
+    `libamdhip64.so.<hip>`, naming its image packages as a built library's dispatch tables do,
+    each package a valid AKS2 one around the fixture's bytes), written to `out_dir` (default
+    `tmp_path`); `fields`: more manifest fields (`built_with`, `torch_lines`, …)."""
     prefix = prefix_with_hip(tmp_path / f"prefix-{arch}-{hip}", hip, arch=arch)
     lib = prefix / "lib" / "libaotriton_v2.so.0.11.0"
     files = {f"lib/{lib.name}": lib.read_bytes()}
     for p in sorted((prefix / "lib" / "aotriton.images").rglob("*")):
         if p.is_file():
-            files[p.relative_to(prefix).as_posix()] = p.read_bytes()
+            files[p.relative_to(prefix).as_posix()] = aks2({"kernel": p.read_bytes()})
+    files[f"lib/{lib.name}"] += b"".join(b"\0" + n.removeprefix(f"lib/{IMAGES}/").removesuffix(".aks2").encode() + b"\0"
+                                         for n in files if n.startswith(f"lib/{IMAGES}/"))
     dyn = read_dynamic(lib)
     manifest = {"format": FORMAT, "label": "CPU-built, dispatch emulated; never run on a card", "release": "0.11b",
                 "arch": arch, "hip_major": hip, "spec": {"sha256": "0" * 64},
@@ -120,7 +125,7 @@ def test_bundle_missing_a_package_its_library_names_is_refused(wheel, tmp_path):
     bad = _relinked(make_bundle(tmp_path / "b"), [fwd], drop=f"lib/aotriton.images/{fwd}.aks2")
     r = cli("torch", "install", "--bundle", str(bad), "--torch-dir", str(torch_root))
     assert r.exit_code == 2, r.output
-    assert "names image packages the bundle does not hold" in r.output and f"missing {fwd}.aks2" in r.output
+    assert "every image package the library names is in the bundle" in r.output and f"missing: {fwd}.aks2" in r.output
     assert "Traceback" not in r.output
     assert snapshot(wheel) == before
 
@@ -147,11 +152,34 @@ def test_prefix_xor_bundle(site, tmp_path):
     _refused(site, [], "give one of --prefix PREFIX or --bundle FILE")
 
 
-def _big_bundle(tmp_path: Path, members: int, size: int) -> Path:
-    """A bundle of the fixture library and `members` image packages of `size` zero bytes each (it
-    names them, as a built library names its packages), written streamed: deflated zeros keep the
-    file small while its members add up to members x size bytes."""
+def _big_package(path: Path, size: int) -> str:
+    """A valid AKS2 package of about `size` bytes written to `path` in 1 MiB pieces (nothing of
+    its size held here): one kernel of incompressible bytes, so the xz stream, and the bundle
+    member, is as large as what it holds. Its sha256."""
     import hashlib
+    import lzma
+    import random
+    import struct
+
+    name = b"big\0"
+    directory = struct.pack("<IIIII", 0, 256, 0, size, len(name)) + name
+    rng, comp, h = random.Random(size), lzma.LZMACompressor(preset=0), hashlib.sha256()
+    with open(path, "wb") as f:
+        def put(data: bytes) -> None:
+            h.update(data)
+            f.write(data)
+        put(struct.pack("<4sIII", b"AKS2", len(directory) + size, 1, len(directory)) + comp.compress(directory))
+        for i in range(0, size, 1 << 20):
+            put(comp.compress(rng.randbytes(min(1 << 20, size - i))))
+        put(comp.flush())
+    return h.hexdigest()
+
+
+def _big_bundle(tmp_path: Path, members: int, size: int) -> Path:
+    """A bundle of the fixture library and `members` image packages of about `size` bytes each,
+    valid AKS2 packages it names (as a built library names its packages), written streamed:
+    the members add up to members x size bytes in the file too."""
+    import shutil
     import stat
     import zipfile
 
@@ -164,34 +192,36 @@ def _big_bundle(tmp_path: Path, members: int, size: int) -> Path:
     names = [f"amd-gfx908/flash/big{i}" for i in range(members)]
     lib = manifest["library"]["file"]
     files[lib] += b"".join(b"\0" + n.encode() + b"\0" for n in names)
-    h, chunk = hashlib.sha256(), bytes(1 << 20)
-    for _ in range(size // len(chunk)):
-        h.update(chunk)
+    package = tmp_path / f"big{size}.aks2"
+    digest = _big_package(package, size)
     manifest["files"] = {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}
-    manifest["files"].update({f"lib/aotriton.images/{n}.aks2": {"sha256": h.hexdigest(), "size": size} for n in names})
+    manifest["files"].update({f"lib/aotriton.images/{n}.aks2": {"sha256": digest, "size": package.stat().st_size}
+                              for n in names})
     out = tmp_path / f"big{size}" / bundle_name("0.11b", "gfx908", 6)
     out.parent.mkdir()
-    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as z:
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as z:
         z.writestr(MANIFEST, json.dumps(manifest))
         for n, b in files.items():
             z.writestr(n, b)
         for n in names:
             info = zipfile.ZipInfo(f"lib/aotriton.images/{n}.aks2", (2026, 1, 1, 0, 0, 0))
-            info.external_attr, info.compress_type = (stat.S_IFREG | 0o644) << 16, zipfile.ZIP_DEFLATED
-            with z.open(info, "w", force_zip64=True) as w:
-                for _ in range(size // len(chunk)):
-                    w.write(chunk)
+            info.external_attr, info.compress_type = (stat.S_IFREG | 0o644) << 16, zipfile.ZIP_STORED
+            with z.open(info, "w", force_zip64=True) as w, open(package, "rb") as r:
+                shutil.copyfileobj(r, w, 1 << 20)
     return out
 
 
 def _peak_rss_mib(args: list[str]) -> tuple[int, str]:
-    """The command run in a child Python; its peak resident memory (MiB) and its output."""
+    """The command run in a child Python; its peak resident memory (MiB: VmHWM, its own address
+    space's high-water mark; ru_maxrss would also count this process's memory at the fork) and its
+    output."""
     import subprocess
     import sys
 
     code = ("import resource, sys\nfrom codegen.cli import main\nsys.argv = ['mi100-codegen'] + sys.argv[1:]\n"
             "try:\n    main()\nexcept SystemExit as exc:\n    code = exc.code\n"
-            "sys.stderr.write(f'\\nexit {code} peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}\\n')\n")
+            "hwm = [l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+            "sys.stderr.write(f'\\nexit {code} peak {hwm}\\n')\n")
     r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
     last = r.stderr.strip().splitlines()[-1].split()
     assert last[:2] == ["exit", "0"], r.stderr
@@ -212,3 +242,117 @@ def test_install_holds_no_member_in_memory_whatever_the_bundle_size(wheel, tmp_p
         assert "dry run: would 7 add, 1 replace" in out, out
     print(f"\npeak RSS (MiB) by member size: {runs}")   # -s shows it (docs/measurements.md)
     assert runs[64 << 20] - runs[1 << 20] < 32, runs
+
+
+# --- one verdict: bundle check and torch install refuse the same bundles (issue 36 item 7) -------
+def _resigned(bundle: Path, edit) -> Path:
+    """`bundle` rewritten whole by `edit(files, manifest)`, every hash recomputed: a bundle changed
+    in one property and signed again, which the member checks pass."""
+    import zipfile
+
+    with zipfile.ZipFile(bundle) as z:
+        files = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+        manifest = json.loads(z.read("manifest.json"))
+    edit(files, manifest)
+    manifest["files"] = {n: {"sha256": sha256(b), "size": len(b)} for n, b in files.items()}
+    write_bundle(bundle, manifest_of(manifest, str(bundle)), files)
+    return bundle
+
+
+def _relabel(files: dict, manifest: dict) -> None:
+    """The red team's item 8: the images moved to amd-gfx90a/, the manifest saying gfx90a."""
+    for n in [n for n in files if "/amd-gfx908/" in n]:
+        files[n.replace("/amd-gfx908/", "/amd-gfx90a/")] = files.pop(n)
+    manifest["arch"] = "gfx90a"
+
+
+def _second_library(files: dict, manifest: dict) -> None:
+    files["lib/libaotriton_v2.so.0.11.1"] = files["lib/libaotriton_v2.so.0.11.0"]
+
+
+def _corrupt_package(files: dict, manifest: dict) -> None:
+    name = next(n for n in files if n.endswith("FONLY__fp16.aks2"))
+    data = bytearray(files[name])
+    data[len(data) // 2] ^= 0x55        # inside the xz stream
+    files[name] = bytes(data)
+
+
+def _names_nothing(files: dict, manifest: dict) -> None:
+    lib = manifest["library"]["file"]
+    files[lib] = files[lib][:files[lib].index(b"\0amd-gfx908/")]   # the package names make_bundle appended
+
+
+RED_TEAM = {   # case: (edit, the verdict's claim that fails, torch install's extra arguments)
+    "relabelled gfx90a": (_relabel, "every image package the library names is in the bundle (0 named for amd-gfx90a",
+                          ["--arch", "gfx90a"]),
+    "a second listed library": (_second_library, "one AOTriton library, the one the manifest names (lib/ holds "
+                                "libaotriton_v2.so.0.11.0, libaotriton_v2.so.0.11.1", []),
+    "a corrupt xz package": (_corrupt_package, "every kernel package decompresses whole (lib/aotriton.images/amd-gfx908/"
+                             "flash/attn_fwd/FONLY__fp16.aks2: corrupt kernel package", []),
+    "a claim over nothing": (_names_nothing, "every image package the library names is in the bundle (0 named for "
+                             "amd-gfx908", []),
+}
+
+
+def test_the_unchanged_bundle_passes_the_verdict(tmp_path):
+    """The control of the cases below: make_bundle's bundle passes every claim, so each refusal is
+    its one change."""
+    from codegen.formats.bundle_zip import extract, open_bundle
+    from codegen.ship.verdict import bundle_verdict
+    from conftest import cached_sysroot
+
+    sysroot = cached_sysroot(6)
+    if sysroot is None:
+        pytest.skip("needs the HIP 6 sysroot in the user cache (bundle build makes it)")
+    need_cc()
+    b = open_bundle(make_bundle(tmp_path))
+    claims = bundle_verdict(extract(b, tmp_path / "x"), b.manifest, set(read_dynamic(sysroot.runtime).version_defs))
+    assert all(c.ok for c in claims), [(c.name, c.detail) for c in claims if not c.ok]
+    assert len(claims) >= 8 and any("1 named for amd-gfx908" in c.detail for c in claims)
+
+
+@pytest.mark.parametrize("case", sorted(RED_TEAM))
+def test_each_red_team_bundle_is_refused_by_check_and_install_alike(wheel, tmp_path, case):
+    """The red team's bundles, each re-signed: `bundle check` fails the verdict's claim (exit 3,
+    its dispatch never run) and `torch install --bundle` refuses naming the same claim (exit 2,
+    torch untouched). Before, the relabelled bundle, the corrupt package and the claim over
+    nothing installed, and the second library passed check."""
+    from conftest import cached_sysroot
+
+    if cached_sysroot(6) is None:
+        pytest.skip("needs the HIP 6 sysroot in the user cache (bundle build makes it)")
+    edit, claim, args = RED_TEAM[case]
+    b = _resigned(make_bundle(tmp_path), edit)
+    r = cli("bundle", "check", str(b))
+    assert r.exit_code == 3 and "Traceback" not in r.output, r.output
+    out = " ".join(r.output.split())
+    assert f"FAIL {claim.replace(' (', ': ', 1)}" in out and "no emulated dispatch" in out, r.output
+    before = snapshot(wheel)
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(wheel / "torch"), *args)
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert f"refused by the bundle's verdict: {claim}" in " ".join(r.output.split()), r.output
+    assert snapshot(wheel) == before
+
+
+def test_kernels_torch_ships_for_the_arch_are_replaced_only_on_purpose(wheel, tmp_path):
+    """A genuine gfx90a bundle into a wheel that ships gfx90a kernels: refused, torch untouched;
+    with --replace-shipped gfx90a installed, torch's own kernels backed up, and restore puts them
+    back byte for byte (the relabelled bundle of the red team removed torch's gfx90a image)."""
+    torch_root = wheel / "torch"
+    shipped = torch_root / "lib" / "aotriton.images" / "amd-gfx90a"
+    assert any(p.is_file() for p in shipped.rglob("*"))
+    b = make_bundle(tmp_path, arch="gfx90a")
+    before = snapshot(wheel)
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root))
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "lib/aotriton.images/amd-gfx90a/ already holds 2 kernel file(s)" in out and "--replace-shipped gfx90a" in out
+    assert snapshot(wheel) == before
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root), "--replace-shipped", "gfx908")
+    assert r.exit_code == 2 and snapshot(wheel) == before, r.output   # another arch named: still refused
+    r = cli("torch", "install", "--bundle", str(b), "--torch-dir", str(torch_root), "--replace-shipped", "gfx90a")
+    assert r.exit_code == 0, r.output
+    assert not (shipped / "flash" / "bwd.aks2").exists() and load_which(torch_root) == "mi100"
+    r = cli("torch", "restore", "--torch-dir", str(torch_root))
+    assert r.exit_code == 0, r.output
+    assert snapshot(wheel) == before

@@ -25,6 +25,8 @@ torch_app = typer.Typer(
 TorchDirOpt = typer.Option(None, "--torch-dir", help="The torch package folder (default: the one this Python imports; not imported).")
 BackupOpt = typer.Option(None, "--backup-dir", help="Backup folder (default: <site-packages>/torch.mi100-codegen-backup).")
 CardOpt = typer.Option(None, "--arch", help="The card's arch (default: the GPU found in the KFD topology, else by torch).")
+ReplaceShippedOpt = typer.Option(None, "--replace-shipped", metavar="ARCH", help="Replace the kernels torch's "
+                                 "aotriton.images/amd-ARCH/ already holds (refused otherwise; backed up, put back by restore).")
 SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
                         help="The sysfs root the KFD topology is read from (tests give a fake machine's).")
 
@@ -79,6 +81,7 @@ def install(
     torch_dir: Optional[Path] = TorchDirOpt,
     backup_dir: Optional[Path] = BackupOpt,
     dry_run: bool = typer.Option(False, "--dry-run", help="Check and list what would change; change nothing (--bundle auto: print the plan only)."),
+    replace_shipped: Optional[str] = ReplaceShippedOpt,
     sysfs: Path = SysfsOpt,
 ) -> None:
     """Install our build under the file name torch links, plus aotriton.images/amd-<arch>/."""
@@ -89,7 +92,7 @@ def install(
         from codegen.ship.owner import OwnerOptions, install_auto
 
         install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs,
-                                  validator=_validate_child), stderr)
+                                  validator=_validate_child, replace_shipped=replace_shipped), stderr)
         return
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
@@ -102,9 +105,11 @@ def install(
     t = inspect_torch(torch_dir)
     bdir = backup_location(t, backup_dir)
     if bundle is not None:
-        res = install_into(t, bdir, lambda work: open_bundle_prefix(Path(bundle), work / "bundle", t, arch), dry_run)
+        res = install_into(t, bdir, lambda work: open_bundle_prefix(Path(bundle), work / "bundle", t, arch), dry_run,
+                           replace_shipped=replace_shipped)
     else:
-        res = install_into(t, bdir, lambda work: (inspect_prefix(prefix), _arch(arch, spec), None), dry_run)
+        res = install_into(t, bdir, lambda work: (inspect_prefix(prefix), _arch(arch, spec), None), dry_run,
+                           replace_shipped=replace_shipped)
     _say_installed(res, t)
 
 

@@ -353,6 +353,67 @@ def read_aks2_images(path: Path, data: bytes | None = None) -> dict[str, bytes]:
     return {e.name: blob[dir_size + off:dir_size + off + e.image_size] for e, off in _entries(blob[:dir_size], count, path)}
 
 
+def verify_package(path: Path, stream: BinaryIO | None = None) -> int:
+    """One .aks2 package (the file at `path`, or `stream`: a member of an image zip, `path` then
+    only naming it) decompressed whole and kept nowhere (memory: one chunk): its xz stream ends
+    and holds exactly the bytes its header gives (at most MAX_PACKAGE_BYTES), every kernel of its
+    directory inside them. The number of kernels; ImageError otherwise."""
+    step = 1 << 20
+    with (open(path, "rb") if stream is None else contextlib.nullcontext(stream)) as f:
+        total, count, dir_size = _header(f.read(_HEADER.size), path)
+        if total > MAX_PACKAGE_BYTES or dir_size > total:
+            raise ImageError(f"{path}: kernel package claims {total} bytes, its directory {dir_size}")
+        dec, head, n = lzma.LZMADecompressor(), bytearray(), 0
+        try:
+            while not dec.eof:
+                data = f.read(step)
+                if not data and dec.needs_input:
+                    break
+                out = dec.decompress(data, max_length=step)
+                while True:
+                    n += len(out)
+                    if n > total:
+                        raise ImageError(f"{path}: kernel package holds more than the {total} bytes its header gives")
+                    head += out[:max(0, dir_size - len(head))]
+                    if dec.eof or dec.needs_input:
+                        break
+                    out = dec.decompress(b"", max_length=step)
+        except lzma.LZMAError as exc:
+            raise ImageError(f"{path}: corrupt kernel package ({exc})") from None
+    if not dec.eof or n != total:
+        why = "its xz stream does not end" if n == total else f"{n} of the {total} bytes its header gives"
+        raise ImageError(f"{path}: truncated kernel package ({why})")
+    entries = _entries(bytes(head), count, path)
+    for e, off in entries:
+        if off + e.image_size > total - dir_size:
+            raise ImageError(f"{path}: kernel {e.name[:200]!r} lies outside the package")
+    return len(entries)
+
+
+def verify_images(images: Path) -> int:
+    """Every kernel package below an images folder decompressed whole (`verify_package`): each
+    `.aks2` file, and each AKS2 member of an image zip once the zip's CRCs hold. The kernels they
+    hold; ImageError on the first that does not."""
+    kernels = 0
+    for path in sorted(p for p in Path(images).rglob("*") if p.is_file() and not p.is_symlink()):
+        if path.name.endswith(".aks2"):
+            kernels += verify_package(path)
+        elif path.name.endswith(".zip"):
+            with _open_zip(path) as z:
+                bad = z.testzip()
+                if bad is not None:
+                    raise ImageError(f"{path}: member {bad} fails its CRC")
+                for info in z.infolist():
+                    if info.is_dir():
+                        continue
+                    with z.open(info) as f:
+                        if f.read(len(AKS2_MAGIC)) != AKS2_MAGIC:
+                            continue   # not a kernel package (read_zip_images skips it too)
+                    with z.open(info) as f:
+                        kernels += verify_package(Path(f"{path}:{info.filename}"), f)
+    return kernels
+
+
 def packed_kernels(images: Path) -> dict[KernelRef | ZipRef, PackedEntry]:
     """Every kernel packed below an images folder (an install's or an unpacked bundle's
     aotriton.images/), by the reference a dispatch table would give it: the `.aks2` packages'
@@ -417,4 +478,4 @@ __all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "LibraryRefs", "MAX_PACKAGE_
            "blake2b_64", "container_kernel", "container_name", "dispatch_tables", "library_references",
            "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
            "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
-           "referenced_zip_kernels", "split_container", "zip_without"]
+           "referenced_zip_kernels", "split_container", "verify_images", "verify_package", "zip_without"]

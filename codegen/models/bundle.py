@@ -195,7 +195,7 @@ class Verified(Record):
     negative_controls: list[ClaimRecord]
     tuning_rows: ClaimRecord | None
     forced_fused: ClaimRecord | None
-    coverage: list[ClaimRecord] | None = None   # codegen.ship.coverage: axes, packages named, packages loaded
+    coverage: list[ClaimRecord] | None = None   # codegen.ship.coverage: axes, packages loaded
 
 
 class RowsAdded(Record):

@@ -9,7 +9,8 @@ Every record is read as possibly hostile (a tree, a bundle, a cache or a torch f
 elsewhere): a bounded regular file (`codegen.core.fsutil.read_input`: never a FIFO, a device or a
 link loop), UTF-8, JSON parsed by pydantic-core's parser, whose nesting limit (200 levels; our
 records use fewer than 10) turns a 100,000-deep document into one message instead of a
-RecursionError, then one model validation. Anything else is one `RecordError` (a `UserError`,
+RecursionError, with no object holding a key twice (the parser keeps the last, another reader may
+keep the first: a signed manifest or an index could mean two things), then one model validation. Anything else is one `RecordError` (a `UserError`,
 exit 2) that locates the problem:
 
     PATH: FIELD.SUBFIELD: what is wrong
@@ -95,18 +96,48 @@ def describe(err: dict) -> str:
 
 
 def parse_json(raw: bytes, *, where: str, what: str, hint: str | None = None) -> Any:
-    """`raw` as JSON (UTF-8, nesting bounded by the parser), else RecordError."""
+    """`raw` as JSON (UTF-8, nesting bounded by the parser, no object holding a key twice), else
+    RecordError."""
     try:
-        raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RecordError(where, f"this {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
                                  f"{exc.start})", kind="json", hint=hint) from None
     try:
-        return from_json(raw, allow_inf_nan=True)
+        data = from_json(raw, allow_inf_nan=True)
     except ValueError as exc:
         msg = str(exc)
         why = "nested too deeply" if "recursion limit" in msg else f"not valid JSON ({clip(msg)})"
         raise RecordError(where, f"this {what} is {why}", kind="json", hint=hint) from None
+    twice = _key_twice(text)
+    if twice is not None:
+        raise RecordError(where, f"this {what} holds the key '{clip(twice)}' twice in one object (readers differ on "
+                                 "which one counts)", kind="json", hint=hint)
+    return data
+
+
+class _Twice(Exception):
+    pass
+
+
+def _no_repeat(pairs: list[tuple[str, Any]]) -> None:
+    seen = set()
+    for key, _value in pairs:
+        if key in seen:
+            raise _Twice(key)
+        seen.add(key)
+
+
+def _key_twice(text: str) -> str | None:
+    """A key some object of `text` (valid JSON, nesting bounded) holds twice, else None: the
+    parser above keeps the last silently, another reader may keep the first."""
+    try:
+        json.loads(text, object_pairs_hook=_no_repeat)
+    except _Twice as exc:
+        return exc.args[0]
+    except ValueError:   # what only this parser refuses (an integer past its digits): no repeat found
+        pass
+    return None
 
 
 def validate_record(model: type[M], data: Any, *, where: str, what: str, hint: str | None = None,

@@ -1,11 +1,14 @@
 """`bundle check`: everything a CPU can prove about a bundle.
 
 1. Integrity: every member against the manifest (archive.open_bundle).
-2. Identity of the library (codegen.ship.identity, the checks `torch install --bundle` makes
-   again): the HIP runtime of the bundle's major and no other, no RPATH or RUNPATH but `$ORIGIN`,
-   every HIP import bound to a version node the real runtime of that major defines (read from the
-   private sysroot's library), `hipGetDevicePropertiesR0600` with HIP >= 6, the GLIBC/GLIBCXX needs,
-   the release (SONAME and file name) and every ELF fact the manifest states.
+2. The bundle's verdict (codegen.ship.verdict, the one function `torch install --bundle` and
+   `bundle index` call too): the library's identity (codegen.ship.identity: the HIP runtime of the
+   bundle's major and no other, no RPATH or RUNPATH but `$ORIGIN`, every HIP import bound to a
+   version node the real runtime of that major defines, read from the private sysroot's library,
+   `hipGetDevicePropertiesR0600` with HIP >= 6, the GLIBC/GLIBCXX needs, the release and every ELF
+   fact the manifest states), one AOTriton library, every image package the library names packed
+   (and at least one named), every kernel package decompressing. A bundle failing it is refused
+   here as install refuses it: nothing below runs.
 3. Emulated dispatch (dispatch.py): check_gpu, forward and backward of every case, and the
    tuning-database row each tuned launch got (rows.py): the spec GPU's row for the case's inputs,
    its configuration the launched one's; rows read from the applied tree the bundle was built
@@ -19,9 +22,8 @@
    fused backend, which no PyTorch call does. The first must launch the fused kernel; the second
    must come back with an error, no fused launch, and the driver still running (no crash).
 5. Coverage (coverage.py): every dtype, head dim and variant the spec declares dispatched (the
-   cases are made from those axes: dispatch.check_cases), every image package the library names
-   packed (or left out by the build: fused backward packages only), every packed package loaded
-   by some case (or said why PyTorch's calls may not reach it with the cases' inputs).
+   cases are made from those axes: dispatch.check_cases), every packed package loaded by some
+   case (or said why PyTorch's calls may not reach it with the cases' inputs).
 6. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
    image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
@@ -44,13 +46,14 @@ from codegen.models.dtypes import DTYPE_INFO
 from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.models.cases import SHAPES
 from codegen.ship.coverage import Coverage, coverage
-from codegen.ship.identity import Claim, library_identity
+from codegen.ship.identity import Claim
 from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, check_cases, dispatch_cases,
                                    remove_image, run_dispatch)
 from codegen.ship.rows import (ROWS, RowMatch, RowsSource, TuningDatabase, match_report, read_rows, summary,
                                tree_database)
 from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
+from codegen.ship.verdict import bundle_verdict, refused
 from codegen.upstream.releases import IMAGES_DIR
 
 NO_ROWS = "not named (this bundle carries no rows; give --tree)"
@@ -210,7 +213,10 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
     rep = CheckReport(name or str(root), manifest)
     sysroot = ensure_sysroot(hip, progress=progress)
     nodes = set(read_dynamic(sysroot.runtime).version_defs)
-    rep.claims = library_identity(read_dynamic(root / manifest.library.file), manifest, nodes)
+    rep.claims = bundle_verdict(root, manifest, nodes)
+    if refused(rep.claims):   # refused as install refuses it: nothing more is run
+        progress("the bundle's verdict fails (the claims below): no emulated dispatch")
+        return rep
     spec = load_spec(root / SPEC).spec
     progress(f"emulated dispatch: {manifest.arch} ({spec.target_string}), "
              f"stub HIP {hip}")

@@ -1,18 +1,20 @@
-"""What `bundle check`'s emulated dispatch covered (issue 30 item 5), as three claims:
+"""What `bundle check`'s emulated dispatch covered (issue 30 item 5), as two claims:
 
 1. **the spec's axes**: every dtype the build serves (the spec's and those upstream builds anyway,
    `codegen.models.dtypes.served_dtypes`), every head dim, and each variant its features make
    (causal, bias, dropout) and a padded head (a head dim 8 below a declared one) dispatched by at
    least one case, every such case passing: the cases are made from those axes
    (`codegen.ship.dispatch.check_cases`), so a package missing for any functional fails its case;
-2. **the packages the library names**: each image package the library's compiled dispatch tables
-   name (`codegen.formats.aks2.library_references`) is packed, or was left out by the build as
-   unreachable. Only a fused backward package is ever left out (`codegen.plan.reach`); the
-   manifest's `built_with.reach` names those. Any other is missing: a failure that names it;
-3. **the packed packages the cases loaded**: a packed package that no case loaded is a failure,
+2. **the packed packages the cases loaded**: a packed package that no case loaded is a failure,
    unless PyTorch's calls may not reach it with the cases' inputs, said per package: a backward
    backend the backward op table did not pick for them, a kernel for variable-length inputs (the
    cases are dense), a debugging kernel.
+
+The packages the library names (`cover_packages`: each image package its compiled dispatch tables
+name, `codegen.formats.aks2.library_references`, is packed, or was left out by the build as
+unreachable: only a fused backward package ever is, `codegen.plan.reach`, and the manifest's
+`built_with.reach` names those) are a claim of the bundle's verdict (codegen.ship.verdict), made
+before the dispatch, by install too.
 
 What the bundle alone cannot show: that the op table never picks a left-out fused package for
 inputs the cases did not use. `bundle build` proved it from the generator's output
@@ -31,7 +33,6 @@ from codegen.models.reach import LeftOut
 from codegen.ship.dispatch import DispatchCase, DispatchReport, padded_head
 from codegen.ship.identity import Claim
 
-WHERE = "CPU: emulated dispatch, the library's dispatch tables read from its ELF bytes"
 SHOWN = 3   # names per list in a claim's line (all of them in --json)
 
 
@@ -148,13 +149,14 @@ def cover_packages(lib: bytes, pack: str, packed: set[str], loaded: set[str], le
     return cover
 
 
-def _some(names: list[str]) -> str:
+def some(names: list[str]) -> str:
+    """At most SHOWN names of a list, and how many more, for a claim's line."""
     return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
 
 
 def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport, lib: bytes, arch: str,
              left_out: list[LeftOut]) -> Coverage:
-    """The three claims (module doc) of one emulated dispatch of `cases`."""
+    """The two claims (module doc) of one emulated dispatch of `cases`."""
     axes = cover_axes(spec, cases, report)
     loaded = {c for c in report.containers.values()}
     pc = cover_packages(lib, f"amd-{arch}", report.packed, loaded, left_out)
@@ -163,24 +165,14 @@ def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport
             + ", ".join(f"{a.value} ({len(a.cases)})" for a in axes))
     if bad:
         line += "; " + "; ".join(f"{a.axis} {a.value}: " + (f"{len(a.failed)} of {len(a.cases)} cases fail "
-                                                             f"({_some(a.failed)})" if a.cases else "no case")
+                                                             f"({some(a.failed)})" if a.cases else "no case")
                                  for a in bad)
     claims = [Claim("every dtype, head dim and variant the spec declares is dispatched", not bad, line,
                     "CPU: emulated dispatch")]
-    line = (f"{pc.named} named, {pc.packed} packed"
-            + (f", {len(pc.left_out)} left out by the build as unreachable (fused backward, "
-               f"manifest built_with.reach)" if pc.left_out else ""))
-    if pc.missing:
-        line += f"; missing: {_some(pc.missing)}"
-    if pc.wrong_claims:
-        line += (f"; the manifest lists as left out {_some(pc.wrong_claims)}, but only fused backward "
-                 f"packages ({FUSED_FAMILY}) are ever left out")
-    claims.append(Claim("every image package the library names is in the bundle", not pc.missing and not pc.wrong_claims,
-                        line, WHERE))
     unexplained = pc.not_loaded.get("", [])
     line = f"{pc.loaded} of {pc.packed} loaded by a case"
     for why, names in pc.not_loaded.items():
-        line += f"; {len(names)} not: " + (why or "no case dispatches their functional") + (f" ({_some(names)})"
+        line += f"; {len(names)} not: " + (why or "no case dispatches their functional") + (f" ({some(names)})"
                                                                                               if not why else "")
     claims.append(Claim("every packed image package is loaded by some case", not unexplained, line,
                         "CPU: emulated dispatch"))
@@ -188,4 +180,4 @@ def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport
 
 
 __all__ = ["AxisCover", "Coverage", "PackageCover", "axes_of", "cover_axes", "cover_packages", "coverage",
-           "declared", "why_not_loaded"]
+           "declared", "some", "why_not_loaded"]

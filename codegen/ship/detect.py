@@ -33,7 +33,7 @@ from typing import Callable, Mapping
 from pydantic import TypeAdapter, ValidationError
 
 from codegen.core import processes
-from codegen.core.errors import UserError
+from codegen.core.errors import EnvironmentMissing, UserError, os_reason
 from codegen.core.fsutil import read_input
 from codegen.core.resources import card_specs, display_path
 from codegen.core.ui import printable
@@ -63,14 +63,25 @@ _NUMBER = re.compile(r"[0-9]{1,9}")   # a node's name, a gfx_target_version (str
 
 
 # --- GPUs ----------------------------------------------------------------------------------------
+class KfdUnreadable(EnvironmentMissing):
+    """The KFD topology is there but cannot be read (exit 3): the card must be named (--arch)."""
+
+
 def kfd_gpus(sysfs: Path = SYSFS) -> list[Gpu] | None:
     """The GPU archs of the KFD topology below `sysfs`, each with its device count; None when the
-    machine has no KFD topology (no amdgpu driver, or a container without /sys/class/kfd)."""
+    machine has no KFD topology (no amdgpu driver, or a container without /sys/class/kfd);
+    KfdUnreadable when its nodes cannot be listed (an unprivileged user, a restricted container)."""
     nodes = Path(sysfs) / KFD_NODES
-    if not nodes.is_dir():
-        return None
+    try:
+        if not nodes.is_dir():
+            return None
+        listed = os.listdir(nodes)
+    except OSError as exc:
+        raise KfdUnreadable(f"cannot read the KFD topology at {nodes} ({os_reason(exc)}): the GPUs of this machine "
+                            "are found there", hint="name the card instead: --arch ARCH ("
+                            + ", ".join(f"{f.arch} for {f.spec}" for f in families()) + ")") from None
     counts: Counter[str] = Counter()
-    names = sorted((p.name for p in nodes.iterdir() if _NUMBER.fullmatch(p.name)), key=int)[:NODES_LIMIT]
+    names = sorted((n for n in listed if _NUMBER.fullmatch(n)), key=int)[:NODES_LIMIT]
     for name in names:
         try:
             raw = read_input(nodes / name / "properties", what="KFD node properties", limit=PROPERTIES_LIMIT)
@@ -270,7 +281,12 @@ def detect_machine(torch: TorchInstall | None, opts: DetectOptions = DetectOptio
                    probe: Callable[[], tuple[list[Gpu], str | None]] | None = None) -> Machine:
     """The GPUs, the chosen card and its family, and the torch (module doc). `probe`: how torch is
     asked (default: `torch_gpus`, when `opts.ask_torch`)."""
-    gpus, notes = find_gpus(opts.sysfs, (probe or torch_gpus) if opts.ask_torch else None)
+    try:
+        gpus, notes = find_gpus(opts.sysfs, (probe or torch_gpus) if opts.ask_torch else None)
+    except KfdUnreadable as exc:
+        if opts.arch is None:
+            raise
+        gpus, notes = [], [f"{exc} (--arch {opts.arch} names the card)"]
     card = match_card(gpus, opts.arch, env)
     fam_arch = card.family.arch if card is not None and card.family is not None else None
     facts = torch_facts(torch, fam_arch) if torch is not None else None
@@ -282,6 +298,6 @@ def has_gpu(machine: Machine) -> bool:
     return machine.card is not None and any(g.arch == machine.card.arch and g.devices > 0 for g in machine.gpus)
 
 
-__all__ = ["DetectOptions", "KFD_NODES", "SYSFS", "detect_machine", "families", "family_of", "find_gpus",
+__all__ = ["DetectOptions", "KFD_NODES", "KfdUnreadable", "SYSFS", "detect_machine", "families", "family_of", "find_gpus",
            "has_gpu", "kfd_gpus", "match_card", "parse_probe", "recipe_command", "supported_cards", "torch_facts",
            "torch_gpus", "wheel_lines"]

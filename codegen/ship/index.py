@@ -10,11 +10,11 @@ URLs are https; plain http only to this machine (127.0.0.1, ::1, localhost: a te
 
 Writing (`write_index`): every `*.mi100-bundle.zip` of DIR is opened by the bundle's one reader
 (codegen.formats.bundle_zip.open_bundle: every member against the manifest, the manifest one
-model), its library proven what the manifest says (codegen.ship.identity.library_identity: the
-checks `bundle check` and `torch install --bundle` make; HIP version nodes are left to `bundle
-check`, which has the runtime to read them from), the checks its build recorded passed, and its
-file name the one `bundle build` gives it. A bundle failing any of these is refused, all of them
-in one message, and no index is written; other files of DIR are not looked at. The entries are
+model), accepted by the bundle's verdict (codegen.ship.verdict: the one `bundle check` and `torch
+install --bundle` make; HIP version nodes are left to `bundle check`, which has the runtime to read
+them from), the checks its build recorded passed, and its file name the one `bundle build` gives
+it. A bundle failing any of these is refused, all of them in one message, and no index is
+written; other files of DIR are not looked at. The entries are
 sorted by (release, arch, HIP major), their URLs the file names (relative to the index: the folder
 can be served as it is), and `DIR/index.json` is replaced atomically, only when it changes.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
@@ -36,12 +37,12 @@ from codegen.core.contain import inside
 from codegen.core.errors import UserError, os_failure, os_reason
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.core.ui import printable
-from codegen.formats.bundle_zip import Bundle, BundleError, open_bundle, bundle_name
-from codegen.formats.elf import ElfError, parse_dynamic
+from codegen.formats.bundle_zip import Bundle, BundleError, bundle_name, extract, open_bundle
+from codegen.formats.elf import ElfError
 from codegen.models.index import INDEX_FILE, INDEX_FORMAT, INDEX_LIMIT, BundleIndex, IndexEntry
 from codegen.models.records import RecordError, clip, parse_json, validate_record, write_json
 from codegen.ship.fetch import check_url
-from codegen.ship.identity import library_identity
+from codegen.ship.verdict import bundle_verdict
 from codegen.upstream.releases import parse_tag, tag_line
 
 DEFAULT_INDEX_URL = "https://github.com/mi100-codegen/mi100-codegen/releases/latest/download/index.json"
@@ -167,18 +168,20 @@ def entry_differences(bundle: Bundle, entry: IndexEntry) -> list[str]:
 
 
 def bundle_problems(bundle: Bundle) -> list[str]:
-    """Why `bundle` cannot be listed (empty: it can): its file name, its library's identity against
-    the manifest, the checks its build recorded."""
+    """Why `bundle` cannot be listed (empty: it can): its file name, the bundle's verdict
+    (codegen.ship.verdict: what `bundle check` and `torch install --bundle` accept), the checks its
+    build recorded."""
     m = bundle.manifest
     out = []
     want = bundle_name(m.release, m.arch, m.hip_major)
     if bundle.path.name != want:
         out.append(f"its manifest says AOTriton {m.release}, {m.arch}, HIP {m.hip_major}: the file is {want}")
-    try:
-        dyn = parse_dynamic(bundle.members[m.library.file], f"{bundle.path}: {m.library.file}")
-    except ElfError as exc:
-        return out + [str(exc)]
-    out += [f"{c.name} ({c.detail})" for c in library_identity(dyn, m, None) if not c.ok]
+    with tempfile.TemporaryDirectory(prefix="mi100-index-") as work:
+        try:
+            claims = bundle_verdict(extract(bundle, Path(work) / "bundle"), m, None)
+        except ElfError as exc:
+            return out + [str(exc).replace(f"{work}/bundle/", "", 1)]
+    out += [f"{c.name} ({c.detail})" for c in claims if not c.ok]
     v = m.verified
     if v is not None:
         recorded = [*v.link_identity, *v.negative_controls, *(c for c in (v.tuning_rows, v.forced_fused) if c)]

@@ -17,8 +17,8 @@ not inside it, so that after `restore` the torch folder is byte-identical to bef
 A torch folder, a bundle and a backup may each come from someone else (docs/trust.md). Install
 touches only torch's AOTriton library and `lib/aotriton.images/amd-<arch>/` (the arch a processor
 name, never a path), through no symbolic link: one on the way or inside that folder is refused,
-never followed or removed. A bundle's library passes the checks `bundle check` makes
-(codegen.ship.identity) against the HIP runtime torch ships. Restore reads a backup only from
+never followed or removed. A bundle passes the verdict `bundle check` makes
+(codegen.ship.verdict) against the HIP runtime torch ships. Restore reads a backup only from
 trusted storage (`codegen.core.fsutil.trusted_storage`: no link, only this user can have written
 it), only entries that name what install touches, and puts back only bytes whose sha256 the
 manifest recorded, every copy checked before the first file is touched.
@@ -43,15 +43,13 @@ from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
 from codegen.core.fsutil import trusted_storage
 from codegen.core.ui import printable
-from codegen.formats.aks2 import ImageError, packed_containers
 from codegen.formats.bundle_zip import Bundle, extract, open_bundle
 from codegen.formats.elf import ElfError, read_dynamic, version_key
 from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
 from codegen.models.records import RECORD_LIMIT, RecordError, read_record, validate_record, write_json
-from codegen.ship.coverage import cover_packages
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
-from codegen.ship.identity import library_identity
+from codegen.ship.verdict import bundle_verdict, refused
 from codegen.ship.layout import (
     AotLib,
     inspect_prefix,
@@ -291,9 +289,10 @@ def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | 
 def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None = None,
                   glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
     """An opened bundle (`open_bundle`: every member verified against its manifest), its library
-    proven what the manifest says with the checks `bundle check` makes (codegen.ship.identity,
-    against the version nodes of the HIP runtime torch ships), checked against this machine (its
-    glibc against the library's needs) and extracted below `work` as an install prefix. Returns
+    accepted by the verdict `bundle check` makes (codegen.ship.verdict: its library's identity,
+    against the version nodes of the HIP runtime torch ships, one library, its image packages
+    named and decompressing), checked against this machine (its glibc against the library's
+    needs) and extracted below `work` as an install prefix. Returns
     the prefix, the arch and what the backup manifest records of the bundle (the sha256 of the
     bytes that were verified, not of the file read again). Every refusal is one message (exit 2)
     before anything of torch is touched."""
@@ -306,45 +305,25 @@ def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None =
         _refuse(f"{path}: its library needs {want}, this machine has {have}",
                 hint="use a bundle built on an older distribution, or build one here: mi100-codegen bundle build TREE --hip N")
     root = extract(b, work)
-    prefix = inspect_prefix(root)
     runtime = torch_hip(torch.lib_dir, torch.hip_dyn, torch.hip)
     nodes = set(runtime.nodes) if runtime is not None and runtime.nodes else None
-    failed = [c for c in library_identity(read_dynamic(root / m.library.file), m, nodes) if not c.ok]
-    if failed or prefix.lib != root / m.library.file:
-        why = "; ".join(f"{c.name} ({c.detail})" for c in failed) or \
-            f"its library is {m.library.file}, the prefix's {prefix.lib.relative_to(root)}"
-        _refuse(f"{path}: its library is not what its manifest says, or cannot load into torch: {why}",
+    why = refused(bundle_verdict(root, m, nodes))   # bundle check's verdict, against the HIP runtime torch ships
+    if why:
+        _refuse(f"{path}: refused by the bundle's verdict: {why}",
                 hint="the bundle was changed after it was built, or built wrong: download or build it again "
-                     "(`mi100-codegen bundle check FILE` shows every check)")
-    _check_packages(path, root, m)
+                     "(`mi100-codegen bundle check FILE` refuses it the same way)")
+    prefix = inspect_prefix(root)
     record = validate_record(BundleRecord, {
         "file": path.name, "sha256": b.sha256, "release": m.release, "arch": m.arch,
         "hip_major": m.hip_major, "label": m.label, "spec_sha256": m.spec.sha256}, where=str(path), what="bundle")
     return prefix, m.arch, record
 
 
-def _check_packages(path: Path, root: Path, m) -> None:
-    """`bundle check`'s static package claim (codegen.ship.coverage.cover_packages), made again: every
-    image package the library names is packed, or was left out by the build as an unreachable fused
-    backward package (the manifest's `built_with.reach`). A bundle with a package removed and its
-    hashes recomputed passes the member checks; this refuses it (issue 30 item 5)."""
-    reach = m.built_with.reach if m.built_with else None
-    try:
-        packed = packed_containers(root / "lib" / IMAGES_DIR)
-    except ImageError as exc:
-        _refuse(f"{path}: {exc}")
-    pc = cover_packages((root / m.library.file).read_bytes(), f"amd-{m.arch}", packed, set(),
-                        list(reach.left_out) if reach else [])
-    if pc.missing or pc.wrong_claims:
-        what = (f"missing {', '.join(pc.missing[:3])}" + (f" and {len(pc.missing) - 3} more" if len(pc.missing) > 3 else "")
-                if pc.missing else f"left out, though not fused backward: {', '.join(pc.wrong_claims[:3])}")
-        _refuse(f"{path}: its library names image packages the bundle does not hold ({what})",
-                hint="the bundle was changed after it was built, or built wrong: download or build it again "
-                     "(`mi100-codegen bundle check FILE` shows every check)")
-
-
 def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_dir: Path,
-                 bundle: BundleRecord | None = None) -> InstallPlan:
+                 bundle: BundleRecord | None = None, replace_shipped: str | None = None) -> InstallPlan:
+    """What install would do (module doc). Kernels torch's aotriton.images/ already holds for
+    `arch` (torch's own: AMD's wheels ship gfx90a, gfx942, …) are replaced only when
+    `replace_shipped` names that arch (`--replace-shipped`); they are backed up like any file."""
     notes = check_compatible(torch, prefix, arch)
     want = torch.aot_needed
     assert want is not None
@@ -371,6 +350,11 @@ def plan_install(torch: TorchInstall, prefix: PrefixInstall, arch: str, backup_d
     src_img = prefix.lib_dir / IMAGES_DIR / f"amd-{arch}"
     ours = {p.relative_to(src_img).as_posix(): p for p in _files_under(src_img)}
     theirs = _torch_files(torch, img_rel)
+    if theirs and replace_shipped != arch and not os.path.lexists(backup_dir):
+        _refuse(f"{torch.root}: {img_rel}/ already holds {len(theirs)} kernel file(s) (kernels torch ships for {arch}, "
+                "or another build's): installing would replace them",
+                hint=f"to replace them on purpose: --replace-shipped {arch} (backed up; `mi100-codegen torch restore` "
+                     "puts them back)")
     for relf in sorted(ours):
         add_or_replace(f"{img_rel}/{relf}", ours[relf])
     for rel in theirs:
@@ -626,7 +610,7 @@ def unfinished(torch: TorchInstall, backup_dir: Path) -> str | None:
 
 
 def install_into(torch: TorchInstall, backup_dir: Path, prepare: Callable[[Path], tuple[PrefixInstall, str, BundleRecord | None]],
-                 dry_run: bool = False) -> Installed:
+                 dry_run: bool = False, replace_shipped: str | None = None) -> Installed:
     """The one torch install: `prepare(work)` gives the prefix (a bundle extracted and checked
     below `work`, or the user's), its arch and the bundle's record; then, under the lock and
     after finishing what an interrupted command left, the plan (every check) and its one
@@ -637,10 +621,10 @@ def install_into(torch: TorchInstall, backup_dir: Path, prepare: Callable[[Path]
         prefix, arch, record = prepare(Path(work))
         if dry_run:
             note = unfinished(torch, backup_dir)
-            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record) if note is None else None
+            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record, replace_shipped=replace_shipped) if note is None else None
             return Installed(plan, backup_dir, Recovered(), True, note)
         with torch_session(torch, backup_dir) as recovered:
-            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record)
+            plan = plan_install(torch, prefix, arch, backup_dir, bundle=record, replace_shipped=replace_shipped)
             apply_install(plan, backup_dir)
     return Installed(plan, backup_dir, recovered)
 

@@ -97,6 +97,7 @@ class OwnerOptions:
     jobs: int | None = None
     sysfs: Path = SYSFS
     validator: Callable[[ValidateRun], int] | None = None   # validate in a fresh process: its exit status
+    replace_shipped: str | None = None   # the arch whose kernels torch already holds may be replaced
 
 
 @dataclass
@@ -110,6 +111,7 @@ class OwnerPlan:
     wanted: Wanted | None = None      # the index's bundle; None: built here
     entry: IndexEntry | None = None   # what the index says of it
     local_why: str | None = None      # why it is built here
+    index_failed: str | None = None   # why the index could not be read (the build here says it when it fails)
     validate: str | None = None       # None: validate runs after the install; else why it does not
     notes: list[str] = field(default_factory=list)
 
@@ -207,6 +209,7 @@ def _choose_published(plan: OwnerPlan, opts: OwnerOptions, say: Callable[[str], 
         else:
             index = read_index_file(Path(loc.document))
     except NetworkError as exc:
+        plan.index_failed = str(exc)
         plan.local_why = f"the index cannot be read ({exc})"
         return
     facts = plan.machine.torch
@@ -299,7 +302,12 @@ def obtain_bundle(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Ca
     """The bundle, opened (every member verified: what is checked and installed after, read once),
     and whether it was built (and so checked) here."""
     if plan.wanted is None:
-        return build_here(plan, opts, console, say), True
+        try:
+            return build_here(plan, opts, console, say), True
+        except CodegenError as exc:
+            if plan.index_failed:   # the build was the fallback: its failure says why it ran
+                exc.message += f" (the bundle was built here because the index cannot be read: {plan.index_failed})"
+            raise
     path = _download(plan.wanted, console)
     bundle = open_bundle(path)
     lies = entry_differences(bundle, plan.entry)
@@ -448,7 +456,8 @@ def run_owner(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Callab
     if not built_here:
         check_downloaded(bundle, say)
     bdir = backup_location(plan.torch, opts.backup_dir)
-    res = install_into(plan.torch, bdir, lambda work: bundle_prefix(bundle, work / "bundle", plan.torch, plan.arch))
+    res = install_into(plan.torch, bdir, lambda work: bundle_prefix(bundle, work / "bundle", plan.torch, plan.arch),
+                       replace_shipped=opts.replace_shipped)
     inst = res.plan
     for line in res.recovered.said + inst.notes:
         say(line)

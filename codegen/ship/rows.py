@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, Va
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.records import RecordError, parse_json
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
 from codegen.upstream import tuning_db_places
@@ -260,9 +261,13 @@ def carried_database(data: bytes, name: str = ROWS) -> TuningDatabase:
         raise BundleError(f"{name}: larger than {ROWS_LIMIT:,} bytes: not the rows of a bundle")
     try:
         doc = CarriedRows.model_validate_json(data)
-    except ValidationError as exc:
-        e = exc.errors()[0]
-        why = f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+        parse_json(data, where=name, what=ROWS)   # the travelling documents' one rule: no key twice
+    except (ValidationError, RecordError) as exc:
+        if isinstance(exc, RecordError):
+            why = exc.problem
+        else:
+            e = exc.errors()[0]
+            why = f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
         why = "".join(ch if " " <= ch <= "~" else "?" for ch in why[:300])   # hostile text, printed
         raise BundleError(f"{name}: not the tuning rows of a bundle ({why})",
                           hint="the bundle was changed after it was built: download or build it again") from None
