@@ -133,7 +133,6 @@ def test_precompile_refuses_a_tuning_report_of_the_wrong_type(tmp_path, kind):
 @pytest.mark.parametrize("args", [
     ["precompile", "T", "--timeout", "nan"],
     ["precompile", "T", "--timeout", "inf"],
-    ["bench", "T", "--timeout", "nan"],
     ["tune", "run", "T", "--budget-min", "nan"],
     ["tune", "import", "F", "--date", "garbage"],
     ["tune", "import", "F", "--date", "2026-02-30"],

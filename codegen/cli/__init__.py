@@ -40,7 +40,6 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "revert": ("codegen.cli.apply", "Restore the tree byte-for-byte to its state before the first apply."),
     "plan": ("codegen.cli.plan", "List the kernels the tree's own generator selects for the target GPUs: total and counts by family, head dim, dtype and config. Writes nothing into the tree."),
     "precompile": ("codegen.cli.precompile", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
-    "bench": ("codegen.cli.precompile", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.cli.build", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
     "tune": ("codegen.cli.tune", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "bundle": ("codegen.cli.bundle", "Drop-in bundles: the runtime built against a HIP major's headers, its images and a manifest, checked on a CPU (link identity, emulated dispatch); never run on a card."),

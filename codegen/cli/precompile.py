@@ -1,5 +1,4 @@
-"""`mi100-codegen precompile` and `mi100-codegen bench`: options only; the work is in
-`codegen.compile.precompile`."""
+"""`mi100-codegen precompile`: options only; the work is in `codegen.compile.precompile`."""
 
 from __future__ import annotations
 
@@ -52,22 +51,3 @@ def register(app: typer.Typer, guarded) -> None:
         run_precompile(PrecompileOptions(
             aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,
             timeout, no_cache, cache_dir, python, rows, triton_version, kernels))
-
-    @app.command()
-    @guarded
-    def bench(
-        aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = SpecOpt,
-        sample: int = typer.Option(12, "--sample", min=1, help="Stratified sample size."),
-        jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Parallel compiles on each side (0: one per usable CPU)."),
-        timeout: float = typer.Option(600.0, "--timeout", min=0.001, callback=finite,
-                                     help="Per-kernel timeout in seconds."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-        python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
-        triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
-    ) -> None:
-        """Throughput of precompile vs. the tree's own compiler (one process per kernel, as its
-        build runs it) on the same stratified sample; prints kernels/min and the ratio."""
-        from codegen.compile.precompile import BenchOptions, run_bench_command  # CLI start-up: the stage (~370 ms) loads when it runs
-
-        run_bench_command(BenchOptions(aotriton_dir, spec, sample, jobs, timeout, as_json, python, triton_version))

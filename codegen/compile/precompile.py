@@ -1,10 +1,8 @@
-"""What `mi100-codegen precompile` and `bench` do, given their options (`codegen.cli.precompile`
-only parses them): plan the tree's kernels, cross-compile them, print and write the reports."""
+"""What `mi100-codegen precompile` does, given its options (`codegen.cli.precompile` only parses
+them): plan the tree's kernels, cross-compile them, print and write the reports."""
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from codegen.core import preflight, ui
-from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
+from codegen.core.errors import UserError
 from codegen.core.fsutil import atomic_write
 from codegen.models.rows import splits_backward
 from codegen.render.inputs import read_compile_report
@@ -25,7 +23,6 @@ from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
 from codegen.compile import engine
-from codegen.compile.bench import run_bench
 from codegen.compile.cache import CompileCache, check_cache_dir, default_cache_dir
 from codegen.compile.descend import plan_round
 from codegen.compile.prune import compile_report, prune_rules, prune_spec, write_compile_report
@@ -77,18 +74,6 @@ class PrecompileOptions:
             read_compile_report(self.tuning_report)  # merged into after the compile: refused now, not then
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    tree: Path
-    spec: Path | None = None
-    sample: int = 12
-    jobs: int = 0
-    timeout: float = 600.0
-    as_json: bool = False
-    python: str | None = None       # None: the build venv of the spec's Triton
-    triton_version: str | None = None
-
-
 def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton: str | None, stage: str,
                  err: Console) -> tuple[LoadedSpec, CompilerPython]:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
@@ -100,10 +85,6 @@ def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton:
                                requirements=generator_requirements(tree), console=err, same_python=True)
     err.print(f"compiler: {compiler.describe()}")
     return loaded, compiler
-
-
-class BenchFailed(CodegenError):
-    exit_code = EXIT_UPSTREAM
 
 
 def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Table:
@@ -287,49 +268,3 @@ def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: Run
         err.print(f"wrote {opts.prune_to}: {added} exclude rule(s) added"
                   + (f"; {len(outside)} failing/spilling config(s) are not in the spec's tuning space"
                      " (use --tuning to compile the space)" if outside else ""))
-
-
-def run_bench_command(opts: BenchOptions) -> None:
-    """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
-    if opts.python is not None:
-        preflight.interpreter(opts.python)
-    else:
-        preflight.cache_folder("toolchain")  # the build venv
-    err = ui.console()
-    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False),
-                                                     loaded=loaded)
-    chosen = stratified_sample(entries, opts.sample)
-    jobs = opts.jobs or engine.default_jobs()
-    err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")
-    with ui.progress(err, detail="{task.fields[status]}") as progress:
-        bars = {"upstream": progress.add_task("upstream compile.py", total=len(chosen), status=""),
-                "precompile": progress.add_task("precompile", total=len(chosen), status="", start=False)}
-
-        def done(side: str, _id: str, ok: bool) -> None:
-            if side == "precompile" and not progress.tasks[bars[side]].started:
-                progress.start_task(bars[side])
-            progress.update(bars[side], advance=1)
-
-        res = run_bench(release_of(opts.tree), chosen, loaded.spec, jobs, compiler, opts.timeout, on_done=done)
-    if opts.as_json:
-        sys.stdout.write(json.dumps(res.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-    else:
-        _print_bench(res, err)
-    for f in res.failures:
-        err.print(f"[red]failed:[/] {f}")
-    if res.failures and (res.upstream.ok == 0 or res.precompile.ok == 0):
-        raise BenchFailed(f"bench: {'upstream' if res.upstream.ok == 0 else 'precompile'} compiled no kernel")
-
-
-def _print_bench(res, err: Console) -> None:
-    t = Table(title=f"AOTriton {res.release}, Triton {res.triton}, {res.sample} kernels, jobs {res.jobs}",
-              title_justify="left")
-    for col in ("compiler", "ok", "wall s", "kernels/min", "CPU s", "kernels/CPU-min"):
-        t.add_column(col, justify="left" if col == "compiler" else "right")
-    for side in (res.upstream, res.precompile):
-        t.add_row(side.name, f"{side.ok}/{side.kernels}", f"{side.wall_s:.1f}", f"{side.kernels_per_min:.1f}",
-                  f"{side.cpu_s:.1f}", f"{side.kernels_per_cpu_min:.1f}")
-    ui.console(stderr=False).print(t)
-    err.print(f"ratio precompile/upstream: [bold]{res.ratio:.2f}x[/] wall clock, "
-              f"[bold]{res.cpu_ratio:.2f}x[/] per CPU-second")

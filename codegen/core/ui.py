@@ -2,9 +2,8 @@
 (`console`) and progress bars (`progress`) every later stage prints with.
 
 `render`, `spec check`, warnings, errors and "interrupted" print only one-line messages, so they
-go through click's styling (bundled with typer, which is loaded anyway) and never import rich:
-rich costs ~40 ms of start-up, a tenth of `render` (docs/bench.md). `console` and `progress`
-import it when a stage first asks for them.
+go through click's styling (bundled with typer, which is loaded anyway) and never pay rich's
+start-up: `console` and `progress` import it when a stage first asks for them.
 
 Colour follows the conventions rich follows: NO_COLOR turns it off, and so does TERM=dumb (or
 unknown) even when forced; FORCE_COLOR turns it on; otherwise a terminal gets colour and a pipe
