@@ -21,12 +21,10 @@ from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from codegen.core.fsutil import atomic_write, read_input, write_if_changed
 from codegen.models import FAMILIES, expand_space
-from codegen.render.inputs import read_compile_report
 from codegen.plan.kernel_list import KernelEntry
 from codegen.formats.spec import LoadedSpec, load_spec
 from codegen.compile.report import VERDICTS, KernelResult, worst
 
-REPORT_NAME = "compile_report.json"
 PRUNED = ("failed", "spills")
 
 
@@ -167,8 +165,3 @@ def compile_report(results: list[KernelResult], *, arch: str, gpu: str, release:
 
 def write_compile_report(path: Path, report: dict) -> None:
     atomic_write(path, json.dumps(report, indent=2, sort_keys=True) + "\n")  # committed and shared: 0644
-
-
-def load_compile_report(folder: Path) -> dict | None:
-    """tuning/<arch>/compile_report.json, or None when absent (`read_compile_report` validates it)."""
-    return read_compile_report(Path(folder) / REPORT_NAME)

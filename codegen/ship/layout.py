@@ -47,15 +47,6 @@ def library_name(tag: str) -> str:
         raise ValueError(f"not an AOTriton release mi100-codegen knows: {tag}") from None
 
 
-def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None:
-    """The PyTorch feature release that links exactly this AOTriton version, if known."""
-    tag = release_name((aot_major, aot_minor, aot_patch))
-    for torch_line, want in TORCH_TO_AOTRITON.items():
-        if want == tag:
-            return torch_line
-    return None
-
-
 def build_release_for_line(line: str) -> str | None:
     """The newest release of an AOTriton release line ('0.12') that mi100-codegen builds for
     PyTorch ('0.12.1b'); None when it builds none of that line (e.g. '0.9': no adapter, or an image
@@ -159,10 +150,6 @@ class TorchInstall:
     def feature_release(self) -> str:
         m = re.match(r"^(\d+)\.(\d+)", self.version)
         return f"{m[1]}.{m[2]}" if m else self.version
-
-    @property
-    def aot_path(self) -> Path | None:
-        return self.lib_dir / self.aot_needed.name if self.aot_needed else None
 
 
 def _version_py(path: Path) -> dict[str, object]:
