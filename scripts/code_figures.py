@@ -4,8 +4,8 @@
 
 Figures: functions over 80 and over 60 lines (listed), imports inside functions (count, those
 without a justifying comment on the line or above the import block, and those whose comment
-names neither the start-up cost the import saves, a number with ms or s, nor an import-time
-dependency it breaks), the package edges against the layers of docs/explanation/architecture.md
+names neither the start-up it saves nor an import-time dependency it breaks), timings in
+comments and docstrings (a figure like `~40 ms`: they belong in docs/measurements.md), the package edges against the layers of docs/explanation/architecture.md
 (every import, function-level ones too, and every `python -m codegen.…` process the code starts;
 the order is read from that page's table, its one statement), and files that call
 os.replace/os.rename outside fsutil.py and apply/journal.py.
@@ -16,17 +16,22 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import re
 import sys
+import tokenize
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ARCHITECTURE = "docs/explanation/architecture.md"   # its table lists the packages from the top
 RENAME_OWNERS = ("core/fsutil.py", "apply/journal.py")
-# what justifies an import inside a function: the start-up it saves, measured ("~40 ms", "1.2 s"),
-# or the import-time dependency it breaks (an optional package, an order, a cycle)
-JUSTIFIED = re.compile(r"\b\d+(?:\.\d+)?\s?(?:ms|s)\b|\bimport-time dependency\b")
+# what justifies an import inside a function: the start-up it saves ("CLI start-up: rich loads only
+# when a stage prints"), or the import-time dependency it breaks (an optional package, an order, a cycle)
+JUSTIFIED = re.compile(r"\bstart-up\b|\bimport-time dependency\b")
+# a timing in a comment or a docstring: an approximate figure ("~40 ms", "≈0.45 s", "~1.2 s") or
+# minutes and seconds ("3 min 47 s"); a deadline the code sets ("after 60 s") is no measurement
+TIMING = re.compile(r"[~≈]\s?\d+(?:\.\d+)?\s?(?:ms|s|min)\b|\b\d+\s?min\s\d+\s?s\b|\b\d+ of \d+ s\b")
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Figures:
     imports_in_functions: list[str] = field(default_factory=list)  # "path:line module"
     imports_in_functions_without_comment: list[str] = field(default_factory=list)
     imports_in_functions_without_cost: list[str] = field(default_factory=list)  # no cost, no dependency named
+    timings_in_comments: list[str] = field(default_factory=list)  # "path:line figure"
     layer_order: list[list[str]] = field(default_factory=list)   # the page's rows, from the top
     layer_violations: list[str] = field(default_factory=list)  # "path:line a -> b (module)", cycles, unlisted
     atomic_renames_outside_owners: list[str] = field(default_factory=list)  # "path:line"
@@ -144,6 +150,20 @@ def _layer_violations(root: Path, edges: list[tuple[str, str, str, str]]) -> tup
     return order, out
 
 
+def _timings(text: str, tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, figure) of each timing in a comment or a docstring."""
+    found = [(tok.start[0], m.group(0)) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+             if tok.type == tokenize.COMMENT for m in TIMING.finditer(tok.string)]
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body \
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant) \
+                and isinstance(n.body[0].value.value, str):
+            doc = n.body[0].value
+            found += [(doc.lineno + i, m.group(0)) for i, line in enumerate(doc.value.splitlines())
+                      for m in TIMING.finditer(line)]
+    return sorted(found)
+
+
 def measure(root: Path) -> Figures:
     figs = Figures()
     pkg = root / "codegen"
@@ -156,6 +176,7 @@ def measure(root: Path) -> Figures:
         tree = ast.parse(text, filename=str(path))
         unit = rel.parts[0] if len(rel.parts) > 1 else rel.stem
         docstrings = _docstrings(tree)
+        figs.timings_in_comments += [f"{shown}:{line} {figure}" for line, figure in _timings(text, tree)]
         for node in ast.walk(tree):
             targets = [(m, m) for m in _imported(node, rel)] + [(m, f"python -m {m}") for m in _processes(node, docstrings)]
             for mod, what in targets:
@@ -211,9 +232,12 @@ def main(argv: list[str] | None = None) -> int:
           f"({len(figs.imports_in_functions_without_comment)} without a justifying comment)")
     for i in figs.imports_in_functions_without_comment:
         print(f"  {i}")
-    print(f"imports inside functions whose comment names no cost (ms, s) and no import-time dependency: "
+    print(f"imports inside functions whose comment names no start-up and no import-time dependency: "
           f"{len(figs.imports_in_functions_without_cost)}")
     for i in figs.imports_in_functions_without_cost:
+        print(f"  {i}")
+    print(f"timings in comments and docstrings: {len(figs.timings_in_comments)}")
+    for i in figs.timings_in_comments:
         print(f"  {i}")
     print(f"layers ({' > '.join('/'.join(row) for row in figs.layer_order)}), edges against them: "
           f"{len(figs.layer_violations)}")

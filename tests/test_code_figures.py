@@ -1,7 +1,7 @@
 """The architecture bars of issue 10, measured by scripts/code_figures.py on codegen/'s AST:
 no function over 80 lines, at most 5 over 60, every import inside a function justified by a
-comment that names the start-up it saves (a number with ms or s) or the import-time dependency
-it breaks, no import or `python -m codegen.…` process against the layers of
+comment that names the start-up it saves or the import-time dependency it breaks, no timing in a
+comment or a docstring (issue 37 item 6), no import or `python -m codegen.…` process against the layers of
 docs/explanation/architecture.md (issue 37 item 5), atomic renames only in fsutil.py and
 apply/journal.py."""
 
@@ -32,7 +32,8 @@ def test_the_script_prints_every_figure():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "code_figures.py")], capture_output=True,
                          text=True, check=True).stdout
     for line in ("functions over 80 lines:", "functions over 60 lines:", "imports inside functions:",
-                 "layers (cli > gpu > ship > ", "files with os.replace/os.rename"):
+                 "timings in comments and docstrings:", "layers (cli > gpu > ship > ",
+                 "files with os.replace/os.rename"):
         assert line in out
 
 
@@ -49,10 +50,16 @@ def test_every_import_inside_a_function_is_justified():
 
 
 def test_every_import_inside_a_function_names_its_cost():
-    """issue 29: an inner import hides a dependency; it stays only where it saves start-up time,
-    measured (e.g. `# CLI start-up: rich (~20 ms) loads only when a stage prints`), or breaks an
-    import-time dependency (an optional package, an order, a cycle), and says which."""
+    """issue 29: an inner import hides a dependency; it stays only where it saves start-up time
+    (e.g. `# CLI start-up: rich loads only when a stage prints`), or breaks an import-time
+    dependency (an optional package, an order, a cycle), and says which."""
     assert FIGS["imports_in_functions_without_cost"] == []
+
+
+def test_no_timings_in_comments_or_docstrings():
+    """issue 37 item 6: a figure measured on some day lives in docs/measurements.md, dated and
+    saying where it ran; the start-up an inner import saves is guarded by test_cli_help.py."""
+    assert FIGS["timings_in_comments"] == []
 
 
 def test_the_layers_come_from_the_architecture_page():
@@ -82,7 +89,8 @@ def test_atomic_renames_only_in_the_atomic_writers():
 
 
 def test_the_measure_sees_what_it_should(tmp_path):
-    """The script itself: a long function, an unjustified import and a rename are found."""
+    """The script itself: a long function, an unjustified import, a timing, an edge against the
+    layers and a rename are found."""
     (tmp_path / "docs" / "explanation").mkdir(parents=True)
     (tmp_path / "docs" / "explanation" / "architecture.md").write_text(
         (REPO / "docs" / "explanation" / "architecture.md").read_text())
@@ -103,7 +111,8 @@ def test_the_measure_sees_what_it_should(tmp_path):
                               + "\n    os.replace('a', 'b')\n    from ..plan import kernel_list\n")
     (pkg / "n.py").write_text("def f():\n    import csv  # loads when used\n\n\ndef g():\n"
                               "    # start-up: pydantic (~90 ms) loads when\n    # a model is read\n"
-                              "    import pydantic\n    import zlib  # import-time dependency: optional\n")
+                              "    import pydantic\n    import zlib  # import-time dependency: optional\n\n\n"
+                              'def h():\n    """Took 3 min 47 s; waits 60 s at most."""\n')
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "code_figures.py"), "--json", "--root",
                           str(tmp_path)], capture_output=True, text=True, check=True)
     figs = json.loads(out.stdout)
@@ -111,6 +120,7 @@ def test_the_measure_sees_what_it_should(tmp_path):
     assert figs["imports_in_functions_without_comment"] == ["codegen/models/m.py:5 json",
                                                             "codegen/models/m.py:92 codegen.plan"]
     assert figs["imports_in_functions_without_cost"] == ["codegen/models/n.py:2 csv"]
+    assert figs["timings_in_comments"] == ["codegen/models/n.py:6 ~90 ms", "codegen/models/n.py:13 3 min 47 s"]
     assert figs["layer_violations"] == [
         "codegen/extra/: not a row of docs/explanation/architecture.md's table",
         "codegen/core/c.py:6 core -> plan (python -m codegen.plan.run)",

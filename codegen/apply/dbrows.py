@@ -25,10 +25,8 @@ chunks (no compression, CRC32): `codegen.formats.tuning_db.write_archive`, the a
 reader and writer.
 The archive's one reader, upstream's CMake (`cmake -E tar xf` on 0.10b/0.11b,
 `file(ARCHIVE_EXTRACT)` later, both libarchive over liblzma), decompresses it at configure time;
-compressing bought it nothing and cost the first apply most of its time (preset 6, upstream's
-own `tar cJf`: 37 of 42 s on 0.11b; preset 0 on two threads: still ~2.7 s of CPU for the 49 MB
-database; finer LZMA2 settings measured no faster). The price is size: the archive in the tree
-is as large as the database (49 MB for 0.10b/0.11b instead of ~5 MB) until `revert`.
+compressing bought it nothing and cost the first apply most of its time (docs/measurements.md).
+The price is size: the archive in the tree is as large as the database until `revert`.
 
 Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into the central kernel tuning
 database archive (`adapter.tuning_db`, + the op database's for 0.11b); 'sharded' (0.11.1b and

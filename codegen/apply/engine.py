@@ -141,7 +141,7 @@ def _module_targets(p: ApplyPlan) -> None:
 
 def _edit_one(text: str, rel: str, edits: list, result: Result) -> tuple[str, list[str], list[str]]:
     """Apply `edits` to `text`: (new text, applied ids, problems); verdicts go to `result`."""
-    from codegen.apply import edits as ops  # libcst (~140 ms) loads only when some file's edits must be computed
+    from codegen.apply import edits as ops  # start-up: libcst loads only when some file's edits must be computed
 
     applied, problems = [], []
     for e in sorted(edits, key=lambda e: e.id):

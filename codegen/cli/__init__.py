@@ -220,7 +220,7 @@ SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embe
 
 def _path_option(value):
     """preflight.path_option, loaded when a path option is parsed (not at start-up)."""
-    from codegen.core.preflight import path_option  # CLI start-up: preflight (~2 ms) loads when a path option is parsed, never for --help
+    from codegen.core.preflight import path_option  # CLI start-up: preflight loads when a path option is parsed, never for --help
 
     return path_option(value)
 
@@ -234,7 +234,7 @@ def render(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
-    # CLI start-up: the render stage (~200 ms) loads when the command runs
+    # CLI start-up: the render stage loads when the command runs
     from codegen.render.overlay_dir import diff_overlay, write_overlay
     from codegen.render.inputs import render_overlay
     from codegen.apply.applied_spec import resolve_spec
@@ -262,7 +262,7 @@ def spec_check(
     path: Optional[Path] = typer.Argument(None, help="Spec YAML (default: the embedded one)."),
 ) -> None:
     """Validate a spec; every problem as file:line:col, exit 2 on errors."""
-    # CLI start-up: the models and the loader (~130 ms) load when the command runs
+    # CLI start-up: the models and the loader load when the command runs
     from codegen.models import expand_space
     from codegen.apply.applied_spec import resolve_spec
 
@@ -278,7 +278,7 @@ def spec_check(
 @guarded
 def spec_schema() -> None:
     """Print the JSON Schema of specs (committed as rules/schema/target-spec.schema.json)."""
-    from codegen.formats.spec import spec_json_schema  # CLI start-up: the loader (~120 ms) loads when run
+    from codegen.formats.spec import spec_json_schema  # CLI start-up: the loader loads when run
 
     sys.stdout.write(spec_json_schema())
 

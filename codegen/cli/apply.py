@@ -108,7 +108,7 @@ def register(app: typer.Typer, guarded) -> None:
         """Apply the overlay to an AOTriton tree: new files, anchored edits, tuning-DB rows.
 
         Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`)."""
-        from codegen.upstream import detect  # CLI start-up: the engine (~220 ms) loads only when apply runs
+        from codegen.upstream import detect  # CLI start-up: the engine loads only when apply runs
         from codegen.apply.applied_spec import resolve_spec
         from codegen.apply.engine import ApplyConflict, apply_overlay
 
@@ -138,7 +138,7 @@ def register(app: typer.Typer, guarded) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
     ) -> None:
         """Restore the tree byte-for-byte to its state before the first apply."""
-        from codegen.apply.revert import ApplyConflict, revert_tree  # CLI start-up: revert (~110 ms) loads only when run
+        from codegen.apply.revert import ApplyConflict, revert_tree  # CLI start-up: revert loads only when run
 
         console = ui.console(log_width=200)  # verdicts: piped, lines long rather than folded
         try:

@@ -35,7 +35,7 @@ def _print_summary(console: Console, rep) -> None:
     t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}" for k, ok in syms.items()))
     gc = v.get("gpu_check")
     if gc:
-        # CLI start-up: `bundle` imports this module too; the build stage (~300 ms) loads when a build ran
+        # CLI start-up: `bundle` imports this module too; the build stage loads when a build ran
         from codegen.imagebuild.gpu_check import describe
 
         t.add_row("gpu check", "check_gpu on a stand-in device: " + ", ".join(
@@ -77,7 +77,7 @@ def check_outputs(aotriton_dir: Path, prefix: Path, build_dir: Path | None, pyth
     if python is None:
         preflight.cache_folder("toolchain")  # the build venv
     if not noimage and compile_via == "workers" and not no_cache:  # the kernel cache
-        # CLI start-up: the kernel cache's module (~450 ms with its models and the ELF reader) loads
+        # CLI start-up: the kernel cache's module (with its models and the ELF reader) loads
         # when a command that builds checks its outputs, not for `--help` or `bundle check`
         from codegen.compile.cache import check_cache_dir, default_cache_dir
 
@@ -120,7 +120,7 @@ def register(app: typer.Typer, guarded) -> None:
 
         Re-running continues an interrupted build. Exit 3 when the build fails or the install is
         incomplete; 2 when the tree or the environment is not ready (the message says what to do)."""
-        # CLI start-up: the build stage (~300 ms) loads when the command runs, not for its --help
+        # CLI start-up: the build stage loads when the command runs, not for its --help
         from codegen.imagebuild.builder import BuildOptions, build_tree
         from codegen.imagebuild.run import cpu_count
         from codegen.imagebuild.verify import VerifyError

@@ -78,7 +78,7 @@ def build(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
 ) -> None:
     """Build the runtime against HIP N's headers, check it, write one bundle file."""
-    # CLI start-up: the build stage (~330 ms) loads when a bundle is built, not for `bundle check`
+    # CLI start-up: the build stage loads when a bundle is built, not for `bundle check`
     from codegen.imagebuild.run import cpu_count
     from codegen.plan.reach import check_mode
     from codegen.ship.bundle import BundleBuildError, build_bundle
@@ -109,7 +109,7 @@ def check(
                                         "bundle carries) and name other GPUs' rows with the same configuration."),
 ) -> None:
     """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
-    # CLI start-up: the check (~210 ms) loads when a bundle is checked, not for `bundle build`
+    # CLI start-up: the check loads when a bundle is checked, not for `bundle build`
     from codegen.ship.bundle import BundleBuildError
     from codegen.ship.check import check_bundle
 
@@ -134,7 +134,7 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Rebuild sampled kernels from the release, spec and Triton the bundle records and compare what a GPU loads."""
-    # CLI start-up: the verify stage (~400 ms: apply, plan, the compile engine) loads when a bundle is verified
+    # CLI start-up: the verify stage (apply, plan, the compile engine) loads when a bundle is verified
     from codegen.ship.verify import BundleDiffers, VerifyOptions, verify_bundle
 
     rep = verify_bundle(VerifyOptions(file, rebuild, seed=seed, jobs=jobs or 0, python=python), stderr)
@@ -165,7 +165,7 @@ def index(
     as_json: bool = typer.Option(False, "--json", help="Print the index as JSON on stdout."),
 ) -> None:
     """Write FOLDER/index.json listing the bundles in FOLDER (URLs relative to it: serve the folder as it is)."""
-    # CLI start-up: the index module (~20 ms) loads when an index is written
+    # CLI start-up: the index module loads when an index is written
     from codegen.models.records import write_json
     from codegen.ship.index import write_index
 
@@ -187,7 +187,7 @@ def matrix(
                                  "(`bundles`: one per bundle, `kernels`: one per release and arch)."),
 ) -> None:
     """List the bundles a release publishes: each release a torch line links x each card's spec x the HIP majors of its wheels."""
-    # CLI start-up: the matrix (~60 ms: spec loading) loads when it is listed
+    # CLI start-up: the matrix (spec loading) loads when it is listed
     from codegen.ship.matrix import matrix_json, release_matrix
 
     rows = release_matrix(specs or None)

@@ -24,6 +24,6 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """List the kernels the tree's own generator selects for the target GPUs: total and counts
         by family, head dim, dtype and config. Writes nothing into the tree."""
-        from codegen.plan.run import PlanOptions, show_plan  # CLI start-up: the stage (~200 ms) loads when the command runs, not for --help
+        from codegen.plan.run import PlanOptions, show_plan  # CLI start-up: the stage loads when the command runs, not for --help
 
         show_plan(PlanOptions(aotriton_dir, spec, python, tuning, as_json, configs))

@@ -46,7 +46,7 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
         resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."""
-        from codegen.compile.precompile import PrecompileOptions, run_precompile  # CLI start-up: the stage (~370 ms) loads when it runs
+        from codegen.compile.precompile import PrecompileOptions, run_precompile  # CLI start-up: the stage loads when it runs
 
         run_precompile(PrecompileOptions(
             aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,

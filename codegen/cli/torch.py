@@ -33,7 +33,7 @@ SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
     if arch:
         return arch
-    # CLI start-up: the spec loader (~95 ms) loads when a command needs the spec
+    # CLI start-up: the spec loader loads when a command needs the spec
     from codegen.apply.applied_spec import resolve_spec
 
     loaded = resolve_spec(None, spec)
@@ -50,7 +50,7 @@ def status(
     sysfs: Path = SysfsOpt,
 ) -> None:
     """The card and the spec that serves it; installed torch, HIP, the AOTriton file it links, images, whether ours is in."""
-    # CLI start-up: the status stage (~145 ms) loads when the command runs
+    # CLI start-up: the status stage loads when the command runs
     from codegen.ship.detect import DetectOptions, detect_machine
     from codegen.ship.install import backup_location
     from codegen.ship.layout import inspect_torch
@@ -84,14 +84,14 @@ def install(
     if bundle == "auto":
         if prefix is not None:
             raise UserError("give one of --prefix PREFIX or --bundle auto")
-        # CLI start-up: the owner's command loads the index, the fetcher, check, build and install (~1 s) when it runs
+        # CLI start-up: the owner's command loads the index, the fetcher, check, build and install when it runs
         from codegen.ship.owner import OwnerOptions, install_auto
 
         install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs), stderr)
         return
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
-    # CLI start-up: the install stage (~140 ms) loads when the command runs
+    # CLI start-up: the install stage loads when the command runs
     from codegen.ship.install import apply_install, backup_location, open_bundle_prefix, plan_install
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
@@ -130,7 +130,7 @@ def restore_cmd(
     force: bool = typer.Option(False, "--force", help="Restore even if installed files changed since."),
 ) -> None:
     """Put the original files back (byte-identical) and remove what install added."""
-    # CLI start-up: the install stage (~140 ms) loads when the command runs
+    # CLI start-up: the install stage loads when the command runs
     from codegen.ship.install import backup_location, restore
     from codegen.ship.layout import inspect_torch
 
@@ -152,7 +152,7 @@ def rebuild_recipe(
     """Print (or --run) the PyTorch from-source build against our install prefix.
 
     Without --prefix and --release: for the release line the installed ROCm torch links."""
-    # CLI start-up: the recipe stage (~50 ms) loads when the command runs
+    # CLI start-up: the recipe stage loads when the command runs
     from codegen.ship.layout import inspect_torch
     from codegen.ship.recipe import plan_recipe, release_for_installed_torch, render_recipe, run_recipe
 

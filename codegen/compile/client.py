@@ -63,7 +63,7 @@ def _write(path, data):
 def request(address, argv, cwd, env):
     """One request to the service: (header dict, image bytes)."""
     # start-up: the .pth imports this module in every run of the build venv's Python; only a
-    # compile.py sent to the service needs these (~10 ms)
+    # compile.py sent to the service needs these
     import json
     import socket
     import struct
@@ -123,7 +123,7 @@ def _after_generator(python, module, build_dir, failed):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    import subprocess  # start-up (~10 ms): the .pth imports this module in every run of the venv's Python
+    import subprocess  # start-up: the .pth imports this module in every run of the venv's Python
 
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", REACH_ENV)}
     try:

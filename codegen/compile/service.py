@@ -4,7 +4,7 @@ the build venv runs in place of the tree's `compile.py` (codegen.compile.client)
 Why this route: ninja keeps every kernel as its own build edge (dependency tracking, `-j`, resume
 after an interruption, the `FAILED:` lines), and upstream's CMake and generated `build.ninja` stay
 untouched; only the interpreter that each edge starts changes what it does, and it does so before
-Python has imported Triton (≈0.45 s of start-up per kernel that a warm worker pays once). The
+Python has imported Triton (a start-up each kernel would pay again; a warm worker pays it once). The
 service answers from the kernel cache (codegen.compile.cache) when it can, else compiles in one of the
 `jobs` warm workers of codegen.compile.pool (the same workers precompile uses, in the
 interpreter of the build's Triton), and stores the result there.

@@ -62,7 +62,7 @@ def generator_python(tree: Path, spec, python: str | None, console: Console | No
     first use), so a plain `pip install mi100-codegen` is enough to plan."""
     if python is not None:
         return preflight.interpreter(python)
-    # CLI start-up: the toolchain (~60 ms) loads only when plan needs the build venv
+    # CLI start-up: the toolchain loads only when plan needs the build venv
     from codegen.toolchain import generator_requirements
     from codegen.toolchain.interpreter import compiler_python
 

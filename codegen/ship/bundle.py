@@ -98,7 +98,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
                  progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
     """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
     no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
-    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
@@ -157,7 +157,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
 def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
     """The kernel summary of the build (with `images`: of the prefix those images are copied into,
     verified again); a build with problems is a BundleBuildError."""
-    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach
     from codegen.imagebuild.verify import verify_install
 
@@ -306,7 +306,7 @@ def _compile_report(loaded) -> dict | None:
     """The summary of the compile report the overlay was rendered with (`precompile
     --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
     read through its one reader from where render takes it for the tree's spec; None without one."""
-    # CLI start-up: `bundle check` loads this module too; render's inputs (~40 ms) load when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; render's inputs load when a bundle is built
     from codegen.render.inputs import read_compile_report
 
     path = overlay_results(loaded).get(COMPILE_REPORT)
