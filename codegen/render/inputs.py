@@ -76,10 +76,16 @@ def load_measured(spec: TargetSpec, folder: Path | None = None) -> list[Winner]:
     return [Winner(**rec) for rec in load_winner_rows(folder or data_dir("tuning") / spec.arch, spec)]
 
 
+def load_winners(loaded: LoadedSpec, files: dict[str, Path] | None = None) -> list[Winner]:
+    """The measured winners of the spec's home (codegen.render.workspace); none without them."""
+    files = overlay_results(loaded) if files is None else files
+    return load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+
+
 def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
     """The results of the spec's home (codegen.render.workspace), parsed."""
     files = overlay_results(loaded)
-    winners = load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+    winners = load_winners(loaded, files)
     limits = load_limits(loaded.spec, files[COMPILE_REPORT]) if COMPILE_REPORT in files else None
     return OverlayInputs(tuple(winners), limits)
 
@@ -89,4 +95,5 @@ def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
     return plan_overlay(loaded, layout, load_inputs(loaded))
 
 
-__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "render_overlay"]
+__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "load_winners",
+           "render_overlay"]
