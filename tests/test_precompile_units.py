@@ -3,14 +3,13 @@ reports (fast; no Triton, no AOTriton tree)."""
 
 from __future__ import annotations
 
-import json
 import struct
 import sys
 
 import pytest
 
 from codegen.models import KernelConfig, expand_space
-from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
+from codegen.models.limits import CompileReport, CompileReportEntry, largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
 from codegen.compile.cache import cache_key, kernel_ident, source_hash
 from codegen.compile.prune import (
@@ -294,17 +293,17 @@ def test_compile_report_and_largest_clean_waves():
                _result("attn_fwd.gfx908.fp16.d64.M128N64.wpe1.w4.s1.plv0", wpe=1, occ=1),
                _result("attn_fwd.gfx908.fp16.d64.M64N64.wpe3.w4.s1.plv0", wpe=3, occ=3)]
     rep = compile_report(results, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
-    assert rep["configs"]["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"]["verdict"] == "spills"
-    assert json.loads(json.dumps(rep)) == rep
+    assert rep.configs["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"].verdict == "spills"
+    assert CompileReport.model_validate_json(rep.model_dump_json()) == rep
     cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 128, 64, 4, 4, 1, False)
     limits = waves_per_eu_limits(rep, "gfx908")
     assert largest_clean_waves_per_eu(limits, cfg) == 1
     cfg64 = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 64, 2, 4, 1, False)
     assert largest_clean_waves_per_eu(limits, cfg64) is None  # only wpe3 known, above the request
     merged = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1", previous=rep)
-    assert merged["configs"] == rep["configs"]
+    assert merged.configs == rep.configs
     other = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.6.0", previous=rep)
-    assert other["configs"] == {}
+    assert other.configs == {}
 
 
 def test_report_is_deterministic_and_renders_markdown():
@@ -377,7 +376,8 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
                    sampled=3, sample=0, jobs=1, wall_s=1.0, compiled_now=3, from_cache=0)
     tot = report_dict(info, marked)["totals"]
     assert tot["spilling"] == 1 and tot["not_dispatched"] == 1
-    limits = waves_per_eu_limits({"arch": "gfx1030", "configs": {fuse: {"verdict": "not dispatched"}}}, "gfx1030")
+    limits = waves_per_eu_limits(CompileReport(arch="gfx1030", gpu="gfx1030_mod0", release="0.11b", triton="3.5.1", configs={
+        fuse: CompileReportEntry(verdict="not dispatched", kernels=1)}), "gfx1030")
     assert largest_clean_waves_per_eu(limits, KernelConfig.parse(fuse)) == 1
 
     assert [r.verdicts for r in prun.mark_not_dispatched(results, spec, by_release("0.10b"))] == [["spills"], ["spills"], ["ok"]]

@@ -29,9 +29,9 @@ REPORT_LIMIT = 16 << 20  # bytes; the committed reports are well under 1 MB
 _MAX_SHOWN = 12
 
 
-def read_compile_report(path: Path, display: str | None = None) -> dict | None:
+def read_compile_report(path: Path, display: str | None = None) -> CompileReport | None:
     """A compile report (`precompile --tuning-report`), validated by its model
-    (`codegen.models.limits.CompileReport`), as plain data; None when the path does not exist.
+    (`codegen.models.limits.CompileReport`); None when the path does not exist.
     The one reader: render, apply, build and precompile's merge all come through here. Anything
     else (not a regular file, not UTF-8 JSON, nested past the parser, `[]`, a config without a
     verdict, a negative count) is one DataFileError, every problem as `file: location: message`."""
@@ -53,10 +53,10 @@ def read_compile_report(path: Path, display: str | None = None) -> dict | None:
         lines = [f"{display}: {describe(e)}" for e in exc.errors(include_url=False)]
         more = len(lines) - _MAX_SHOWN
         raise DataFileError(lines[:_MAX_SHOWN] + ([f"{display}: ... and {more} more"] if more > 0 else [])) from None
-    return report.model_dump(mode="json")
+    return report
 
 
-def committed_report(arch: str) -> dict | None:
+def committed_report(arch: str) -> CompileReport | None:
     """tuning/<arch>/compile_report.json as shipped (None when there is none)."""
     return read_compile_report(data_dir("tuning") / arch / COMPILE_REPORT,
                                f"tuning/{printable(arch)}/{COMPILE_REPORT}")

@@ -41,7 +41,6 @@ from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES
-from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR, tag_line
 from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
                                        write_bundle)
@@ -310,14 +309,14 @@ def _compile_report(loaded) -> dict | None:
     from codegen.render.inputs import read_compile_report
 
     path = overlay_results(loaded).get(COMPILE_REPORT)
-    data = read_compile_report(path) if path is not None else None
-    if data is None:
+    report = read_compile_report(path) if path is not None else None
+    if report is None:
         return None
-    configs = data.get("configs", {})
-    return {"sha256": sha256(path.read_bytes()), "arch": data.get("arch"), "gpu": data.get("gpu"),
-            "release": data.get("release"), "triton": data.get("triton"), "configs": len(configs),
-            "verdicts": dict(sorted(Counter(c["verdict"] for c in configs.values()).items())),
-            "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
+    configs = report.configs.values()
+    return {"sha256": sha256(path.read_bytes()), "arch": report.arch, "gpu": report.gpu,
+            "release": report.release, "triton": report.triton, "configs": len(configs),
+            "verdicts": dict(sorted(Counter(c.verdict for c in configs).items())),
+            "kernels": sum(c.kernels for c in configs)}
 
 
 __all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "add_rows", "build_bundle", "project_provenance",
