@@ -3,6 +3,7 @@ reports (fast; no Triton, no AOTriton tree)."""
 
 from __future__ import annotations
 
+import json
 import struct
 import sys
 
@@ -17,7 +18,7 @@ from codegen.compile.prune import (
     prune_rules,
     prune_spec,
 )
-from codegen.compile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
+from codegen.compile.report import KernelResult, RunInfo, precompile_report, report_json, report_markdown
 from codegen.compile.resources import (
     Resources,
     occupancy,
@@ -201,7 +202,7 @@ def test_dot_instruction_mix_and_matrix_core_expectation():
     assert _result(mfma=0, wmma=3).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["ok"]
     assert _result(mfma=4, wmma=0).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["no matrix cores"]
     mix = summaries([plain, _result(mfma=0, fma=7).model_copy(update={"expected_matrix": None})])
-    assert mix["by_family"]["attn_fwd"]["dot_instructions"] == "dot2:1 fma:1"
+    assert mix["by_family"]["attn_fwd"].dot_instructions == "dot2:1 fma:1"
 
 
 def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
@@ -310,11 +311,13 @@ def test_report_is_deterministic_and_renders_markdown():
     results = [_result(), _result(vgpr_spills=2, code_bytes=5), _result(status="failed", code_bytes=7)]
     info = RunInfo(gpu="gfx908_mod0", arch="gfx908", release="0.11b", triton="3.5.1", build="normal",
                    planned=10, sampled=3, sample=3, jobs=2, wall_s=6.0, compiled_now=3, from_cache=0)
-    rep = report_dict(info, results)
-    assert report_json(rep) == report_json(report_dict(info, list(reversed(results))))
-    assert rep["totals"]["failed"] == 1 and rep["totals"]["spilling"] == 1
-    assert rep["run"]["kernels_per_min"] == 30.0
-    assert set(rep) >= {"by_family", "by_head_dim", "by_dtype", "by_config", "kernels", "totals", "run"}
+    rep = precompile_report(info, results)
+    assert report_json(rep) == report_json(precompile_report(info, list(reversed(results))))
+    assert rep.totals.failed == 1 and rep.totals.spilling == 1
+    assert rep.run.kernels_per_min == 30.0
+    doc = json.loads(report_json(rep))
+    assert set(doc) == {"by_family", "by_head_dim", "by_dtype", "by_config", "kernels", "totals", "run"}
+    assert [k["verdicts"] for k in doc["kernels"]] == [k.verdicts for k in rep.kernels]
     md = report_markdown(rep)
     assert "## By config" in md and "## Failures" in md and "CompilationError: boom" in md
 
@@ -374,8 +377,8 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
     assert marked[0].resources.vgpr_spills == 16  # the figures stay
     info = RunInfo(gpu="gfx1030_mod0", arch="gfx1030", release="0.11b", triton="3.5.1", build="normal", planned=3,
                    sampled=3, sample=0, jobs=1, wall_s=1.0, compiled_now=3, from_cache=0)
-    tot = report_dict(info, marked)["totals"]
-    assert tot["spilling"] == 1 and tot["not_dispatched"] == 1
+    tot = precompile_report(info, marked).totals
+    assert tot.spilling == 1 and tot.not_dispatched == 1
     limits = waves_per_eu_limits(CompileReport(arch="gfx1030", gpu="gfx1030_mod0", release="0.11b", triton="3.5.1", configs={
         fuse: CompileReportEntry(verdict="not dispatched", kernels=1)}), "gfx1030")
     assert largest_clean_waves_per_eu(limits, KernelConfig.parse(fuse)) == 1
