@@ -49,6 +49,7 @@ from codegen.core.errors import UserError
 from codegen.models import FAMILIES
 from codegen.models.dtypes import DTYPE_INFO, by_torch
 from codegen.models.limits import cap_waves_per_eu, variant_status
+from codegen.models.lock import TableRows
 from codegen.models.rows import RowsPlan, RowTile, Winner
 from codegen.models.space import KernelConfig
 from codegen.models.target import gpu_arch
@@ -80,6 +81,10 @@ class TableStats:
     compile_clean: int = 0          # final rows whose config the report measured clean
     compile_unclean: list[str] = field(default_factory=list)     # configs: spill/fail, kept
     compile_unmeasured: list[str] = field(default_factory=list)  # configs the report lacks
+
+    def counts(self) -> TableRows:
+        """The statistics as apply's result and lock record them."""
+        return TableRows(**self.as_dict())
 
     def as_dict(self) -> dict:
         out = {"donor_rows": self.donor_rows, "rows_written": self.written,

@@ -47,8 +47,8 @@ def _print_result(console: Console, result, show_edits: bool = True) -> None:
         detail = f.detail
         if f.path in result.rows:
             detail = (detail + " " if detail else "") + ", ".join(
-                f"{t} {s['rows_written']} rows" + (f" ({s['split_routed']} fused -> split)" if s.get("split_routed")
-                                                   else "") for t, s in result.rows[f.path].items())
+                f"{t} {s.rows_written} rows" + (f" ({s.split_routed} fused -> split)" if s.split_routed else "")
+                for t, s in result.rows[f.path].items())
         elif f.edits and not detail:
             detail = ", ".join(f.edits)
         table.add_row(Text(f.verdict, style=STYLES.get(f.verdict, "")), Text(f.path), Text(detail))
@@ -70,11 +70,11 @@ def _print_compile_check(console: Console, result) -> None:
     capped, unclean, unmeasured, checked = 0, set(), set(), False
     for tables in result.rows.values():
         for st in tables.values():
-            if "compile_unclean" in st:
+            if st.compile_unclean is not None:
                 checked = True
-                capped += st["compile_capped"]
-                unclean.update(st["compile_unclean"])
-                unmeasured.update(st["compile_unmeasured"])
+                capped += st.compile_capped or 0
+                unclean.update(st.compile_unclean)
+                unmeasured.update(st.compile_unmeasured or ())
     if not checked:
         return
     console.print(f"compile report: {capped} seeded row(s) lowered to the largest spill-free waves_per_eu")
