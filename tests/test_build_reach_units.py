@@ -175,6 +175,7 @@ def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_pa
     from types import SimpleNamespace
 
     from codegen.imagebuild import reach as reach_mod
+    from codegen.imagebuild.verify import Verification
     from codegen.ship import bundle
 
     record = Reach(kernels_left_out=1, packages_left_out=[
@@ -185,7 +186,7 @@ def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_pa
                         lambda r, build_dir, tree: seen.append((build_dir, tree)) or [f"{r.packages_left_out[0].image}: no"])
     copied = []
     monkeypatch.setattr(bundle, "_copy_images", lambda *a: copied.append(a))
-    rep = SimpleNamespace(verification={"problems": []}, arch="gfx908")
+    rep = SimpleNamespace(verification=Verification(library="lib"), arch="gfx908")
     with pytest.raises(UserError, match="amd-gfx908/flash/attn_fwd/B.aks2: no") as exc:
         bundle._built_kernels(tmp_path / "tree", 6, rep, None, tmp_path / "p", tmp_path / "b", tmp_path / "images")
     assert exc.value.exit_code == 2 and "mi100-codegen build" in exc.value.hint

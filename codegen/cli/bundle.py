@@ -81,16 +81,15 @@ def build(
     # CLI start-up: the build stage loads when a bundle is built, not for `bundle check`
     from codegen.imagebuild.run import cpu_count
     from codegen.plan.reach import check_mode
-    from codegen.ship.bundle import BundleBuildError, build_bundle
+    from codegen.ship.bundle import BundleBuildError, KernelBuild, build_bundle
 
     check_outputs(aotriton_dir, out, build_dir, python, images is not None, "workers", no_cache, cache_dir,
                   prefix_option="--out", default_build=f"build-hip{hip}")
     check_mode(kernels)
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
                        jobs=jobs or cpu_count(), console=stderr, progress=_say,
-                       compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
-                                     "cache_dir": cache_dir, "show_progress": not as_json,
-                                     "aiter_stand_in": aiter_stand_in, "kernels": kernels})
+                       kernel_build=KernelBuild(python, triton_version, no_cache, cache_dir, show_progress=not as_json,
+                                                aiter_stand_in=aiter_stand_in, kernels=kernels))
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,
