@@ -12,7 +12,7 @@ import pytest
 from codegen.models import KernelConfig, expand_space
 from codegen.models.limits import CompileReport, CompileReportEntry, largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
-from codegen.compile.cache import cache_key, kernel_ident, source_hash
+from codegen.compile.cache import kernel_ident, source_hash
 from codegen.compile.prune import (
     compile_report,
     prune_rules,
@@ -233,11 +233,11 @@ def test_cache_key(tmp_path):
     (tmp_path / "src" / "k.py").write_text("x = 1\n")
     kw = dict(source=str(tmp_path / "src" / "k.py"), kernel_name="k", signature="*fp16:16, 32", num_warps=4,
               num_stages=1, waves_per_eu=2, arch="gfx908", warp_size=64, triton_version="3.5.1")
-    key = cache_key(**kw)
-    assert key == cache_key(**{**kw, "signature": "*fp16:16,32"}) == kernel_ident(**kw).key
+    key = kernel_ident(**kw).key
+    assert key == kernel_ident(**{**kw, "signature": "*fp16:16,32"}).key
     assert kernel_ident(**kw).signature == "*fp16:16,32"
     for change in ({"signature": "*bf16:16, 32"}, {"waves_per_eu": 1}, {"triton_version": "3.6.0"}, {"arch": "gfx90a"}):
-        assert cache_key(**{**kw, **change}) != key
+        assert kernel_ident(**{**kw, **change}).key != key
 
 
 def test_source_hash_covers_the_import_closure_only(tmp_path):
