@@ -14,7 +14,7 @@ Prints a Markdown table (wall, CPU of all child processes, kernels/min, ratio) a
 images and sidecars of both routes are byte-identical. `--reuse-matrix` compiles nothing: every
 tree (applied from one spec) is planned by its own generator and each release's kernel cache keys
 are compared with every other's (the matrix of item 4 of issue 24; docs/measurements.md). The tree is not written to (bytecode of
-upstream's route goes to a copy of the driver's sources, as in `mi100-codegen bench`).
+upstream's route goes to a copy of the driver's sources, as in scripts/bench_precompile.py).
 """
 
 from __future__ import annotations

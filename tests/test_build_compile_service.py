@@ -380,4 +380,5 @@ def test_build_reports_compiled_and_cached(small_tree, tmp_path, monkeypatch):
     assert (second.kernels_compiled, second.kernels_cached) == (0, 2)
     clean()
     ref = build("upstream")
-    assert (ref.kernels_compiled, ref.kernels_cached, ref.compile_service) == (2, 0, {})
+    assert (ref.kernels_compiled, ref.kernels_cached, ref.compile_service) == (2, 0, None)
+    assert ref.as_json()["compile_service"] == {}

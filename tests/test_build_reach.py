@@ -29,6 +29,7 @@ import pytest
 
 from codegen.compile.client import REACH_ENV
 from codegen.compile.service import install_client
+from codegen.imagebuild.configure import REACH_MODULE
 from codegen.imagebuild.reach import (KEPT_DIR, REACH_FILE, confirm_left_out, proven_reach, prune, read_reach,
                                       record_in_prefix, read_prefix_reach, unreachable)
 from codegen.models.reach import LeftOut
@@ -86,7 +87,7 @@ def _hooked_venv(tmp_path: Path) -> str:
     site = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
                           capture_output=True, text=True).stdout.strip()
     (Path(site) / "_caller.pth").write_text("\n".join(p for p in sys.path if p.endswith("-packages")) + "\n")
-    install_client(Path(site))
+    install_client(Path(site), after_generator=REACH_MODULE)
     return str(py)
 
 

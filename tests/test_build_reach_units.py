@@ -13,6 +13,7 @@ import pytest
 from codegen.imagebuild import builder
 from codegen.compile import client as compile_client
 from codegen.imagebuild.builder import BuildOptions
+from codegen.imagebuild.configure import REACH_MODULE
 from codegen.imagebuild.reach import REACH_FILE, is_current, read_reach, remove_from_prefix
 from codegen.models.reach import REACH_FORMAT, LeftOut, Reach
 from codegen.plan.reach import check_mode
@@ -41,11 +42,13 @@ def test_the_hook_runs_once_per_generator_not_in_its_workers(monkeypatch):
     monkeypatch.setenv(compile_client.REACH_ENV, sys.executable)
     monkeypatch.delenv(compile_client.POOL_ENV, raising=False)
     seen = []
-    monkeypatch.setattr(compile_client, "_reach_hook", seen.append)
-    compile_client._hook()
-    assert seen == [sys.executable] and compile_client.REACH_ENV not in os.environ
-    compile_client._hook()                       # a worker: the knob is gone
-    assert seen == [sys.executable]
+    monkeypatch.setattr(compile_client, "_reach_hook", lambda *a: seen.append(a))
+    compile_client._hook()                       # installed without a module to run: nothing to do
+    assert seen == [] and compile_client.REACH_ENV in os.environ
+    compile_client._hook(REACH_MODULE)
+    assert seen == [(sys.executable, REACH_MODULE)] and compile_client.REACH_ENV not in os.environ
+    compile_client._hook(REACH_MODULE)           # a worker: the knob is gone
+    assert seen == [(sys.executable, REACH_MODULE)]
 
 
 def test_kernels_modes():
@@ -172,6 +175,7 @@ def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_pa
     from types import SimpleNamespace
 
     from codegen.imagebuild import reach as reach_mod
+    from codegen.imagebuild.verify import Verification
     from codegen.ship import bundle
 
     record = Reach(kernels_left_out=1, packages_left_out=[
@@ -182,7 +186,7 @@ def test_bundle_build_refuses_an_images_prefix_whose_record_is_not_proven(tmp_pa
                         lambda r, build_dir, tree: seen.append((build_dir, tree)) or [f"{r.packages_left_out[0].image}: no"])
     copied = []
     monkeypatch.setattr(bundle, "_copy_images", lambda *a: copied.append(a))
-    rep = SimpleNamespace(verification={"problems": []}, arch="gfx908")
+    rep = SimpleNamespace(verification=Verification(library="lib"), arch="gfx908")
     with pytest.raises(UserError, match="amd-gfx908/flash/attn_fwd/B.aks2: no") as exc:
         bundle._built_kernels(tmp_path / "tree", 6, rep, None, tmp_path / "p", tmp_path / "b", tmp_path / "images")
     assert exc.value.exit_code == 2 and "mi100-codegen build" in exc.value.hint

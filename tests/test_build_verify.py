@@ -177,3 +177,29 @@ def test_a_left_out_package_is_counted_apart_not_missing(install):
         LeftOut(image="amd-gfx908/flash/bwd_kernel_fuse/FONLY__other.aks2", member=None, kernels=1)])
     v = verify_install(prefix, build, version=(0, 11, 0), arch="gfx908", images=True, reach=other)
     assert not v.ok and v.left_out == 0 and len(v.missing) == 2
+
+
+def test_the_build_summary_prints_from_the_typed_report():
+    """`build` prints its summary from the BuildReport's typed parts (cli/build.py, issue 37 item 3):
+    the GPU check by hipError_t name, the missing and empty kernels counted and listed, each problem."""
+    from rich.console import Console
+
+    from codegen.cli.build import _print_summary
+    from codegen.imagebuild.builder import BuildReport
+    from codegen.imagebuild.gpu_check import GpuCheck
+    from codegen.imagebuild.verify import LIST_LIMIT, Verification
+
+    ver = Verification(library="/p/lib/libaotriton_v2.so.0.11.0", symbols={"aotriton::v2::flash::attn_fwd": True},
+                       images_dir="/p/lib/aotriton.images/amd-gfx908", packages=3, kernels_referenced=9,
+                       kernels_packed=7, missing=[f"k{i}" for i in range(LIST_LIMIT + 2)], empty=["e"],
+                       problems=["2 kernels missing"], by_kernel={"attn_fwd": 7}, left_out=4)
+    rep = BuildReport(tree="/t", release="0.11b", arch="gfx908", spec="mi100", spec_sha256="a" * 64, prefix="/p",
+                      build_dir="/b", log="/b/log", mode="images", verification=ver,
+                      gpu_check=GpuCheck(arch="gfx908", results={"gfx908": 0, "gfx90a": 209}))
+    con = Console(width=200, record=True, file=open("/dev/null", "w"))
+    _print_summary(con, rep)
+    out = con.export_text()
+    assert "attn_fwd ok" in out and "gfx908 hipSuccess, gfx90a hipErrorNoBinaryForGpu (ok: only" in out
+    assert f"7 of 9 referenced kernels packed (missing {LIST_LIMIT + 2}, empty 1, left out 4" in out
+    assert "by family  attn_fwd 7" in out and "problem: 2 kernels missing" in out
+    assert out.count("  missing k") == LIST_LIMIT and "  empty e" in out

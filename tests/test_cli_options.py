@@ -28,8 +28,6 @@ def _snapshot(root: Path) -> list[tuple[str, int]]:
     (["precompile", "TREE", "--jobs", "-3"], "--jobs"),
     (["precompile", "TREE", "--timeout", "-5"], "--timeout"),
     (["precompile", "TREE", "--rows", "-2"], "--rows"),
-    (["bench", "TREE", "--sample", "0"], "--sample"),
-    (["bench", "TREE", "-j", "-1"], "--jobs"),
     (["plan", "TREE", "--configs", "-5"], "--configs"),
     (["tune", "TREE", "--budget-min", "-1", "--dry-run"], "--budget-min"),
     (["tune", "TREE", "--batch", "0", "--dry-run"], "--batch"),
@@ -56,7 +54,6 @@ def _paths(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("args, message", [
     (["plan", "TREE", "--python", "/nonexistent/python"], "--python /nonexistent/python: no such executable"),
     (["precompile", "TREE", "--python", "/nonexistent/python"], "--python /nonexistent/python: no such executable"),
-    (["bench", "TREE", "--python", "/nonexistent/python"], "--python /nonexistent/python: no such executable"),
     (["precompile", "TREE", "--json", "DIR"], "is a directory, expected a file name"),
     (["precompile", "TREE", "--md", "DIR"], "is a directory, expected a file name"),
     (["precompile", "TREE", "--tuning-report", "DIR"], "is a directory, expected a file name"),

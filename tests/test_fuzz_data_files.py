@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.core.errors import EXIT_USER, DataFileError
+from codegen.models.limits import CompileReport
 from codegen.render.inputs import read_compile_report
 from codegen.formats.tuning_csv import MEASUREMENTS_FILE, WINNERS_FILE, read_csv
 
@@ -105,11 +106,11 @@ def _read_report(content: bytes) -> None:
             assert exc.lines and all(ln.startswith("compile_report.json") for ln in exc.lines), exc.lines
             assert "\n" not in "".join(exc.lines)
         else:  # accepted: every entry is typed as the readers downstream expect
-            assert isinstance(report, dict) and isinstance(report["configs"], dict)
-            for entry in report["configs"].values():
-                assert entry["verdict"] in ("ok", "not dispatched", "low occupancy", "no matrix cores",
-                                            "spills", "failed")
-                assert all(v is None or (isinstance(v, int) and v >= 0) for k, v in entry.items()
+            assert isinstance(report, CompileReport) and isinstance(report.configs, dict)
+            for entry in report.configs.values():
+                assert entry.verdict in ("ok", "not dispatched", "low occupancy", "no matrix cores",
+                                         "spills", "failed")
+                assert all(v is None or (isinstance(v, int) and v >= 0) for k, v in entry.model_dump().items()
                            if k not in ("verdict", "error"))
         assert p.read_bytes() == content
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from codegen.compile.cache import CompileCache, KernelIdent, cache_key, check_cache_dir, entry_problem, kernarg_layout
+from codegen.compile.cache import CompileCache, KernelIdent, check_cache_dir, entry_problem, kernarg_layout, kernel_ident
 from codegen.compile.resources import parse_resources
 from codegen.core.errors import EXIT_USER, UntrustedStorage
 from codegen.formats.elf import AMDGPU_MACH
@@ -361,5 +361,5 @@ def test_key_ignores_release_names(tmp_path):
         (tmp_path / rel / "k.py").write_text("import triton\n")
     kw = dict(kernel_name="k", signature="i32", num_warps=4, num_stages=1, waves_per_eu=1, arch="gfx908",
               warp_size=64, triton_version="3.5.1")
-    assert cache_key(source=str(tmp_path / "aotriton-0.12b" / "k.py"), **kw) == \
-        cache_key(source=str(tmp_path / "aotriton-0.12.1b" / "k.py"), **kw)
+    assert kernel_ident(source=str(tmp_path / "aotriton-0.12b" / "k.py"), **kw).key == \
+        kernel_ident(source=str(tmp_path / "aotriton-0.12.1b" / "k.py"), **kw).key

@@ -80,6 +80,12 @@ def test_plan_applied_tree_lists_spec_head_dims(fresh_tree, tag):
     assert set(plan["by_dtype"]) == {"fp16", "bf16", "fp32"}
     assert plan["total"] == sum(plan["by_family"].values()) == sum(plan["by_config"].values())
     assert all(name.split(".")[1] == "gfx908" for name in plan["by_config"])
+    # issue 39: the configs outside the spec's tuning space are marked, exactly those (seeded rows)
+    space = json.loads((REPO / "aotriton_overlay" / "space.json").read_text(encoding="utf-8"))["configs"]
+    inside = {c for configs in space.values() for c in configs}
+    tunable = {c for c in plan["by_config"] if c.split(".")[0] in space}
+    assert set(plan["outside_space"]) == tunable - inside and all(plan["outside_space"].values())
+    assert plan["seeded_from"] == "gfx90a_mod0" and plan["measured_outside"] == []
     timing = plan.pop("timing")  # where the time went (issue 12): upstream's generator vs ours
     assert timing["upstream_s"] > 0 and timing["ours_s"] >= 0
     assert abs(timing["total_s"] - timing["upstream_s"] - timing["ours_s"]) < 0.01
@@ -100,7 +106,7 @@ def test_plan_tuning_build_lists_spec_space(fresh_tree, tag):
     space = json.loads((REPO / "aotriton_overlay" / "space.json").read_text(encoding="utf-8"))["configs"]
     want = {c for configs in space.values() for c in configs}
     got = {c for c in plan["by_config"] if c.split(".")[0] in space}
-    assert len(want) > len(space) and got == want
+    assert len(want) > len(space) and got == want and plan["outside_space"] == {}
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
-"""`mi100-codegen precompile` / `bench` end to end on a real applied tree (marked aotriton,
-triton, slow: a few minutes on 2 cores)."""
+"""`mi100-codegen precompile` and scripts/bench_precompile.py end to end on a real applied tree
+(marked aotriton, triton, slow: a few minutes on 2 cores)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 from codegen.cli import app
 
 pytestmark = pytest.mark.aotriton
+BENCH = Path(__file__).resolve().parents[1] / "scripts" / "bench_precompile.py"
 
 
 def _applied(fresh_tree, tag: str):
@@ -28,6 +31,14 @@ def _applied(fresh_tree, tag: str):
     tree = fresh_tree(tag)
     apply_overlay(tree, load_spec(None))
     return tree
+
+
+def test_bench_refuses_like_the_cli(pristine_tree):
+    """The developers' benchmark is a script now (issue 37 item 6): a tree without the overlay is
+    one line, exit 2, as precompile says it."""
+    r = subprocess.run([sys.executable, str(BENCH), str(pristine_tree("0.12b")), "--python", sys.executable],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "mi100-codegen apply" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_precompile_refuses_tree_without_overlay(pristine_tree, tmp_path):
@@ -76,9 +87,9 @@ def test_precompile_sample_end_to_end(fresh_tree, tmp_path):
 @pytest.mark.slow
 def test_bench_compares_both_compilers(fresh_tree):
     tree = _applied(fresh_tree, "0.12b")
-    result = CliRunner().invoke(app, ["bench", str(tree), "--sample", "3", "--jobs", "2", "--json",
-                                      "--python", sys.executable])
-    assert result.exit_code == 0, result.output
+    result = subprocess.run([sys.executable, str(BENCH), str(tree), "--sample", "3", "--jobs", "2", "--json",
+                             "--python", sys.executable], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
     res = json.loads(result.stdout)
     assert res["sample"] == 3 and res["upstream"]["ok"] == 3 and res["precompile"]["ok"] == 3
     assert res["ratio"] > 0 and res["cpu_ratio"] > 0

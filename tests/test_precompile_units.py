@@ -10,15 +10,15 @@ import sys
 import pytest
 
 from codegen.models import KernelConfig, expand_space
-from codegen.models.limits import largest_clean_waves_per_eu, waves_per_eu_limits
+from codegen.models.limits import CompileReport, CompileReportEntry, largest_clean_waves_per_eu, waves_per_eu_limits
 from codegen.plan.kernel_list import KernelEntry, config_of
-from codegen.compile.cache import cache_key, kernel_ident, source_hash
+from codegen.compile.cache import kernel_ident, source_hash
 from codegen.compile.prune import (
     compile_report,
     prune_rules,
     prune_spec,
 )
-from codegen.compile.report import KernelResult, RunInfo, report_dict, report_json, report_markdown
+from codegen.compile.report import KernelResult, RunInfo, precompile_report, report_json, report_markdown
 from codegen.compile.resources import (
     Resources,
     occupancy,
@@ -202,7 +202,7 @@ def test_dot_instruction_mix_and_matrix_core_expectation():
     assert _result(mfma=0, wmma=3).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["ok"]
     assert _result(mfma=4, wmma=0).model_copy(update={"expected_matrix": "wmma"}).verdicts == ["no matrix cores"]
     mix = summaries([plain, _result(mfma=0, fma=7).model_copy(update={"expected_matrix": None})])
-    assert mix["by_family"]["attn_fwd"]["dot_instructions"] == "dot2:1 fma:1"
+    assert mix["by_family"]["attn_fwd"].dot_instructions == "dot2:1 fma:1"
 
 
 def _entry(family="attn_fwd", dtype="fp16", hd=64, m=64, n=32, wpe=2, plv=False, i=0) -> KernelEntry:
@@ -233,11 +233,11 @@ def test_cache_key(tmp_path):
     (tmp_path / "src" / "k.py").write_text("x = 1\n")
     kw = dict(source=str(tmp_path / "src" / "k.py"), kernel_name="k", signature="*fp16:16, 32", num_warps=4,
               num_stages=1, waves_per_eu=2, arch="gfx908", warp_size=64, triton_version="3.5.1")
-    key = cache_key(**kw)
-    assert key == cache_key(**{**kw, "signature": "*fp16:16,32"}) == kernel_ident(**kw).key
+    key = kernel_ident(**kw).key
+    assert key == kernel_ident(**{**kw, "signature": "*fp16:16,32"}).key
     assert kernel_ident(**kw).signature == "*fp16:16,32"
     for change in ({"signature": "*bf16:16, 32"}, {"waves_per_eu": 1}, {"triton_version": "3.6.0"}, {"arch": "gfx90a"}):
-        assert cache_key(**{**kw, **change}) != key
+        assert kernel_ident(**{**kw, **change}).key != key
 
 
 def test_source_hash_covers_the_import_closure_only(tmp_path):
@@ -294,28 +294,30 @@ def test_compile_report_and_largest_clean_waves():
                _result("attn_fwd.gfx908.fp16.d64.M128N64.wpe1.w4.s1.plv0", wpe=1, occ=1),
                _result("attn_fwd.gfx908.fp16.d64.M64N64.wpe3.w4.s1.plv0", wpe=3, occ=3)]
     rep = compile_report(results, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
-    assert rep["configs"]["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"]["verdict"] == "spills"
-    assert json.loads(json.dumps(rep)) == rep
+    assert rep.configs["attn_fwd.gfx908.fp16.d64.M128N64.wpe2.w4.s1.plv0"].verdict == "spills"
+    assert CompileReport.model_validate_json(rep.model_dump_json()) == rep
     cfg = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 128, 64, 4, 4, 1, False)
     limits = waves_per_eu_limits(rep, "gfx908")
     assert largest_clean_waves_per_eu(limits, cfg) == 1
     cfg64 = KernelConfig("attn_fwd", "gfx908", "fp16", 64, 64, 64, 2, 4, 1, False)
     assert largest_clean_waves_per_eu(limits, cfg64) is None  # only wpe3 known, above the request
     merged = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1", previous=rep)
-    assert merged["configs"] == rep["configs"]
+    assert merged.configs == rep.configs
     other = compile_report([], arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.6.0", previous=rep)
-    assert other["configs"] == {}
+    assert other.configs == {}
 
 
 def test_report_is_deterministic_and_renders_markdown():
     results = [_result(), _result(vgpr_spills=2, code_bytes=5), _result(status="failed", code_bytes=7)]
     info = RunInfo(gpu="gfx908_mod0", arch="gfx908", release="0.11b", triton="3.5.1", build="normal",
                    planned=10, sampled=3, sample=3, jobs=2, wall_s=6.0, compiled_now=3, from_cache=0)
-    rep = report_dict(info, results)
-    assert report_json(rep) == report_json(report_dict(info, list(reversed(results))))
-    assert rep["totals"]["failed"] == 1 and rep["totals"]["spilling"] == 1
-    assert rep["run"]["kernels_per_min"] == 30.0
-    assert set(rep) >= {"by_family", "by_head_dim", "by_dtype", "by_config", "kernels", "totals", "run"}
+    rep = precompile_report(info, results)
+    assert report_json(rep) == report_json(precompile_report(info, list(reversed(results))))
+    assert rep.totals.failed == 1 and rep.totals.spilling == 1
+    assert rep.run.kernels_per_min == 30.0
+    doc = json.loads(report_json(rep))
+    assert set(doc) == {"by_family", "by_head_dim", "by_dtype", "by_config", "kernels", "totals", "run"}
+    assert [k["verdicts"] for k in doc["kernels"]] == [k.verdicts for k in rep.kernels]
     md = report_markdown(rep)
     assert "## By config" in md and "## Failures" in md and "CompilationError: boom" in md
 
@@ -375,9 +377,10 @@ def test_not_dispatched_fused_kernels_are_reported_as_such():
     assert marked[0].resources.vgpr_spills == 16  # the figures stay
     info = RunInfo(gpu="gfx1030_mod0", arch="gfx1030", release="0.11b", triton="3.5.1", build="normal", planned=3,
                    sampled=3, sample=0, jobs=1, wall_s=1.0, compiled_now=3, from_cache=0)
-    tot = report_dict(info, marked)["totals"]
-    assert tot["spilling"] == 1 and tot["not_dispatched"] == 1
-    limits = waves_per_eu_limits({"arch": "gfx1030", "configs": {fuse: {"verdict": "not dispatched"}}}, "gfx1030")
+    tot = precompile_report(info, marked).totals
+    assert tot.spilling == 1 and tot.not_dispatched == 1
+    limits = waves_per_eu_limits(CompileReport(arch="gfx1030", gpu="gfx1030_mod0", release="0.11b", triton="3.5.1", configs={
+        fuse: CompileReportEntry(verdict="not dispatched", kernels=1)}), "gfx1030")
     assert largest_clean_waves_per_eu(limits, KernelConfig.parse(fuse)) == 1
 
     assert [r.verdicts for r in prun.mark_not_dispatched(results, spec, by_release("0.10b"))] == [["spills"], ["spills"], ["ok"]]

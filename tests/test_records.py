@@ -241,6 +241,8 @@ def test_deep_prefix_and_build_reach_records_are_one_message(tmp_path, rel):
 def _writer_manifest() -> dict:
     """A manifest as `bundle build` writes it, made by its own function from stand-ins of what it
     reads (the build report, the library's ELF facts, the sysroot record, the checks' results)."""
+    from codegen.imagebuild.prereq import Toolchain
+    from codegen.imagebuild.verify import Verification
     from codegen.models.hip import SysrootRecord
     from codegen.ship.bundle import _manifest
     from codegen.ship.identity import Claim
@@ -253,18 +255,20 @@ def _writer_manifest() -> dict:
                   held={"Q": "fp16", "BLOCK_DMODEL": "64", "PADDED_HEAD": "False"},
                   packages_left_out=[{"image": "amd-gfx908/flash/bwd_kernel_fuse/FONLY__y.aks2", "member": None,
                                       "kernels": 6, "functional": {"Q": "bf16", "BLOCK_DMODEL": "64"}}])
+    toolchain = Toolchain(python="3.11.2", triton_version="3.5.1", cmake="cmake", cmake_version="3.31.6",
+                          ninja="ninja", ninja_version="1.13.0", cxx="/usr/bin/g++", cc="/usr/bin/gcc", hip_dir=None,
+                          hip_version=None)
     rep = SimpleNamespace(arch="gfx908", spec="mi100", spec_sha256="a" * 64, kernels_compiled=0, kernels_cached=3,
-                          aiter=None, kernels="dispatched", reach=reach.summary(), log="/b/build-hip6/build.log",
-                          toolchain={"cmake": "3.31.6", "ninja": "1.13.0", "cxx": "/usr/bin/g++", "hip": None,
-                                     "python": "3.11.2", "triton": "3.5.1"})
+                          aiter=None, kernels="dispatched", reach=reach, log="/b/build-hip6/build.log",
+                          toolchain=toolchain)
     dyn = SimpleNamespace(soname="libaotriton_v2.so.0.11", needed=["libamdhip64.so.6", "libc.so.6"], rpath=[],
                           runpath=["$ORIGIN"], import_versions=[("hipMalloc", "hip_4.2"), ("free", "GLIBC_2.2.5")],
                           highest=lambda f: {"GLIBC": "GLIBC_2.34", "GLIBCXX": "GLIBCXX_3.4.30"}[f])
     deb = {"version": "6.4.1-2", "file": "libamdhip64-dev_6.4.1-2_amd64.deb", "sha256": "b" * 64}
     sysroot = SimpleNamespace(record=SysrootRecord(format=2, major=6, suite="sid", packages={"libamdhip64-dev": deb},
                                                    runtime="usr/lib/x86_64-linux-gnu/libamdhip64.so.6.4.1"))
-    kernels = {"kernels_referenced": 9, "kernels_packed": 9, "kernels_left_out": 6, "missing_count": 0,
-               "empty_count": 0, "packages": 4, "kernels_by_family": {"attn_fwd": 9}, "problems": []}
+    kernels = Verification(library=LIB, kernels_referenced=9, kernels_packed=9, left_out=6, packages=4,
+                           by_kernel={"attn_fwd": 9})
     data = _manifest(by_release("0.11b"), rep, 6, "gfx908:sramecc+:xnack-", Path(LIB), dyn, sysroot, kernels, files)
     data["built_with"]["images"] = "built by this build folder"
     data["compile_report"] = {"sha256": "c" * 64, "arch": "gfx908", "gpu": "gfx908_mod0", "release": "0.11b",

@@ -14,7 +14,7 @@ from codegen.apply.dbrows import build_db, db_targets
 from codegen.formats.tuning_db import read_archive
 from fake_tree import make_fake_tree
 from codegen.models import KernelConfig
-from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
+from codegen.models.limits import CompileReport, cap_waves_per_eu, waves_per_eu_limits
 from codegen.models.rows import OverlayInputs, RowsPlan
 from codegen.render.inputs import load_limits, render_overlay
 from codegen.render.overlay import plan_overlay
@@ -24,9 +24,9 @@ from codegen.upstream import detect
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _report(verdicts: dict[str, str], arch: str = "gfx908") -> dict:
-    return {"arch": arch, "gpu": f"{arch}_mod0", "release": "0.11b", "triton": "3.5.1",
-            "configs": {n: {"verdict": v} for n, v in verdicts.items()}}
+def _report(verdicts: dict[str, str], arch: str = "gfx908") -> CompileReport:
+    return CompileReport.model_validate({"arch": arch, "gpu": f"{arch}_mod0", "release": "0.11b", "triton": "3.5.1",
+                                         "configs": {n: {"verdict": v, "kernels": 1} for n, v in verdicts.items()}})
 
 
 FWD = "attn_fwd.gfx908.fp16.d64.M64N32.wpe{}.w4.s1.plv0"
@@ -100,7 +100,7 @@ ROWS = {
 }
 
 
-def _fake_report() -> dict:
+def _fake_report() -> CompileReport:
     """Every donor config of the fake tree (tiles 128x64 / 64x64 / 64x32 at wpe 2, w4 s1, plv0):
     64x64 spills at 2 but not at 1, 64x32 spills at both (fp16 d64 only: the rest is unknown),
     128x64 is clean at 1 (the spec caps it there)."""
@@ -260,12 +260,12 @@ def test_merge_never_turns_a_spilling_config_clean():
                            triton="3.5.1")
     merged = compile_report([_result(name, code_bytes=1), _result(FWD.format(1), wpe=1, occ=1)], arch="gfx908",
                             gpu="gfx908_mod0", release="0.11b", triton="3.5.1", previous=first)
-    assert merged["configs"][name] == first["configs"][name]          # the spill evidence stays
-    assert merged["configs"][FWD.format(1)]["verdict"] == "ok"
+    assert merged.configs[name] == first.configs[name]          # the spill evidence stays
+    assert merged.configs[FWD.format(1)].verdict == "ok"
     fixed = compile_report([_result(name, vgpr_spills=1)], arch="gfx908", gpu="gfx908_mod0", release="0.11b",
                            triton="3.5.1", previous=compile_report([_result(name)], arch="gfx908", gpu="gfx908_mod0",
                                                                    release="0.11b", triton="3.5.1"))
-    assert fixed["configs"][name]["verdict"] == "spills"               # a worse new result replaces
+    assert fixed.configs[name].verdict == "spills"               # a worse new result replaces
 
 
 def rules_from_report(loaded, report: dict) -> dict[str, list[dict]]:
@@ -295,7 +295,7 @@ def test_prune_rules_from_report_cite_the_cross_compile(tmp_path):
     loaded = load_spec(None)
     space = {c.name: c for cfgs in expand_space(loaded.spec).values() for c in cfgs}
     victim = next(n for n in sorted(space) if n.startswith("bwd_kernel_dq.") and ".wpe1." in n)
-    rep = _report({victim: "spills", "attn_fwd.gfx908.fp16.d64.M16N16.wpe9.w4.s1.plv0": "spills"})
+    rep = _report({victim: "spills", "attn_fwd.gfx908.fp16.d64.M16N16.wpe9.w4.s1.plv0": "spills"}).model_dump()
     rep["configs"][victim]["vgpr_spills"] = 7
     rules = rules_from_report(loaded, rep)
     assert list(rules) == ["bwd_kernel_dq"] and len(rules["bwd_kernel_dq"]) == 1  # outside the space: ignored

@@ -43,10 +43,10 @@ def test_planned_configs_are_clean_or_listed(fresh_tree):
     checked = False
     for tables in result.rows.values():
         for st in tables.values():
-            if "compile_unclean" in st:
+            if st.compile_unclean is not None:
                 checked = True
-                listed.update(st["compile_unclean"])
-                listed.update(st["compile_unmeasured"])
+                listed.update(st.compile_unclean)
+                listed.update(st.compile_unmeasured)
     assert checked, "apply did not check the rows against the compile report"
 
     entries = generate_kernel_list(tree, list(loaded.spec.gpus), sys.executable, arch=loaded.spec.arch, tuning=False)

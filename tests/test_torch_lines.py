@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from codegen.cli import app
 from codegen.ship.layout import (TORCH_LINES, TORCH_RELEASES, TORCH_TO_AOTRITON,
-                                              build_release_for_line, library_name, parse_tag, tag_line)
+                                              build_release_for_line, parse_tag, tag_line)
 from codegen.upstream import SUPPORTED
-from codegen.upstream.releases import RELEASES, release_name
+from codegen.upstream.releases import RELEASES, by_release, release_name
 
 from test_torch_install import build_torch, need_cc
 
@@ -38,7 +38,7 @@ def test_table_covers_every_line():
     assert {k: v[0] for k, v in LINES.items()} == {k: v for k, v in TORCH_TO_AOTRITON.items() if k in LINES}
     assert [t.torch for t in TORCH_LINES] == sorted(TORCH_TO_AOTRITON, key=lambda s: tuple(map(int, s.split("."))))
     for line, (tag, lib, build) in LINES.items():
-        assert library_name(tag) == lib
+        assert by_release(tag).library == lib   # the file libtorch_hip.so needs
         assert build_release_for_line(tag_line(tag)) == build, line
     assert parse_tag("0.12.1b") == (0, 12, 1) and parse_tag("0.13b") == (0, 13, 0) and parse_tag("x") is None
     # every supported release is reachable from some torch line, and torch builds every one of

@@ -51,7 +51,7 @@ def sha256(data: bytes) -> str:
 def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
     """Tree-relative path -> bytes of what apply records for `loaded`: the spec's file as read now
     (bounded like any spec) and every result render reads for it."""
-    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    # CLI start-up: revert imports this module; the spec loader loads when used
     from codegen.formats.spec import MAX_SPEC_BYTES
 
     out = {SPEC_COPY: read_input(loaded.path, what="spec", limit=MAX_SPEC_BYTES)}
@@ -77,7 +77,7 @@ def _hint(tree: Path) -> str:
 
 
 def _check_recorded(tree: Path, lock: ApplyLock) -> None:
-    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    # CLI start-up: revert imports this module; the spec loader loads when used
     from codegen.formats.spec import MAX_SPEC_BYTES
 
     for rel in recorded_paths(tree, lock):
@@ -95,7 +95,7 @@ def load_recorded(tree: Path, lock: ApplyLock) -> "LoadedSpec | None":
     """The spec recorded at apply time, None for a lock written before specs were recorded.
     Refuses (UserError naming the file) recorded files that are missing, not regular files, too
     large or not the bytes the lock names, and a recorded spec that is not valid."""
-    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    # CLI start-up: revert imports this module; the spec loader loads when used
     from codegen.formats.spec import load_spec
 
     if SPEC_COPY not in lock.recorded:
@@ -125,7 +125,7 @@ def resolve_spec(tree: Path | str | None = None, explicit: Path | None = None) -
     Whenever the embedded default is taken while the current folder holds a different
     `rules/<same name>` (an installed tool run in an edited checkout), the spec's warnings end
     with the note that says which one runs."""
-    # CLI start-up: revert imports this module; the spec loader (~40 ms) loads when used
+    # CLI start-up: revert imports this module; the spec loader loads when used
     from codegen.formats.spec import load_spec
 
     lock = read_lock(Path(tree)) if tree is not None and Path(tree).is_dir() else None

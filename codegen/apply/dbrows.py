@@ -25,10 +25,8 @@ chunks (no compression, CRC32): `codegen.formats.tuning_db.write_archive`, the a
 reader and writer.
 The archive's one reader, upstream's CMake (`cmake -E tar xf` on 0.10b/0.11b,
 `file(ARCHIVE_EXTRACT)` later, both libarchive over liblzma), decompresses it at configure time;
-compressing bought it nothing and cost the first apply most of its time (preset 6, upstream's
-own `tar cJf`: 37 of 42 s on 0.11b; preset 0 on two threads: still ~2.7 s of CPU for the 49 MB
-database; finer LZMA2 settings measured no faster). The price is size: the archive in the tree
-is as large as the database (49 MB for 0.10b/0.11b instead of ~5 MB) until `revert`.
+compressing bought it nothing and cost the first apply most of its time (docs/measurements.md).
+The price is size: the archive in the tree is as large as the database until `revert`.
 
 Layouts (from the adapter): 'central' (0.10b, 0.11b) upserts into the central kernel tuning
 database archive (`adapter.tuning_db`, + the op database's for 0.11b); 'sharded' (0.11.1b and
@@ -51,6 +49,7 @@ from codegen.core.errors import UserError
 from codegen.models import FAMILIES
 from codegen.models.dtypes import DTYPE_INFO, by_torch
 from codegen.models.limits import cap_waves_per_eu, variant_status
+from codegen.models.lock import TableRows
 from codegen.models.rows import RowsPlan, RowTile, Winner
 from codegen.models.space import KernelConfig
 from codegen.models.target import gpu_arch
@@ -82,6 +81,10 @@ class TableStats:
     compile_clean: int = 0          # final rows whose config the report measured clean
     compile_unclean: list[str] = field(default_factory=list)     # configs: spill/fail, kept
     compile_unmeasured: list[str] = field(default_factory=list)  # configs the report lacks
+
+    def counts(self) -> TableRows:
+        """The statistics as apply's result and lock record them."""
+        return TableRows(**self.as_dict())
 
     def as_dict(self) -> dict:
         out = {"donor_rows": self.donor_rows, "rows_written": self.written,

@@ -41,6 +41,7 @@ from codegen.apply.applied_spec import recorded_files, recorded_paths, sha256
 from codegen.apply.mentions import arch_mentions, strip_mentions
 from codegen.apply.journal import Transaction, pending
 from codegen.apply.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
+from codegen.models.lock import TableRows
 from codegen.apply.state import (
     BACKUP_DIR,
     ApplyConflict,
@@ -93,7 +94,7 @@ class _Target:
     data: bytes | None  # None: the file must not exist
     edits: list[str] = field(default_factory=list)
     inputs: str | None = None
-    rows: dict | None = None
+    rows: dict[str, TableRows] | None = None
     detail: str = ""
 
 
@@ -141,7 +142,7 @@ def _module_targets(p: ApplyPlan) -> None:
 
 def _edit_one(text: str, rel: str, edits: list, result: Result) -> tuple[str, list[str], list[str]]:
     """Apply `edits` to `text`: (new text, applied ids, problems); verdicts go to `result`."""
-    from codegen.apply import edits as ops  # libcst (~140 ms) loads only when some file's edits must be computed
+    from codegen.apply import edits as ops  # start-up: libcst loads only when some file's edits must be computed
 
     applied, problems = [], []
     for e in sorted(edits, key=lambda e: e.id):
@@ -255,7 +256,7 @@ def _db_targets(p: ApplyPlan, adapter: Adapter, progress: Progress) -> None:
         outs = list(pool.map(lambda job: dbrows.build_db(job[0], p.pristine, p.overlay.rows), jobs))
     for (t, key, _), out in zip(jobs, outs):
         p.targets[t["path"]] = _Target(t["path"], "db", out.content, inputs=key,
-                                       rows={k: v.as_dict() for k, v in sorted(out.tables.items())})
+                                       rows={k: v.counts() for k, v in sorted(out.tables.items())})
 
 
 def _restore_targets(p: ApplyPlan) -> None:

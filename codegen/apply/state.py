@@ -13,6 +13,7 @@ from codegen.core.contain import Escape, inside, perm_bits
 from codegen.core.errors import SystemFailure, UserError, os_failure, os_reason
 from codegen.apply.journal import STATE_DIR, RollbackIncomplete, Transaction, TreeBusy, TxnFailed, recover, tree_lock
 from codegen.apply.lock import LOCK_NAME, ApplyLock
+from codegen.models.lock import TableRows
 
 BACKUP_DIR = f"{STATE_DIR}/backup"
 VERDICTS = ("create", "edit", "identical", "conflict", "skip")
@@ -56,7 +57,7 @@ class Result:
     changed: bool = False
     files: list[FileVerdict] = field(default_factory=list)
     edits: list[EditVerdict] = field(default_factory=list)
-    rows: dict[str, dict[str, dict]] = field(default_factory=dict)
+    rows: dict[str, dict[str, TableRows]] = field(default_factory=dict)   # db file -> table -> what apply wrote
 
     @property
     def conflicts(self) -> list[FileVerdict]:
@@ -64,6 +65,7 @@ class Result:
 
     def to_json(self) -> dict:
         d = asdict(self)
+        d["rows"] = {path: {t: st.to_json() for t, st in tables.items()} for path, tables in self.rows.items()}
         d["ok"] = not self.conflicts
         return d
 

@@ -40,7 +40,6 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "revert": ("codegen.cli.apply", "Restore the tree byte-for-byte to its state before the first apply."),
     "plan": ("codegen.cli.plan", "List the kernels the tree's own generator selects for the target GPUs: total and counts by family, head dim, dtype and config. Writes nothing into the tree."),
     "precompile": ("codegen.cli.precompile", "Cross-compile the plan's kernels for the target with Triton and report each kernel's resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."),
-    "bench": ("codegen.cli.precompile", "Throughput of precompile vs. the tree's own compiler (one process per kernel, as its build runs it) on the same stratified sample; prints kernels/min and the ratio."),
     "build": ("codegen.cli.build", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
     "tune": ("codegen.cli.tune", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "bundle": ("codegen.cli.bundle", "Drop-in bundles: the runtime built against a HIP major's headers, its images and a manifest, checked on a CPU (link identity, emulated dispatch); never run on a card."),
@@ -223,7 +222,7 @@ SpecOpt = typer.Option(None, "--spec", help="Target spec YAML (default: the embe
 
 def _path_option(value):
     """preflight.path_option, loaded when a path option is parsed (not at start-up)."""
-    from codegen.core.preflight import path_option  # CLI start-up: preflight (~2 ms) loads when a path option is parsed, never for --help
+    from codegen.core.preflight import path_option  # CLI start-up: preflight loads when a path option is parsed, never for --help
 
     return path_option(value)
 
@@ -238,7 +237,7 @@ def render(
     check: bool = typer.Option(False, "--check", help="Write nothing; exit 1 with a diff if OUT is stale."),
 ) -> None:
     """Render the overlay (tuning-space module, anchored edits, tuning rows, MANIFEST.json)."""
-    # CLI start-up: the render stage (~200 ms) loads when the command runs
+    # CLI start-up: the render stage loads when the command runs
     from codegen.render.overlay_dir import diff_overlay, write_overlay
     from codegen.render.inputs import render_overlay
     from codegen.apply.applied_spec import resolve_spec
@@ -266,7 +265,7 @@ def spec_check(
     path: Optional[Path] = typer.Argument(None, help="Spec YAML (default: the embedded one)."),
 ) -> None:
     """Validate a spec; every problem as file:line:col, exit 2 on errors."""
-    # CLI start-up: the models and the loader (~130 ms) load when the command runs
+    # CLI start-up: the models and the loader load when the command runs
     from codegen.models import expand_space
     from codegen.apply.applied_spec import resolve_spec
 
@@ -287,7 +286,7 @@ def spec_show(
     """Print an embedded spec as shipped, comments included.
 
     `mi100-codegen spec show > my.yaml` starts a spec of your own (docs/howto/add-head-dim.md)."""
-    from codegen.core.resources import DEFAULT_SPEC, embedded_spec  # CLI start-up: data folders (~1 ms), when run
+    from codegen.core.resources import DEFAULT_SPEC, embedded_spec  # CLI start-up: data folders, when run
 
     sys.stdout.write(embedded_spec(name or DEFAULT_SPEC).read_text(encoding="utf-8"))
 
@@ -296,7 +295,7 @@ def spec_show(
 @guarded
 def spec_schema() -> None:
     """Print the JSON Schema of specs (committed as rules/schema/target-spec.schema.json)."""
-    from codegen.formats.spec import spec_json_schema  # CLI start-up: the loader (~120 ms) loads when run
+    from codegen.formats.spec import spec_json_schema  # CLI start-up: the loader loads when run
 
     sys.stdout.write(spec_json_schema())
 

@@ -47,8 +47,8 @@ def _print_result(console: Console, result, show_edits: bool = True, report: Pat
         detail = f.detail
         if f.path in result.rows:
             detail = (detail + " " if detail else "") + ", ".join(
-                f"{t} {s['rows_written']} rows" + (f" ({s['split_routed']} fused -> split)" if s.get("split_routed")
-                                                   else "") for t, s in result.rows[f.path].items())
+                f"{t} {s.rows_written} rows" + (f" ({s.split_routed} fused -> split)" if s.split_routed else "")
+                for t, s in result.rows[f.path].items())
         elif f.edits and not detail:
             detail = ", ".join(f.edits)
         table.add_row(Text(f.verdict, style=STYLES.get(f.verdict, "")), Text(f.path), Text(detail))
@@ -71,11 +71,11 @@ def _print_compile_check(console: Console, result, report: Path | None) -> None:
     capped, unclean, unmeasured, checked = 0, set(), set(), False
     for tables in result.rows.values():
         for st in tables.values():
-            if "compile_unclean" in st:
+            if st.compile_unclean is not None:
                 checked = True
-                capped += st["compile_capped"]
-                unclean.update(st["compile_unclean"])
-                unmeasured.update(st["compile_unmeasured"])
+                capped += st.compile_capped or 0
+                unclean.update(st.compile_unclean)
+                unmeasured.update(st.compile_unmeasured or ())
     if not checked:
         return
     console.print(f"compile report: {capped} seeded row(s) lowered to the largest spill-free waves_per_eu")
@@ -113,7 +113,7 @@ def register(app: typer.Typer, guarded) -> None:
         Idempotent and atomic; writes .mi100-codegen.lock.json and backups (see `revert`).
 
         It renders the overlay from --spec itself: a render --out folder is a preview, never read."""
-        from codegen.upstream import detect  # CLI start-up: the engine (~220 ms) loads only when apply runs
+        from codegen.upstream import detect  # CLI start-up: the engine loads only when apply runs
         from codegen.apply.applied_spec import resolve_spec
         from codegen.apply.engine import ApplyConflict, apply_overlay
         from codegen.render.workspace import COMPILE_REPORT, results_dir
@@ -144,7 +144,7 @@ def register(app: typer.Typer, guarded) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the verdicts as JSON on stdout."),
     ) -> None:
         """Restore the tree byte-for-byte to its state before the first apply."""
-        from codegen.apply.revert import ApplyConflict, revert_tree  # CLI start-up: revert (~110 ms) loads only when run
+        from codegen.apply.revert import ApplyConflict, revert_tree  # CLI start-up: revert loads only when run
 
         console = ui.console(log_width=200)  # verdicts: piped, lines long rather than folded
         try:

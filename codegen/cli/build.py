@@ -24,32 +24,32 @@ KERNELS_HELP = ("'dispatched' (default): leave out the fused backward kernels th
 
 
 def _print_summary(console: Console, rep) -> None:
+    # CLI start-up: `bundle` imports this module too; the build stage loads when a build ran
+    from codegen.imagebuild.gpu_check import describe
+    from codegen.imagebuild.verify import LIST_LIMIT
+
     v = rep.verification
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("tree", f"{rep.tree} (AOTriton {rep.release})")
     t.add_row("spec", f"{rep.spec} ({rep.spec_sha256[:12]}…), arch {rep.arch}, mode {rep.mode}")
-    t.add_row("library", v.get("library", ""))
-    syms = v.get("symbols", {})
-    t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}" for k, ok in syms.items()))
-    gc = v.get("gpu_check")
-    if gc:
-        # CLI start-up: `bundle` imports this module too; the build stage (~300 ms) loads when a build ran
-        from codegen.imagebuild.gpu_check import describe
-
+    t.add_row("library", v.library)
+    t.add_row("symbols", ", ".join(f"{k.split('::', 1)[1]} {'ok' if ok else 'MISSING'}"
+                                   for k, ok in sorted(v.symbols.items())))
+    gc = rep.gpu_check
+    if gc is not None:
         t.add_row("gpu check", "check_gpu on a stand-in device: " + ", ".join(
-            f"{a} {describe(c)}" for a, c in gc.get("check_gpu", {}).items())
-            + (" (ok: only the spec's arch is accepted)" if gc.get("ok") else ""))
+            f"{a} {describe(c)}" for a, c in gc.results.items())
+            + (" (ok: only the spec's arch is accepted)" if gc.ok else ""))
     if rep.mode != "noimage":
-        t.add_row("images", f"{v.get('images_dir')}: {v.get('packages')} packages")
-        t.add_row("kernels", f"{v.get('kernels_packed')} of {v.get('kernels_referenced')} referenced kernels packed"
-                             f" (missing {v.get('missing_count')}, empty {v.get('empty_count')}"
-                             + (f", left out {v['kernels_left_out']}: no dispatch table selects them"
-                                if v.get("kernels_left_out") else "") + ")")
-        fam = v.get("kernels_by_family", {})
-        if fam:
-            t.add_row("by family", ", ".join(f"{k} {n}" for k, n in fam.items()))
+        t.add_row("images", f"{v.images_dir}: {v.packages} packages")
+        t.add_row("kernels", f"{v.kernels_packed} of {v.kernels_referenced} referenced kernels packed"
+                             f" (missing {len(v.missing)}, empty {len(v.empty)}"
+                             + (f", left out {v.left_out}: no dispatch table selects them" if v.left_out else "")
+                             + ")")
+        if v.by_kernel:
+            t.add_row("by family", ", ".join(f"{k} {n}" for k, n in sorted(v.by_kernel.items())))
     t.add_row("this run", f"{rep.kernels_compiled} kernels compiled"
                           + (f", {rep.kernels_cached} from the kernel cache" if rep.kernels_cached else "")
                           + f" in {rep.build_seconds / 60:.1f} min via {rep.compile_via}"
@@ -58,11 +58,11 @@ def _print_summary(console: Console, rep) -> None:
     t.add_row("wall time", f"{rep.wall_seconds / 60:.1f} min")
     t.add_row("log", rep.log)
     console.print(t)
-    for p in v.get("problems", []):
+    for p in v.problems:
         console.print(f"[red]problem:[/] {p}")
-    for m in v.get("missing", []):
+    for m in v.missing[:LIST_LIMIT]:
         console.print(f"  missing {m}", markup=False)
-    for m in v.get("empty", []):
+    for m in v.empty[:LIST_LIMIT]:
         console.print(f"  empty {m}", markup=False)
 
 
@@ -77,7 +77,7 @@ def check_outputs(aotriton_dir: Path, prefix: Path, build_dir: Path | None, pyth
     if python is None:
         preflight.cache_folder("toolchain")  # the build venv
     if not noimage and compile_via == "workers" and not no_cache:  # the kernel cache
-        # CLI start-up: the kernel cache's module (~450 ms with its models and the ELF reader) loads
+        # CLI start-up: the kernel cache's module (with its models and the ELF reader) loads
         # when a command that builds checks its outputs, not for `--help` or `bundle check`
         from codegen.compile.cache import check_cache_dir, default_cache_dir
 
@@ -120,7 +120,7 @@ def register(app: typer.Typer, guarded) -> None:
 
         Re-running continues an interrupted build. Exit 3 when the build fails or the install is
         incomplete; 2 when the tree or the environment is not ready (the message says what to do)."""
-        # CLI start-up: the build stage (~300 ms) loads when the command runs, not for its --help
+        # CLI start-up: the build stage loads when the command runs, not for its --help
         from codegen.imagebuild.builder import BuildOptions, build_tree
         from codegen.imagebuild.run import cpu_count
         from codegen.imagebuild.verify import VerifyError
@@ -135,7 +135,7 @@ def register(app: typer.Typer, guarded) -> None:
         if json_out:
             sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
         _print_summary(console, rep)
-        if rep.verification.get("problems"):
+        if rep.verification.problems:
             raise VerifyError(f"the install in {rep.prefix} is incomplete",
                               hint="re-run the same build command (it resumes); the log names failing steps")
         console.print("[green]ok:[/] install verified")

@@ -78,19 +78,18 @@ def build(
     as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON on stdout."),
 ) -> None:
     """Build the runtime against HIP N's headers, check it, write one bundle file."""
-    # CLI start-up: the build stage (~330 ms) loads when a bundle is built, not for `bundle check`
+    # CLI start-up: the build stage loads when a bundle is built, not for `bundle check`
     from codegen.imagebuild.run import cpu_count
     from codegen.plan.reach import check_mode
-    from codegen.ship.bundle import BundleBuildError, build_bundle
+    from codegen.ship.bundle import BundleBuildError, KernelBuild, build_bundle
 
     check_outputs(aotriton_dir, out, build_dir, python, images is not None, "workers", no_cache, cache_dir,
                   prefix_option="--out", default_build=f"build-hip{hip}")
     check_mode(kernels)
     res = build_bundle(aotriton_dir, hip, spec_path=spec, out_dir=out, images=images, build_dir=build_dir,
                        jobs=jobs or cpu_count(), console=stderr, progress=_say,
-                       compile_opts={"python": python, "triton_version": triton_version, "no_cache": no_cache,
-                                     "cache_dir": cache_dir, "show_progress": not as_json,
-                                     "aiter_stand_in": aiter_stand_in, "kernels": kernels})
+                       kernel_build=KernelBuild(python, triton_version, no_cache, cache_dir, show_progress=not as_json,
+                                                aiter_stand_in=aiter_stand_in, kernels=kernels))
     _print_check(res.check)
     if as_json:
         sys.stdout.write(json.dumps({"bundle": str(res.path) if res.path else None, "seconds": res.seconds,
@@ -109,7 +108,7 @@ def check(
                                         "bundle carries) and name other GPUs' rows with the same configuration."),
 ) -> None:
     """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
-    # CLI start-up: the check (~210 ms) loads when a bundle is checked, not for `bundle build`
+    # CLI start-up: the check loads when a bundle is checked, not for `bundle build`
     from codegen.ship.bundle import BundleBuildError
     from codegen.ship.check import check_bundle
 
@@ -134,7 +133,7 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
 ) -> None:
     """Rebuild sampled kernels from the release, spec and Triton the bundle records and compare what a GPU loads."""
-    # CLI start-up: the verify stage (~400 ms: apply, plan, the compile engine) loads when a bundle is verified
+    # CLI start-up: the verify stage (apply, plan, the compile engine) loads when a bundle is verified
     from codegen.ship.verify import BundleDiffers, VerifyOptions, verify_bundle
 
     rep = verify_bundle(VerifyOptions(file, rebuild, seed=seed, jobs=jobs or 0, python=python), stderr)
@@ -165,7 +164,7 @@ def index(
     as_json: bool = typer.Option(False, "--json", help="Print the index as JSON on stdout."),
 ) -> None:
     """Write FOLDER/index.json listing the bundles in FOLDER (URLs relative to it: serve the folder as it is)."""
-    # CLI start-up: the index module (~20 ms) loads when an index is written
+    # CLI start-up: the index module loads when an index is written
     from codegen.models.records import write_json
     from codegen.ship.index import write_index
 
@@ -187,7 +186,7 @@ def matrix(
                                  "(`bundles`: one per bundle, `kernels`: one per release and arch)."),
 ) -> None:
     """List the bundles a release publishes: each release a torch line links x each card's spec x the HIP majors of its wheels."""
-    # CLI start-up: the matrix (~60 ms: spec loading) loads when it is listed
+    # CLI start-up: the matrix (spec loading) loads when it is listed
     from codegen.ship.matrix import matrix_json, release_matrix
 
     rows = release_matrix(specs or None)

@@ -1,16 +1,22 @@
-"""`mi100-codegen precompile` and `mi100-codegen bench`: options only; the work is in
-`codegen.compile.precompile`."""
+"""`mi100-codegen precompile`: parses options, calls `codegen.compile.precompile` and prints its
+typed report: the tables on stdout, the totals and failures on stderr."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from codegen.cli import SpecOpt
-
+from codegen.core import ui
 from codegen.core.preflight import finite, path_option
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from codegen.compile.report import PrecompileReport
 
 # one wording for every compiling stage (build's options say the same; docs/toolchain.md)
 PYTHON_HELP = ("Interpreter with the spec's Triton and the tree's generator requirements, used read-only "
@@ -18,6 +24,51 @@ PYTHON_HELP = ("Interpreter with the spec's Triton and the tree's generator requ
                "first use).")
 TRITON_HELP = ("Triton version of the build venv (default: the one the arch's shipped compile report was "
                "measured with, else the newest pip finds that the spec allows).")
+
+
+STYLES = {"ok": "green", "not dispatched": "dim", "failed": "bold red", "spills": "red", "low occupancy": "yellow",
+          "no matrix cores": "magenta"}
+
+
+def summary_table(report: "PrecompileReport", axis: str, title: str, limit: int = -1) -> "Table":
+    """One group axis of the report (by_family, by_head_dim, by_dtype, by_config): maxima over the
+    group's kernels, except waves/SIMD and MFMA count (minima)."""
+    from rich.table import Table  # CLI start-up: rich loads only when the report is printed
+
+    t = Table(title=title, title_justify="left")
+    for col, just in (("", "left"), ("n", "right"), ("fail", "right"), ("spill", "right"),
+                      ("VGPR", "right"), ("AGPR", "right"), ("SGPR", "right"),
+                      ("LDS", "right"), ("scratch", "right"), ("waves", "right"),
+                      ("MFMA", "right"), ("dot", "left"), ("verdict", "left")):
+        t.add_column(col or axis.replace("by_", "").replace("_", " "), justify=just, no_wrap=True)
+    items = list(getattr(report, axis).items())
+    shown = items if limit < 0 else items[:limit]
+
+    def c(v):
+        return "–" if v is None else str(v)
+
+    for k, s in shown:
+        t.add_row(k, c(s.kernels), c(s.failed), c(s.spilling), c(s.max_vgprs), c(s.max_agprs), c(s.max_sgprs),
+                  c(s.max_lds_bytes), c(s.max_scratch_bytes), c(s.min_occupancy), c(s.min_mfma),
+                  c(s.dot_instructions), f"[{STYLES.get(s.verdict, 'default')}]{s.verdict}[/]")
+    if len(shown) < len(items):
+        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 12)
+    return t
+
+
+def print_report(report: "PrecompileReport", rows: int, err: "Console") -> None:
+    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
+    for axis, title in (("by_family", "by family"), ("by_head_dim", "by head dim"), ("by_dtype", "by dtype")):
+        out.print(summary_table(report, axis, title))
+    out.print(summary_table(report, "by_config", f"by config ({len(report.by_config)})", rows))
+    run, tot = report.run, report.totals
+    err.print(f"{run.sampled} kernels in {run.wall_s:.1f} s ({run.compiled_now} compiled, {run.from_cache} cached"
+              + (f", {run.kernels_per_min} kernels/min" if run.kernels_per_min else "")
+              + f"); failed {tot.failed}, spilling {tot.spilling}; config verdicts: "
+              + ", ".join(f"{k} {v}" for k, v in tot.config_verdicts.items()))
+    for k in report.kernels:
+        if k.status != "ok":
+            err.print(f"[red]{k.status}:[/] {k.id}: {k.error}", markup=True)
 
 
 def register(app: typer.Typer, guarded) -> None:
@@ -47,27 +98,12 @@ def register(app: typer.Typer, guarded) -> None:
     ) -> None:
         """Cross-compile the plan's kernels for the target with Triton and report each kernel's
         resources (registers, LDS, scratch, spills, occupancy, MFMA use) and a verdict per config."""
-        from codegen.compile.precompile import PrecompileOptions, run_precompile  # CLI start-up: the stage (~370 ms) loads when it runs
+        # CLI start-up: the stage loads when it runs
+        from codegen.compile.precompile import PrecompileOptions, compile_plan, follow_up
 
-        run_precompile(PrecompileOptions(
-            aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report, tuning, descend,
-            timeout, no_cache, cache_dir, python, rows, triton_version, kernels))
-
-    @app.command()
-    @guarded
-    def bench(
-        aotriton_dir: Path = typer.Argument(..., help="AOTriton tree with the overlay applied."),
-        spec: Optional[Path] = SpecOpt,
-        sample: int = typer.Option(12, "--sample", min=1, help="Stratified sample size."),
-        jobs: int = typer.Option(0, "--jobs", "-j", min=0, help="Parallel compiles on each side (0: one per usable CPU)."),
-        timeout: float = typer.Option(600.0, "--timeout", min=0.001, callback=finite,
-                                     help="Per-kernel timeout in seconds."),
-        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
-        python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
-        triton_version: Optional[str] = typer.Option(None, "--triton-version", help=TRITON_HELP),
-    ) -> None:
-        """Throughput of precompile vs. the tree's own compiler (one process per kernel, as its
-        build runs it) on the same stratified sample; prints kernels/min and the ratio."""
-        from codegen.compile.precompile import BenchOptions, run_bench_command  # CLI start-up: the stage (~370 ms) loads when it runs
-
-        run_bench_command(BenchOptions(aotriton_dir, spec, sample, jobs, timeout, as_json, python, triton_version))
+        opts = PrecompileOptions(aotriton_dir, spec, sample, jobs, json_out, md_out, keep, prune_to, tuning_report,
+                                 tuning, descend, timeout, no_cache, cache_dir, python, triton_version, kernels)
+        err = ui.console()
+        compiled = compile_plan(opts, err)
+        print_report(compiled.report, rows, err)
+        follow_up(opts, compiled, err)

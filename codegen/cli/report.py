@@ -20,6 +20,6 @@ def register(app: typer.Typer, guarded) -> None:
         seed: int = typer.Option(0, "--seed", help="Random seed of validate's inputs."),
     ) -> None:
         """On a card: collect the environment, torch status and validate's results into one file to send back."""
-        from codegen.gpu.report.collect import ReportOptions, run_report  # CLI start-up: the stage (~250 ms, validate included) loads when it runs
+        from codegen.gpu.report.collect import ReportOptions, run_report  # CLI start-up: the stage (validate included) loads when it runs
 
         run_report(ReportOptions(out, spec, no_perf, seed))

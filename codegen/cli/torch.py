@@ -34,7 +34,7 @@ SysfsOpt = typer.Option(Path("/sys"), "--sysfs",
 def _arch(arch: Optional[str], spec: Optional[Path]) -> str:
     if arch:
         return arch
-    # CLI start-up: the spec loader (~95 ms) loads when a command needs the spec
+    # CLI start-up: the spec loader loads when a command needs the spec
     from codegen.apply.applied_spec import resolve_spec
 
     loaded = resolve_spec(None, spec)
@@ -55,7 +55,7 @@ def status(
     The card and the spec that serves it; the installed torch, its HIP, the AOTriton file it links,
     its images, whether ours is in. Without torch in this Python the rest is still shown, and the
     exit code is 3 (a missing environment)."""
-    # CLI start-up: the status stage (~145 ms) loads when the command runs
+    # CLI start-up: the status stage loads when the command runs
     from codegen.ship.status import StatusOptions, format_status, read_status
 
     s = read_status(StatusOptions(torch_dir, backup_dir, arch, sysfs))
@@ -88,7 +88,7 @@ def install(
     if bundle == "auto":
         if prefix is not None:
             raise UserError("give one of --prefix PREFIX or --bundle auto")
-        # CLI start-up: the owner's command loads the index, the fetcher, check, build and install (~1 s) when it runs
+        # CLI start-up: the owner's command loads the index, the fetcher, check, build and install when it runs
         from codegen.ship.owner import OwnerOptions, install_auto
 
         install_auto(OwnerOptions(torch_dir, backup_dir, arch, spec, index, build_locally, dry_run, sysfs=sysfs,
@@ -96,7 +96,7 @@ def install(
         return
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
-    # CLI start-up: the install stage (~140 ms) loads when the command runs
+    # CLI start-up: the install stage loads when the command runs
     from codegen.ship.install import backup_location, install_into, open_bundle_prefix
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
@@ -116,7 +116,7 @@ def install(
 def _validate_child(run) -> int:
     """`validate` in a fresh process (a fresh `import torch`) after `--bundle auto` installed:
     the owner's command (codegen.ship.owner) gets this function, so ship starts no CLI command."""
-    import subprocess  # CLI start-up: only --bundle auto validates (~5 ms)
+    import subprocess  # CLI start-up: only --bundle auto validates
 
     from codegen.core import processes
 
@@ -158,7 +158,7 @@ def restore_cmd(
                                "(never a backup of another torch, never needed after an interrupted install or restore)."),
 ) -> None:
     """Put the original files back (byte-identical) and remove what install added."""
-    # CLI start-up: the install stage (~140 ms) loads when the command runs
+    # CLI start-up: the install stage loads when the command runs
     from codegen.ship.install import backup_location, restore_torch
     from codegen.ship.layout import inspect_torch
 
@@ -184,7 +184,7 @@ def rebuild_recipe(
     """Print (or --run) the PyTorch from-source build against our install prefix.
 
     Without --prefix and --release: for the release line the installed ROCm torch links."""
-    # CLI start-up: the recipe stage (~50 ms) loads when the command runs
+    # CLI start-up: the recipe stage loads when the command runs
     from codegen.ship.layout import inspect_torch
     from codegen.ship.recipe import plan_recipe, release_for_installed_torch, render_recipe, run_recipe
 

@@ -59,7 +59,7 @@ def run_cmd(
     timeout_s: float = typer.Option(120.0, "--timeout-s", min=1, callback=finite, help="Deadline of one candidate (launch, check, timing): past it, its worker is killed and replaced and the candidate recorded as timeout."),
 ) -> None:
     """Measure every candidate config of the spec's space for each tuning-grid entry."""
-    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage (~210 ms) loads when the command runs
+    from codegen.gpu.tune.run import TuneOptions, run_tuning  # CLI start-up: the stage loads when the command runs
 
     run_tuning(TuneOptions(aotriton_dir, device, tuple(family), tuple(head_dim), tuple(dtype), tuple(seqlen),
                            square, causal, dropout, bias, budget_min, resume, out, dry_run, as_json, spec,
@@ -75,7 +75,7 @@ def import_cmd(
     date: Optional[str] = typer.Option(None, "--date", callback=iso_date, help="Date to record (YYYY-MM-DD; default: today, UTC)."),
 ) -> None:
     """Ingest upstream tuning logs (JSON lines) as measurements and winners."""
-    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage (~210 ms) loads when the command runs
+    from codegen.gpu.tune.run import ImportOptions, run_import  # CLI start-up: the stage loads when the command runs
 
     run_import(ImportOptions(file, out, spec, proxy, date))
 

@@ -28,7 +28,7 @@ def register(app: typer.Typer, guarded) -> None:
         seed: int = typer.Option(0, "--seed", help="Random seed of the inputs."),
     ) -> None:
         """On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."""
-        from codegen.gpu.validate.run import ValidateOptions, run_validate  # CLI start-up: the stage (~170 ms) loads when it runs
+        from codegen.gpu.validate.run import ValidateOptions, run_validate  # CLI start-up: the stage loads when it runs
 
         run_validate(ValidateOptions(spec, json_out, md_out, kernels, tuple(backend), jobs, tuple(family),
                                      no_perf, seed))

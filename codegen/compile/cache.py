@@ -169,11 +169,6 @@ def kernel_ident(*, source: str, kernel_name: str, signature: str, num_warps: in
                        triton_version=triton_version)
 
 
-def cache_key(**kw) -> str:
-    """The key of `kernel_ident(**kw)`."""
-    return kernel_ident(**kw).key
-
-
 # --- what a read checks of an entry ---------------------------------------------------------------
 # Triton's layout of a kernel's arguments: a pointer is a global buffer of 8 bytes, a scalar is
 # passed by value at its natural alignment; after the signature's own, Triton 3.5+ appends up to

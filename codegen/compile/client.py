@@ -13,12 +13,14 @@ option it does not handle) lets compile.py run as usual. Without the variable (n
 `build --compile-via upstream`) nothing happens at all. A service that is gone is an error, with
 what to do: the build that owned it has stopped.
 
-The same client leaves unreachable kernels out (codegen.imagebuild.reach): when the environment names
-mi100-codegen's interpreter (MI100_CODEGEN_REACH, set by `build --kernels dispatched` for CMake's
-configure) and this Python runs the tree's generator (`-m v3python.generate`/`aotriton.generate`),
-`python -m codegen.imagebuild.reach BUILD_DIR` runs in that interpreter once the generator has exited
-without an exception, before CMake reads its lists; its failure fails the generator's run. The
-generator itself runs unchanged.
+The same client runs a module of the build after the tree's generator (the build names it when it
+installs the client: the module that leaves unreachable kernels out, codegen.imagebuild.reach; this
+file, below the build in the layers, names none): when the environment names mi100-codegen's
+interpreter (MI100_CODEGEN_REACH, set by `build --kernels dispatched` for CMake's configure) and
+this Python runs the tree's generator (`-m v3python.generate`/`aotriton.generate`), `python -m
+MODULE BUILD_DIR TREE` runs in that interpreter once the generator has exited without an exception,
+before CMake reads its lists; its failure fails the generator's run. The generator itself runs
+unchanged.
 
 That run is the one process mi100-codegen starts outside `codegen.core.processes`, the one process
 runner: this file runs inside the build venv's interpreter, which cannot import codegen, so it
@@ -61,7 +63,7 @@ def _write(path, data):
 def request(address, argv, cwd, env):
     """One request to the service: (header dict, image bytes)."""
     # start-up: the .pth imports this module in every run of the build venv's Python; only a
-    # compile.py sent to the service needs these (~10 ms)
+    # compile.py sent to the service needs these
     import json
     import socket
     import struct
@@ -116,16 +118,16 @@ def _generator_build_dir():
     return os.path.abspath(rest[rest.index("--build_dir") + 1])
 
 
-def _after_generator(python, build_dir, failed):
+def _after_generator(python, module, build_dir, failed):
     if failed:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    import subprocess  # start-up (~10 ms): the .pth imports this module in every run of the venv's Python
+    import subprocess  # start-up: the .pth imports this module in every run of the venv's Python
 
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME", "PYTHONPATH", REACH_ENV)}
     try:
-        rc = subprocess.call([python, "-m", "codegen.imagebuild.reach", build_dir, os.getcwd()], env=env)
+        rc = subprocess.call([python, "-m", module, build_dir, os.getcwd()], env=env)
     except OSError as exc:
         sys.stderr.write(f"mi100-codegen: cannot run {python} to leave out unreachable kernels ({exc}); "
                          f"re-run the same mi100-codegen build command (or pass --kernels all)\n")
@@ -135,7 +137,7 @@ def _after_generator(python, build_dir, failed):
         os._exit(rc)
 
 
-def _reach_hook(python):
+def _reach_hook(python, module):
     build_dir = _generator_build_dir()
     if build_dir is None:
         return
@@ -147,17 +149,19 @@ def _reach_hook(python):
         previous(*exc)
 
     sys.excepthook = excepthook
-    atexit.register(_after_generator, python, build_dir, failed)
+    atexit.register(_after_generator, python, module, build_dir, failed)
 
 
-def _hook():
+def _hook(after_generator=None):
+    """Run by the installed copy at interpreter start; `after_generator`: the module to run after
+    the tree's generator (None: none)."""
     address = os.environ.get(POOL_ENV)
     if address and len(sys.argv) > 1 and os.path.basename(sys.argv[0]) == "compile.py":
         main(address)
     python = os.environ.get(REACH_ENV)
-    if python and _generator_build_dir() is not None:
+    if python and after_generator and _generator_build_dir() is not None:
         # the generator's own worker processes (0.13b+ run `-m aotriton.generate` again) inherit
         # the environment: only this, the outermost run, leaves kernels out, once its lists are whole
         del os.environ[REACH_ENV]
-        _reach_hook(python)
+        _reach_hook(python, after_generator)
 

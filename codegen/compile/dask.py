@@ -90,7 +90,7 @@ def compile_remote(task: dict, triton_version: str, files: dict[str, bytes] | No
     sys.dont_write_bytecode = True
     t0 = time.perf_counter()
     try:
-        # import-time dependency: the spec's Triton (~160 ms) is the Dask worker's, never the client's
+        # import-time dependency: the spec's Triton is the Dask worker's, never the client's
         import triton
 
         if _public(getattr(triton, "__version__", None)) != _public(triton_version):

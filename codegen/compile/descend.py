@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codegen.models.limits import cap_waves_per_eu, waves_per_eu_limits
+from codegen.models.limits import CompileReport, cap_waves_per_eu, waves_per_eu_limits
 from codegen.models.target import Hardware
 from codegen.plan.kernel_list import KernelEntry
 from codegen.compile.report import KernelResult, worst
@@ -44,7 +44,7 @@ class DescendPlan:
     moves: dict[str, str] = field(default_factory=dict)   # spilling config -> config compiled instead
 
 
-def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hardware, report: dict | None,
+def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hardware, report: CompileReport | None,
                arch: str) -> DescendPlan:
     """Kernels to compile next: every spilling config (of `results`) moved one step down."""
     by_config: dict[str, list[KernelResult]] = {}

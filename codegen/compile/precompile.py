@@ -1,18 +1,16 @@
-"""What `mi100-codegen precompile` and `bench` do, given their options (`codegen.cli.precompile`
-only parses them): plan the tree's kernels, cross-compile them, print and write the reports."""
+"""What `mi100-codegen precompile` does, given its options: plan the tree's kernels,
+cross-compile them and write the reports (`compile_plan`, whose typed report `codegen.cli.precompile`
+prints), then what the results feed (`follow_up`: --descend, --tuning-report, --prune-to)."""
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from codegen.core import preflight, ui
-from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
+from codegen.core.errors import UserError
 from codegen.core.fsutil import atomic_write
 from codegen.models.rows import splits_backward
 from codegen.render.inputs import read_compile_report
@@ -25,11 +23,11 @@ from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
 from codegen.compile import engine
-from codegen.compile.bench import run_bench
 from codegen.compile.cache import CompileCache, check_cache_dir, default_cache_dir
 from codegen.compile.descend import plan_round
 from codegen.compile.prune import compile_report, prune_rules, prune_spec, write_compile_report
-from codegen.compile.report import RunInfo, report_dict, report_json, report_markdown, worst
+from codegen.compile.report import (PrecompileReport, RunInfo, precompile_report, report_json, report_markdown,
+                                   worst)
 from codegen.compile.sample import stratified_sample
 
 
@@ -50,7 +48,6 @@ class PrecompileOptions:
     no_cache: bool = False
     cache_dir: Path | None = None
     python: str | None = None       # None: the build venv of the spec's Triton (codegen.toolchain)
-    rows: int = 30                  # -1: all
     triton_version: str | None = None  # the build venv's Triton (None: the compile report's, else the newest allowed)
     kernels: str = "all"            # 'dispatched': only what build --kernels dispatched compiles
 
@@ -77,18 +74,6 @@ class PrecompileOptions:
             read_compile_report(self.tuning_report)  # merged into after the compile: refused now, not then
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    tree: Path
-    spec: Path | None = None
-    sample: int = 12
-    jobs: int = 0
-    timeout: float = 600.0
-    as_json: bool = False
-    python: str | None = None       # None: the build venv of the spec's Triton
-    triton_version: str | None = None
-
-
 def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton: str | None, stage: str,
                  err: Console) -> tuple[LoadedSpec, CompilerPython]:
     """Refusals of the tree and the spec first (cheap, nothing created), then the Python that compiles:
@@ -100,35 +85,6 @@ def compiler_for(tree: Path, spec_path: Path | None, python: str | None, triton:
                                requirements=generator_requirements(tree), console=err, same_python=True)
     err.print(f"compiler: {compiler.describe()}")
     return loaded, compiler
-
-
-class BenchFailed(CodegenError):
-    exit_code = EXIT_UPSTREAM
-
-
-def _summary_table(report: dict, axis: str, title: str, limit: int = -1) -> Table:
-    t = Table(title=title, title_justify="left")
-    # maxima over the group's kernels, except waves/SIMD and MFMA count (minima)
-    for col, just in (("", "left"), ("n", "right"), ("fail", "right"), ("spill", "right"),
-                      ("VGPR", "right"), ("AGPR", "right"), ("SGPR", "right"),
-                      ("LDS", "right"), ("scratch", "right"), ("waves", "right"),
-                      ("MFMA", "right"), ("dot", "left"), ("verdict", "left")):
-        t.add_column(col or axis.replace("by_", "").replace("_", " "), justify=just, no_wrap=True)
-    style = {"ok": "green", "not dispatched": "dim", "failed": "bold red", "spills": "red",
-             "low occupancy": "yellow", "no matrix cores": "magenta"}
-    items = list(report[axis].items())
-    shown = items if limit < 0 else items[:limit]
-
-    def c(v):
-        return "–" if v is None else str(v)
-
-    for k, s in shown:
-        t.add_row(k, c(s["kernels"]), c(s["failed"]), c(s["spilling"]), c(s["max_vgprs"]), c(s["max_agprs"]),
-                  c(s["max_sgprs"]), c(s["max_lds_bytes"]), c(s["max_scratch_bytes"]), c(s["min_occupancy"]),
-                  c(s["min_mfma"]), c(s.get("dot_instructions")), f"[{style.get(s['verdict'], 'default')}]{s['verdict']}[/]")
-    if len(shown) < len(items):
-        t.add_row(f"... {len(items) - len(shown)} more (see --json/--md)", *[""] * 12)
-    return t
 
 
 class DescendInterrupted(KeyboardInterrupt):
@@ -187,11 +143,25 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
     return results
 
 
-def run_precompile(opts: PrecompileOptions) -> None:
-    """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md."""
+@dataclass(frozen=True)
+class Compiled:
+    """What `compile_plan` did: the report (written to --json and --md already) and what its
+    follow-ups (`follow_up`: --descend, --tuning-report, --prune-to) take from the run."""
+
+    report: PrecompileReport
+    loaded: LoadedSpec
+    chosen: list
+    run: engine.CompileRun
+    jobs: int
+    cache: CompileCache | None
+    compiler: CompilerPython
+
+
+def compile_plan(opts: PrecompileOptions, err: Console) -> Compiled:
+    """Cross-compile the plan's kernels (a sample of them) and report; see docs/precompile.md.
+    `err`: where the build venv, the plan and the compile report their progress."""
     opts.check()
     cache = None if opts.no_cache else CompileCache(opts.cache_dir or default_cache_dir())  # opened before any work
-    err = ui.console()
     loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile", err)
     loaded, entries, summary, release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, opts.tuning,
                                                                 kernels=opts.kernels), console=err, loaded=loaded)
@@ -207,13 +177,12 @@ def run_precompile(opts: PrecompileOptions) -> None:
                    build=summary.build, planned=summary.total, sampled=len(chosen), sample=opts.sample,
                    jobs=jobs, wall_s=round(run.wall_s, 2), compiled_now=run.compiled_now,
                    from_cache=run.from_cache)
-    report = report_dict(info, run.results)
+    report = precompile_report(info, run.results)
     if opts.json_out:
         atomic_write(opts.json_out, report_json(report))
     if opts.md_out:
         atomic_write(opts.md_out, report_markdown(report))
-    _print_report(report, info, run, opts.rows, err)
-    _after_compile(opts, loaded, chosen, run, info, jobs, cache, err, compiler)
+    return Compiled(report, loaded, chosen, run, jobs, cache, compiler)
 
 
 def mark_not_dispatched(results: list, spec, release: Adapter) -> list:
@@ -245,25 +214,10 @@ def _compile(opts: PrecompileOptions, spec, chosen: list, jobs: int, cache, err:
                                       cache=cache, keep=opts.keep, on_progress=tick, compiler=compiler)
 
 
-def _print_report(report: dict, info: RunInfo, run, rows: int, err: Console) -> None:
-    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
-    for axis, title in (("by_family", "by family"), ("by_head_dim", "by head dim"), ("by_dtype", "by dtype")):
-        out.print(_summary_table(report, axis, title))
-    out.print(_summary_table(report, "by_config", f"by config ({len(report['by_config'])})", rows))
-    tot = report["totals"]
-    err.print(f"{info.sampled} kernels in {info.wall_s:.1f} s ({run.compiled_now} compiled, "
-              f"{run.from_cache} cached"
-              + (f", {report['run']['kernels_per_min']} kernels/min" if report["run"]["kernels_per_min"] else "")
-              + f"); failed {tot['failed']}, spilling {tot['spilling']}; config verdicts: "
-              + ", ".join(f"{k} {v}" for k, v in tot["config_verdicts"].items()))
-    for k in report["kernels"]:
-        if k["status"] != "ok":
-            err.print(f"[red]{k['status']}:[/] {k['id']}: {k['error']}", markup=True)
-
-
-def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: RunInfo, jobs: int, cache,
-                   err: Console, compiler: CompilerPython | None = None) -> None:
+def follow_up(opts: PrecompileOptions, compiled: Compiled, err: Console) -> None:
     """--descend, --tuning-report and --prune-to: what the compile results feed."""
+    loaded, chosen, run, info = compiled.loaded, compiled.chosen, compiled.run, compiled.report.run
+    jobs, cache, compiler = compiled.jobs, compiled.cache, compiled.compiler
     report_path = opts.tuning_report
     previous = read_compile_report(report_path) if report_path else None
     all_results = list(run.results)
@@ -287,49 +241,3 @@ def _after_compile(opts: PrecompileOptions, loaded, chosen: list, run, info: Run
         err.print(f"wrote {opts.prune_to}: {added} exclude rule(s) added"
                   + (f"; {len(outside)} failing/spilling config(s) are not in the spec's tuning space"
                      " (use --tuning to compile the space)" if outside else ""))
-
-
-def run_bench_command(opts: BenchOptions) -> None:
-    """precompile vs. the tree's own compiler on one stratified sample; exit 3 when a side failed."""
-    if opts.python is not None:
-        preflight.interpreter(opts.python)
-    else:
-        preflight.cache_folder("toolchain")  # the build venv
-    err = ui.console()
-    loaded, compiler = compiler_for(opts.tree, opts.spec, opts.python, opts.triton_version, "precompile bench", err)
-    loaded, entries, summary, _release, _ = run_plan(PlanOptions(opts.tree, opts.spec, compiler.python, False),
-                                                     loaded=loaded)
-    chosen = stratified_sample(entries, opts.sample)
-    jobs = opts.jobs or engine.default_jobs()
-    err.print(f"bench: {len(chosen)} of {summary.total} kernels, {jobs} at a time, each side cold")
-    with ui.progress(err, detail="{task.fields[status]}") as progress:
-        bars = {"upstream": progress.add_task("upstream compile.py", total=len(chosen), status=""),
-                "precompile": progress.add_task("precompile", total=len(chosen), status="", start=False)}
-
-        def done(side: str, _id: str, ok: bool) -> None:
-            if side == "precompile" and not progress.tasks[bars[side]].started:
-                progress.start_task(bars[side])
-            progress.update(bars[side], advance=1)
-
-        res = run_bench(release_of(opts.tree), chosen, loaded.spec, jobs, compiler, opts.timeout, on_done=done)
-    if opts.as_json:
-        sys.stdout.write(json.dumps(res.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-    else:
-        _print_bench(res, err)
-    for f in res.failures:
-        err.print(f"[red]failed:[/] {f}")
-    if res.failures and (res.upstream.ok == 0 or res.precompile.ok == 0):
-        raise BenchFailed(f"bench: {'upstream' if res.upstream.ok == 0 else 'precompile'} compiled no kernel")
-
-
-def _print_bench(res, err: Console) -> None:
-    t = Table(title=f"AOTriton {res.release}, Triton {res.triton}, {res.sample} kernels, jobs {res.jobs}",
-              title_justify="left")
-    for col in ("compiler", "ok", "wall s", "kernels/min", "CPU s", "kernels/CPU-min"):
-        t.add_column(col, justify="left" if col == "compiler" else "right")
-    for side in (res.upstream, res.precompile):
-        t.add_row(side.name, f"{side.ok}/{side.kernels}", f"{side.wall_s:.1f}", f"{side.kernels_per_min:.1f}",
-                  f"{side.cpu_s:.1f}", f"{side.kernels_per_cpu_min:.1f}")
-    ui.console(stderr=False).print(t)
-    err.print(f"ratio precompile/upstream: [bold]{res.ratio:.2f}x[/] wall clock, "
-              f"[bold]{res.cpu_ratio:.2f}x[/] per CPU-second")

@@ -95,40 +95,56 @@ def _dot_mix(results) -> str | None:
     return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or None
 
 
-def _group_stats(results: list[KernelResult]) -> dict:
+class GroupStats(BaseModel):
+    """A group of kernels (one family, head dim, dtype or config): counts, the resources' maxima
+    (occupancy and MFMA count: minima; None where nothing compiled) and the worst verdict."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kernels: int
+    compiled: int
+    failed: int
+    spilling: int
+    not_dispatched: int
+    low_occupancy: int
+    no_matrix_cores: int
+    max_vgprs: int | None
+    max_agprs: int | None
+    max_sgprs: int | None
+    max_lds_bytes: int | None
+    max_scratch_bytes: int | None
+    max_vgpr_spills: int | None
+    max_sgpr_spills: int | None
+    min_occupancy: int | None
+    min_mfma: int | None          # the matrix-product families only (not pre/postprocess)
+    dot_instructions: str | None  # the instruction the products run on, per kernel (mfma, wmma, dot2, fma, none)
+    mean_compile_s: float | None
+    verdict: str
+
+
+def _group_stats(results: list[KernelResult]) -> GroupStats:
     ok = [r for r in results if r.status == "ok" and r.resources is not None]
-    verdicts = [r.verdict for r in results]
 
     def mx(attr):
         return max((getattr(r.resources, attr) for r in ok), default=None)
 
-    return {
-        "kernels": len(results),
-        "compiled": len(ok),
-        "failed": sum(r.status != "ok" for r in results),
-        "spilling": sum("spills" in r.verdicts for r in results),
-        "not_dispatched": sum(not r.dispatched for r in results),
-        "low_occupancy": sum("low occupancy" in r.verdicts for r in results),
-        "no_matrix_cores": sum("no matrix cores" in r.verdicts for r in results),
-        "max_vgprs": mx("vgprs"),
-        "max_agprs": mx("agprs"),
-        "max_sgprs": mx("sgprs"),
-        "max_lds_bytes": mx("lds_bytes"),
-        "max_scratch_bytes": mx("scratch_bytes"),
-        "max_vgpr_spills": mx("vgpr_spills"),
-        "max_sgpr_spills": mx("sgpr_spills"),
-        "min_occupancy": min((r.occupancy for r in ok if r.occupancy is not None), default=None),
-        # MFMA use only means something for the matrix-product families (not pre/postprocess)
-        "min_mfma": min((r.resources.mfma for r in ok if r.family in FAMILIES), default=None),
-        # which instruction the products run on, per kernel (mfma, wmma, dot2, fma or none)
-        "dot_instructions": _dot_mix(r for r in ok if r.family in FAMILIES),
-        "mean_compile_s": round(statistics.fmean(r.compile_s for r in results if not r.cached), 2)
+    return GroupStats(
+        kernels=len(results), compiled=len(ok), failed=sum(r.status != "ok" for r in results),
+        spilling=sum("spills" in r.verdicts for r in results), not_dispatched=sum(not r.dispatched for r in results),
+        low_occupancy=sum("low occupancy" in r.verdicts for r in results),
+        no_matrix_cores=sum("no matrix cores" in r.verdicts for r in results),
+        max_vgprs=mx("vgprs"), max_agprs=mx("agprs"), max_sgprs=mx("sgprs"), max_lds_bytes=mx("lds_bytes"),
+        max_scratch_bytes=mx("scratch_bytes"), max_vgpr_spills=mx("vgpr_spills"), max_sgpr_spills=mx("sgpr_spills"),
+        min_occupancy=min((r.occupancy for r in ok if r.occupancy is not None), default=None),
+        min_mfma=min((r.resources.mfma for r in ok if r.family in FAMILIES), default=None),
+        dot_instructions=_dot_mix(r for r in ok if r.family in FAMILIES),
+        mean_compile_s=round(statistics.fmean(r.compile_s for r in results if not r.cached), 2)
         if any(not r.cached for r in results) else None,
-        "verdict": worst(verdicts),
-    }
+        verdict=worst(r.verdict for r in results),
+    )
 
 
-def summaries(results: list[KernelResult]) -> dict[str, dict[str, dict]]:
+def summaries(results: list[KernelResult]) -> dict[str, dict[str, GroupStats]]:
     axes = {
         "by_family": lambda r: r.family,
         "by_head_dim": lambda r: str(r.head_dim) if r.head_dim is not None else "none",
@@ -161,46 +177,73 @@ class RunInfo(BaseModel):
     from_cache: int
 
 
-def report_dict(info: RunInfo, results: list[KernelResult]) -> dict:
+class RunSummary(RunInfo):
+    kernels_per_min: float | None     # compiled now, per minute of the run's wall time
+
+
+class Totals(GroupStats):
+    configs: int
+    config_verdicts: dict[str, int]   # verdict -> how many configs have it as their worst
+
+
+class PrecompileReport(BaseModel):
+    """A precompile run: what ran, the totals, the groups by family, head dim, dtype and config,
+    and every kernel (sorted) with its result; `precompile --json` writes `to_json()`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run: RunSummary
+    totals: Totals
+    by_family: dict[str, GroupStats]
+    by_head_dim: dict[str, GroupStats]
+    by_dtype: dict[str, GroupStats]
+    by_config: dict[str, GroupStats]
+    kernels: list[KernelResult]
+
+    def to_json(self) -> dict:
+        out = self.model_dump(mode="json", exclude={"kernels"})
+        out["kernels"] = [{**r.model_dump(mode="json"), "verdict": r.verdict, "verdicts": r.verdicts}
+                          for r in self.kernels]
+        return out
+
+
+def precompile_report(info: RunInfo, results: list[KernelResult]) -> PrecompileReport:
     s = summaries(results)
     verdict_counts: dict[str, int] = defaultdict(int)
     for cfg in s["by_config"].values():
-        verdict_counts[cfg["verdict"]] += 1
+        verdict_counts[cfg.verdict] += 1
     compiled_now = info.compiled_now
-    return {
-        "run": {**info.model_dump(), "kernels_per_min": round(compiled_now / info.wall_s * 60, 1)
-                if compiled_now and info.wall_s else None},
-        "totals": {**_group_stats(results), "configs": len(s["by_config"]),
-                   "config_verdicts": dict(sorted(verdict_counts.items()))},
+    return PrecompileReport(
+        run=RunSummary(**info.model_dump(), kernels_per_min=round(compiled_now / info.wall_s * 60, 1)
+                       if compiled_now and info.wall_s else None),
+        totals=Totals(**_group_stats(results).model_dump(), configs=len(s["by_config"]),
+                      config_verdicts=dict(sorted(verdict_counts.items()))),
         **s,
-        "kernels": [
-            {**r.model_dump(mode="json"), "verdict": r.verdict, "verdicts": r.verdicts}
-            for r in sorted(results, key=lambda r: (r.family, r.dtype, r.head_dim or 0, r.config, r.id))
-        ],
-    }
+        kernels=sorted(results, key=lambda r: (r.family, r.dtype, r.head_dim or 0, r.config, r.id)),
+    )
 
 
-def report_json(report: dict) -> str:
-    return json.dumps(report, indent=2, sort_keys=True) + "\n"
+def report_json(report: PrecompileReport) -> str:
+    return json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
 
 
 def _cell(v) -> str:
     return "–" if v is None else str(v)
 
 
-def report_markdown(report: dict) -> str:
-    run, tot = report["run"], report["totals"]
+def report_markdown(report: PrecompileReport) -> str:
+    run, tot = report.run, report.totals
     lines = [
-        f"# precompile report: {run['gpu']} ({run['arch']}), AOTriton {run['release']}, Triton {run['triton']}",
+        f"# precompile report: {run.gpu} ({run.arch}), AOTriton {run.release}, Triton {run.triton}",
         "",
-        f"- kernels: {run['sampled']} of {run['planned']} planned ({run['build']} build"
-        + (f", stratified sample of {run['sample']}" if run["sample"] else "") + ")",
-        f"- compiled now: {run['compiled_now']}, from cache: {run['from_cache']}, jobs: {run['jobs']}, "
-        f"wall time: {run['wall_s']:.1f} s"
-        + (f", {run['kernels_per_min']} kernels/min" if run.get("kernels_per_min") else ""),
-        f"- failed: {tot['failed']}, spilling (VGPR spills): {tot['spilling']}, low occupancy: "
-        f"{tot['low_occupancy']}, no matrix cores: {tot['no_matrix_cores']}",
-        "- config verdicts: " + ", ".join(f"{k} {v}" for k, v in tot["config_verdicts"].items()),
+        f"- kernels: {run.sampled} of {run.planned} planned ({run.build} build"
+        + (f", stratified sample of {run.sample}" if run.sample else "") + ")",
+        f"- compiled now: {run.compiled_now}, from cache: {run.from_cache}, jobs: {run.jobs}, "
+        f"wall time: {run.wall_s:.1f} s"
+        + (f", {run.kernels_per_min} kernels/min" if run.kernels_per_min else ""),
+        f"- failed: {tot.failed}, spilling (VGPR spills): {tot.spilling}, low occupancy: "
+        f"{tot.low_occupancy}, no matrix cores: {tot.no_matrix_cores}",
+        "- config verdicts: " + ", ".join(f"{k} {v}" for k, v in tot.config_verdicts.items()),
         "",
         "Cross-compiled on a CPU with pip Triton; resources are static (code object metadata), "
         "not measured on a GPU.",
@@ -213,13 +256,13 @@ def report_markdown(report: dict) -> str:
                         ("by_config", "config")):
         lines += [f"## By {title}", "", "| " + title + " | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
                   "|---" * (len(cols) + 1) + "|"]
-        for k, st in report[axis].items():
-            lines.append(f"| {k} | " + " | ".join(_cell(st[c]) for c in cols) + " |")
+        for k, st in getattr(report, axis).items():
+            lines.append(f"| {k} | " + " | ".join(_cell(getattr(st, c)) for c in cols) + " |")
         lines.append("")
-    failed = [k for k in report["kernels"] if k["status"] != "ok"]
+    failed = [k for k in report.kernels if k.status != "ok"]
     if failed:
         lines += ["## Failures", ""]
         for k in failed:
-            lines.append(f"- `{k['id']}` ({k['config']}): {k['status']}: {k['error']}")
+            lines.append(f"- `{k.id}` ({k.config}): {k.status}: {k.error}")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"

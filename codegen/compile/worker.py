@@ -40,7 +40,7 @@ def _kernel(source: str, name: str):
 
 def compile_kernel(task: dict) -> dict:
     """Compile one kernel; return resources' raw material (assembly, image, shared bytes)."""
-    # import-time dependency: Triton (~160 ms) is the worker's interpreter's, not the parent's, which
+    # import-time dependency: Triton is the worker's interpreter's, not the parent's, which
     # imports this module too; imported once per worker process
     import triton
     from triton.backends.compiler import GPUTarget

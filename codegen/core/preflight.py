@@ -23,7 +23,7 @@ from codegen.core.resources import cache_origin, user_cache_dir
 
 def _bad_parameter(message: str) -> Exception:
     """The usage error (exit 2) of a Typer parser or callback below."""
-    # typer (~45 ms) loads only on these error paths: scripts and library callers never need it
+    # start-up: typer loads only on these error paths: scripts and library callers never need it
     # (the CLI, whose parsers these are, has it loaded)
     import typer
 

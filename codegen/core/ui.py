@@ -2,9 +2,8 @@
 (`console`) and progress bars (`progress`) every later stage prints with.
 
 `render`, `spec check`, warnings, errors and "interrupted" print only one-line messages, so they
-go through click's styling (bundled with typer, which is loaded anyway) and never import rich:
-rich costs ~40 ms of start-up, a tenth of `render` (docs/bench.md). `console` and `progress`
-import it when a stage first asks for them.
+go through click's styling (bundled with typer, which is loaded anyway) and never pay rich's
+start-up: `console` and `progress` import it when a stage first asks for them.
 
 Colour follows the conventions rich follows: NO_COLOR turns it off, and so does TERM=dumb (or
 unknown) even when forced; FORCE_COLOR turns it on; otherwise a terminal gets colour and a pipe
@@ -71,7 +70,7 @@ def console(*, stderr: bool = True, log_width: int | None = None) -> "Console":
     """A rich Console on stderr (or stdout): no highlighting of numbers and paths, long lines
     soft-wrapped rather than cut. `log_width`: its width when the output is not a terminal (a log
     or a pipe), so that tables keep their columns whole."""
-    from rich.console import Console  # CLI start-up: rich (~20 ms) loads only when a stage prints with it
+    from rich.console import Console  # CLI start-up: rich loads only when a stage prints with it
 
     out = Console(stderr=stderr, highlight=False, soft_wrap=True)
     if log_width is not None and not out.is_terminal:
@@ -85,7 +84,7 @@ def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: 
     `[spinner] LABEL bar done/total DETAIL elapsed [remaining] TAIL`; LABEL, DETAIL and TAIL are
     rich format strings over the task (`{task.description}`, `{task.fields[NAME]}`). `data`: the
     task counts bytes (done/total in MB, and the rate)."""
-    # CLI start-up: rich.progress (~10 ms beyond the console) loads only when a bar is drawn
+    # CLI start-up: rich.progress (beyond the console) loads only when a bar is drawn
     from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
 

@@ -87,10 +87,6 @@ class DynamicInfo:
     # defined symbol -> its version node (versioned exports only)
     export_versions: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
-    def needs_from(self, name_prefix: str) -> tuple[str, ...]:
-        """The version nodes required from the needed files whose name starts with `name_prefix`."""
-        return tuple(v for f, vs in self.version_needs if f.startswith(name_prefix) for v in vs)
-
     def highest(self, family: str) -> str | None:
         """The highest `FAMILY_x.y` version node required (GLIBC, GLIBCXX, CXXABI, GCC), or None."""
         best: tuple[int, ...] | None = None

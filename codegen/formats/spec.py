@@ -67,7 +67,7 @@ class _Positions:
         self.table: dict[Loc, tuple[int, int]] = {}
 
     def walk(self, node: Any, loc: Loc) -> None:
-        # CLI start-up: ruamel (~15 ms) loads only when a spec needs its positions (the located path)
+        # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
         from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
         # a node ruamel composed without positions (one a future ruamel builds differently)
@@ -176,7 +176,7 @@ def _tag_errors(yaml: Any, text: str, display: str) -> list[str]:
     `!custom`): a spec is plain data, and a tag would ask a loader to build an object. Read from
     the parser's events, before anything is constructed; a text that does not parse is left to
     the loader's own located error."""
-    # CLI start-up: ruamel (~15 ms) loads only when a spec needs its positions (the located path)
+    # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
     from ruamel.yaml.error import YAMLError
 
     out: list[str] = []
@@ -338,7 +338,7 @@ def _read_text(path: Path, display: str) -> str:
 
 def _parse_yaml(text: str, display: str) -> CommentedMap:
     """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded."""
-    # CLI start-up: ruamel (~15 ms) loads only when a spec needs its positions (the located path)
+    # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
     from ruamel.yaml.error import MarkedYAMLError, YAMLError
@@ -430,7 +430,7 @@ def _fast_doc(text: str) -> dict | None:
     if not _plain_characters(text):
         return None
     try:
-        # CLI start-up (~10 ms), and an import-time dependency: pyyaml is optional (without libyaml
+        # CLI start-up, and an import-time dependency: pyyaml is optional (without libyaml
         # every spec takes the ruamel path)
         import yaml
         from yaml import events as ev_types

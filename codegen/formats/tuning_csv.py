@@ -118,7 +118,7 @@ class WinnerRow(_Row):
 class MeasurementRow(_Row):
     """One row of measurements.csv (fields: MEASUREMENT_COLUMNS); no time unless measured."""
 
-    # built on first use: render reads only winners.csv (~3 ms of its start-up)
+    # built on first use: render reads only winners.csv, and its start-up need not build this model
     model_config = ConfigDict(defer_build=True)
 
     status: Name

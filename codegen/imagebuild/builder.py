@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,6 +14,7 @@ from codegen.core.errors import UpstreamError, UserError
 from codegen.formats.compile_list import count_compiled
 from codegen.formats.spec import LoadedSpec
 from codegen.models.dtypes import UPSTREAM_BUILDS
+from codegen.models.reach import Reach
 from codegen.compile.cache import CompileCache, default_cache_dir
 from codegen.render.inputs import render_overlay
 from codegen.toolchain import generator_requirements
@@ -25,22 +26,35 @@ from codegen.imagebuild.configure import (SUPPORT_DIR, BuildRequest, check_gener
 from codegen.apply.applied_spec import resolve_spec
 from codegen.apply.lock import read_lock
 from codegen.imagebuild.overlay import OverlayState, check_overlay
-from codegen.imagebuild.prereq import check_prerequisites
+from codegen.imagebuild.prereq import Toolchain, check_prerequisites
 from codegen.plan.reach import check_mode
 from codegen.imagebuild.reach import (REACH_FILE, forget, is_current, proven_reach, record_in_prefix,
                                       remove_from_prefix)
 from codegen.imagebuild.run import run_cmake, run_ninja
 from codegen.compile.client import REACH_ENV
-from codegen.compile.service import CompileService
+from codegen.compile.service import CompileService, ServiceStats
 from codegen.compile.dask import DaskExecutor
-from codegen.imagebuild.gpu_check import GpuCheckError, run_gpu_check
-from codegen.imagebuild.verify import verify_install
+from codegen.imagebuild.gpu_check import GpuCheck, GpuCheckError, run_gpu_check
+from codegen.imagebuild.verify import Verification, verify_install
 
 LOG_NAME = f"{SUPPORT_DIR}/build.log"
 
 
+@dataclass(frozen=True)
+class ServiceRun:
+    """What the compile service did for one ninja run, and the kernel cache it used."""
+
+    stats: ServiceStats
+    cache: str | None
+
+    def as_json(self) -> dict:
+        return {**asdict(self.stats), "cache": self.cache}
+
+
 @dataclass
 class BuildReport:
+    """What `build_tree` did (`codegen.cli.build` prints it; `as_json` is `build --json`)."""
+
     tree: str
     release: str
     arch: str
@@ -59,16 +73,17 @@ class BuildReport:
     kernels_compiled: int = 0
     kernels_cached: int = 0          # served from the kernel cache (codegen.compile.cache) by the compile service
     compile_via: str = "workers"
-    compile_service: dict = field(default_factory=dict)
+    compile_service: ServiceRun | None = None   # None: upstream's compile.py, or nothing to compile
     edges_total: int = 0
-    toolchain: dict = field(default_factory=dict)
+    toolchain: Toolchain | None = None
     hip_compat: bool = False
-    verification: dict = field(default_factory=dict)
+    verification: Verification | None = None    # the install check (its problems include the GPU check's)
+    gpu_check: GpuCheck | None = None           # check_gpu on a stand-in device; None when it could not run
     warnings: list[str] = field(default_factory=list)
     aiter: str | None = None         # what --aiter-stand-in did (codegen.imagebuild.aiter), None without it
     kernels: str = "dispatched"      # --kernels: 'dispatched' (unreachable ones left out) or 'all'
     kernels_left_out: int = 0        # kernels no dispatch table selects, not built (codegen.imagebuild.reach)
-    reach: dict = field(default_factory=dict)  # Reach.summary() of this configure, {} with --kernels all
+    reach: Reach | None = None       # what this configure left out; None with --kernels all
 
     @property
     def kernels_per_minute(self) -> float | None:
@@ -77,10 +92,17 @@ class BuildReport:
         return None
 
     def as_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()}
+        d = dict(self.__dict__)
         d["kernels_per_minute"] = self.kernels_per_minute
         for k in ("configure_seconds", "build_seconds", "wall_seconds"):
             d[k] = round(d[k], 1)
+        d["compile_service"] = self.compile_service.as_json() if self.compile_service else {}
+        d["toolchain"] = self.toolchain.summary() if self.toolchain else {}
+        d["verification"] = self.verification.summary() if self.verification else {}
+        if self.gpu_check is not None:
+            d["verification"]["gpu_check"] = self.gpu_check.summary()
+        d["reach"] = self.reach.summary() if self.reach else {}
+        del d["gpu_check"]
         return d
 
 
@@ -205,7 +227,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
         tree=str(tree), release=adapter.release, arch=spec.arch, spec=loaded.display, spec_sha256=loaded.sha256,
         prefix=str(prefix), build_dir=str(build_dir), log=str(build_dir / LOG_NAME),
         mode="noimage" if opts.noimage else ("tuning" if opts.for_tuning else "images"),
-        toolchain=tc.summary(), hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
+        toolchain=tc, hip_compat=tc.needs_hip_compat, warnings=list(loaded.warnings) + list(tc.warnings),
     )
     if opts.aiter_stand_in and not opts.noimage:
         report.aiter = place_stand_in(tree, build_dir, adapter, spec.arch)
@@ -219,7 +241,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
     reach = _configure_and_build(opts, build_dir, plan, tc, report, console, spec, cache)
     report.kernels = "dispatched" if req.reach_python else "all"
     if reach is not None:
-        report.reach = reach.summary()
+        report.reach = reach
         report.kernels_left_out = reach.kernels_left_out
         if not opts.noimage:
             remove_from_prefix(prefix, reach)
@@ -228,7 +250,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
                          v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
                          images=not opts.noimage, reach=reach)
-    report.verification = ver.summary()
+    report.verification = ver
     _gpu_check(report, ver, spec, tc, build_dir, console)
     report.wall_seconds = time.monotonic() - t_start
     return report
@@ -245,7 +267,7 @@ def _reach_python(opts: BuildOptions) -> str | None:
     return sys.executable
 
 
-def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Console) -> None:
+def _gpu_check(report: BuildReport, ver: Verification, spec, tc, build_dir: Path, console: Console) -> None:
     """check_gpu of the installed library on a stand-in device of the spec's arch (codegen.imagebuild.gpu_check).
     A wrong answer is a verification problem; a check that cannot run is a warning."""
     lib = Path(ver.library)
@@ -259,10 +281,8 @@ def _gpu_check(report: BuildReport, ver, spec, tc, build_dir: Path, console: Con
         report.warnings.append(f"GPU check skipped: {exc}")
         console.print(report.warnings[-1], style="yellow", markup=False)
         return
-    report.verification["gpu_check"] = check.summary()
-    if check.problems:
-        report.verification["problems"] = list(report.verification.get("problems", [])) + check.problems
-        report.verification["ok"] = False
+    report.gpu_check = check
+    ver.problems.extend(check.problems)
 
 
 def open_cache(opts: BuildOptions) -> CompileCache | None:
@@ -330,11 +350,8 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
             res = run_ninja(build_dir, jobs=opts.jobs, target="install", env={**env, **service.env()},
                             log_path=log_path, console=console, ninja=tc.ninja, show_progress=opts.show_progress,
                             kernel_counts=lambda: (service.stats.compiled, service.stats.cached, remaining))
-        st = service.stats
-        report.kernels_cached = st.cached
-        report.compile_service = {"compiled": st.compiled, "cached": st.cached, "failed": st.failed,
-                                  "declined": st.declined, "retried": st.retried,
-                                  "cache": None if service.cache is None else str(service.cache.root)}
+        report.kernels_cached = service.stats.cached
+        report.compile_service = ServiceRun(service.stats, None if service.cache is None else str(service.cache.root))
     report.build_seconds = res.seconds
     total_after, done_after = count_compiled(build_dir / "v3src") if not opts.noimage else (None, None)
     report.kernels_total = total_after if total_after is not None else report.kernels_total

@@ -34,6 +34,7 @@ from codegen.imagebuild.prereq import Toolchain
 SUPPORT_DIR = "mi100-codegen"  # inside the build directory
 VENV_NAME = "venv"  # build-owned virtual environment (VENV_DIR)
 PTH_NAME = "_mi100_codegen_env.pth"
+REACH_MODULE = "codegen.imagebuild.reach"  # what the client runs after the generator (`python -m`)
 
 
 
@@ -215,7 +216,7 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
     own = Path(site.stdout.strip())
     paths = [p for p in tc.site_packages if Path(p).is_dir() and Path(p) != own]
     _atomic_write(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
-    install_client(own)
+    install_client(own, after_generator=REACH_MODULE)
     return venv
 
 

@@ -30,8 +30,8 @@ BUILD_COST: tuple[Cost, ...] = (
     Cost("0.12.1b", "mi50", 409, 253), Cost("0.13b", "mi50", 409, 258),
 )
 # the rest of a bundle build once every kernel is cached (HIP sysroot, configure, the C++ runtime,
-# packing, the checks): 3 min 47 s on 2 cores for 0.11b gfx908 HIP 6 (docs/measurements.md,
-# "default-spec bundles"), taken as CPU-seconds that spread over the cores like the kernels
+# packing, the checks) of 0.11b gfx908 HIP 6 on 2 cores (docs/measurements.md, "default-spec
+# bundles"), taken as CPU-seconds that spread over the cores like the kernels
 REST_CPU_S = 450
 # main's snapshot plans 0.13b's kernels (the reuse matrix: 100 %)
 _SAME_AS = {"0.14.0-dev": "0.13b"}

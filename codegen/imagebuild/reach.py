@@ -5,8 +5,8 @@ How, in a CMake build: upstream's CMake runs the tree's generator (`python -m v3
 `aotriton.generate` from 0.13b) at configure time and then reads its lists. The build venv's
 Python carries the compile service's client (`compile_client.py`); when `build` asks for it
 (the environment knob `REACH_ENV`, the path of mi100-codegen's own interpreter), the client runs
-`python -m codegen.imagebuild.reach V3SRC` after the generator has exited successfully, before CMake
-reads the lists. This module then
+`python -m codegen.imagebuild.reach V3SRC` (the module `build` installs it with,
+`configure.REACH_MODULE`) after the generator has exited successfully, before CMake reads the lists. This module then
 
 1. plans what to leave out (`codegen.plan.reach`: the backward op table the generator has just
    written is the proof, per functional, and the only one used; a package is left out only when

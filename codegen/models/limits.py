@@ -77,18 +77,18 @@ class CompileReport(BaseModel):
         return v
 
 
-def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=None) -> dict | None:
+def waves_per_eu_limits(report: CompileReport | None, arch: str, dtypes=None, head_dims=None) -> dict | None:
     """The table render puts into rows/<arch>.json (None without a report for `arch`)."""
-    if not report or report.get("arch") != arch:
+    if report is None or report.arch != arch:
         return None
     groups: dict[str, dict[str, set]] = {}
-    for name, entry in report.get("configs", {}).items():
+    for name, entry in report.configs.items():
         cfg = KernelConfig.try_parse(name)
         if cfg is None or not cfg.tunable or cfg.arch != arch:
             continue
         if (dtypes is not None and cfg.dtype not in dtypes) or (head_dims is not None and cfg.head_dim not in head_dims):
             continue
-        verdict = entry.get("verdict")
+        verdict = entry.verdict
         kind = "clean" if verdict in CLEAN_VERDICTS else ("spills" if verdict == "spills" else "failed")
         g = groups.setdefault(cfg.limit_key, {"clean": set(), "spills": set(), "failed": set()})
         g[kind].add(cfg.waves_per_eu)
@@ -101,8 +101,8 @@ def waves_per_eu_limits(report: dict | None, arch: str, dtypes=None, head_dims=N
         }
     return {
         "source": f"tuning/{arch}/compile_report.json",
-        "release": report.get("release"),
-        "triton": report.get("triton"),
+        "release": report.release,
+        "triton": report.triton,
         "configs": configs,
     }
 

@@ -25,8 +25,25 @@ def _not_state(rel: str) -> str:
 
 
 TreePath = Annotated[RelPath, AfterValidator(_not_state)]
-TableRows = dict[Text, dict[Text, Count | list[Text]]]
-"""Per table of a database file, apply's statistics (codegen.apply.dbrows.TableStats.as_dict)."""
+
+
+class TableRows(Record):
+    """What apply wrote into one table of a database file (`codegen.apply.dbrows.TableStats`): the
+    counts a table without them leaves out are 0, the compile report's only there when the overlay
+    had one."""
+
+    donor_rows: Count
+    rows_written: Count
+    waves_capped: Count
+    measured_overrides: Count
+    measured_unmatched: Count
+    tiles_replaced: Count = 0
+    warps_raised: Count = 0
+    split_routed: Count = 0            # op_attn_bwd rows moved from the fused to the split backend
+    compile_capped: Count | None = None
+    compile_clean_rows: Count | None = None
+    compile_unclean: list[Text] | None = None      # configs that spill or fail at every measured waves_per_eu
+    compile_unmeasured: list[Text] | None = None   # configs the compile report does not know
 
 
 class LockEntry(Record):
@@ -38,7 +55,7 @@ class LockEntry(Record):
     edits: list[Annotated[str, Field(max_length=200)]] = []
     mode: Annotated[int, Field(ge=0, le=0o7777)] | None = None  # the pristine file's; used masked (perm_bits)
     inputs: Sha256 | None = None   # db files: hash of everything their bytes depend on
-    rows: TableRows | None = None  # db files: per-table statistics
+    rows: dict[Text, TableRows] | None = None  # db files: per-table statistics
 
 
 class ApplyLock(Record):

@@ -128,6 +128,24 @@ def expand_family(
     return sorted(set(out))
 
 
+def outside_space(spec: TargetSpec, cfg: KernelConfig) -> list[str]:
+    """The parts of a tunable config's name the spec's tuning space does not hold (its dtype, head
+    dim, tile, `wpe…`, `w…`, `s…`, `plv…`), or ['excluded'] when only an exclude rule removes it;
+    [] for a config of the space (`expand_family` lists exactly those)."""
+    space = spec.family_space(cfg.family)
+    plv = list(space.pre_load_v) if space.pre_load_v is not None else [None]
+    out = [part for part, inside in (
+        (cfg.dtype, cfg.dtype in spec.dtypes),
+        (f"d{cfg.head_dim}", cfg.head_dim in spec.head_dims),
+        (cfg.tile, (cfg.block_m, cfg.block_n) in [tuple(t) for t in space.block_sizes]),
+        (f"wpe{cfg.waves_per_eu}", cfg.waves_per_eu in space.waves_per_eu),
+        (f"w{cfg.num_warps}", cfg.num_warps in space.num_warps),
+        (f"s{cfg.num_stages}", cfg.num_stages in space.num_stages),
+        ("plv" if cfg.pre_load_v is None else f"plv{int(cfg.pre_load_v)}", cfg.pre_load_v in plv),
+    ) if not inside]
+    return out or (["excluded"] if any(rule_matches(r, cfg) for r in space.exclude) else [])
+
+
 def expand_space(spec: TargetSpec) -> dict[str, list[KernelConfig]]:
     """family -> configs over every dtype and head dim of the spec."""
     result: dict[str, list[KernelConfig]] = {}

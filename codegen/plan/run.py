@@ -1,29 +1,28 @@
-"""What `mi100-codegen plan` does, given its options (`codegen.cli.plan` only parses them); `run_plan`
-is shared with precompile and bench."""
+"""What `mi100-codegen plan` does, given its options: `plan_tree` returns the typed result
+(`PlanReport`) that `codegen.cli.plan` renders; `run_plan` is shared with precompile and bundle
+verify."""
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import tempfile
 import time
-from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from rich.console import Console
-from rich.table import Table
-
-from codegen.core import preflight, ui
+from codegen.core import preflight
 from codegen.apply.applied_spec import resolve_spec
 from codegen.formats.spec import LoadedSpec
 from codegen.upstream.knobs import ENABLE_FP32_ENV
 from codegen.plan.reach import dispatched_entries
 from codegen.plan.kernel_list import generate_kernel_list
-from codegen.plan.summary import NO_HEAD_DIM, PlanSummary, summarize
+from codegen.plan.summary import PlanSummary, summarize
 from codegen.plan.tree import check_registered, release_of
+from codegen.render.inputs import load_winners
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
 
@@ -34,8 +33,6 @@ class PlanOptions:
     spec: Path | None = None
     python: str | None = None  # None: the build venv precompile and build use (codegen.toolchain)
     tuning: bool = False
-    as_json: bool = False
-    configs: int = 40       # rows of the per-config table; -1: all
     kernels: str = "all"    # 'dispatched': only what build --kernels dispatched compiles (codegen.imagebuild.reach)
     build_dir: Path | None = None  # keep the generator's output (its v3src) in this new folder; None: thrown away
 
@@ -56,13 +53,13 @@ class PlanTiming:
                 "ours_s": round(self.ours_s, 3)}
 
 
-def generator_python(tree: Path, spec, python: str | None, console: Console | None = None) -> str:
+def generator_python(tree: Path, spec, python: str | None, console: "Console | None" = None) -> str:
     """The interpreter that runs the tree's generator: `python` as given, else the cached build venv
     of precompile and build (the spec's Triton and the tree's generator requirements, created on
     first use), so a plain `pip install mi100-codegen` is enough to plan."""
     if python is not None:
         return preflight.interpreter(python)
-    # CLI start-up: the toolchain (~60 ms) loads only when plan needs the build venv
+    # CLI start-up: the toolchain loads only when plan needs the build venv
     from codegen.toolchain import generator_requirements
     from codegen.toolchain.interpreter import compiler_python
 
@@ -80,7 +77,7 @@ class PlanRun(NamedTuple):
     python: str
 
 
-def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | None = None,
+def run_plan(opts: PlanOptions, timing: dict | None = None, console: "Console | None" = None,
              loaded: LoadedSpec | None = None) -> PlanRun:
     """The spec, kernels, summary, release record and generator python (`PlanRun`). Refusals (bad interpreter, bad spec,
     unknown release, a target the tree does not register) come before the build venv is made and
@@ -100,8 +97,9 @@ def run_plan(opts: PlanOptions, timing: dict | None = None, console: Console | N
     else:
         entries = generate_kernel_list(opts.tree, list(spec.gpus), python, arch=spec.arch, tuning=opts.tuning,
                                        env=fp32, timing=timing, keep_build_dir=opts.build_dir)
-    return PlanRun(loaded, entries, summarize(entries, list(spec.gpus), info.release,
-                                              "tuning" if opts.tuning else "normal"), info.adapter, python)
+    measured = frozenset(w.config for w in load_winners(loaded))  # the target's rows that were not seeded
+    return PlanRun(loaded, entries, summarize(entries, list(spec.gpus), info.release, "tuning" if opts.tuning
+                                              else "normal", spec, measured), info.adapter, python)
 
 
 def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None = None,
@@ -117,7 +115,7 @@ def generate_dispatched(tree: Path, spec, python: str, env: dict, timing: dict |
     return entries, kept, reach
 
 
-def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: Console | None,
+def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, console: "Console | None",
                 keep: Path | None) -> list:
     entries, kept, reach = generate_dispatched(tree, spec, python, env, timing, keep)
     if console is not None:
@@ -126,73 +124,27 @@ def _dispatched(tree: Path, spec, python: str, env: dict, timing: dict | None, c
     return kept
 
 
-def show_plan(opts: PlanOptions) -> None:
-    """`plan`: the counts as tables (or JSON) on stdout; the time split on stderr."""
-    err = ui.console()
+@dataclass(frozen=True)
+class PlanReport:
+    """What `plan` found (`codegen.cli.plan` prints it): the spec, the kernels and their summary,
+    the interpreter that ran the generator, where the time went, and notes for the user."""
+
+    loaded: LoadedSpec
+    entries: list
+    summary: PlanSummary
+    python: str
+    timing: PlanTiming
+    notes: tuple[str, ...] = ()
+
+
+def plan_tree(opts: PlanOptions, console: "Console | None" = None) -> PlanReport:
+    """`plan`: the tree's kernels for the spec, timed (`console`: where the build venv's creation
+    and --kernels dispatched report progress)."""
+    notes = ()
     if os.environ.get(HEAD_DIM_ENV):
-        err.print(f"[yellow]note:[/] {HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the "
-                  "tree's head dims, as it would for cmake")
+        notes = (f"{HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the tree's head dims, "
+                 "as it would for cmake",)
     start, clock = time.perf_counter(), {}
-    loaded, entries, summary, _release, python = run_plan(opts, clock, err)
+    run = run_plan(opts, clock, console)
     timing = PlanTiming(time.perf_counter() - start, clock.get("upstream_s", 0.0))
-    if opts.as_json:
-        doc = {**summary.model_dump(mode="json"), "timing": timing.as_json()}
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    else:
-        _print_tables(entries, summary, opts.configs)
-    err.print(f"spec {loaded.display}; generator: {python}", markup=False)
-    err.print(f"time: {timing.total_s:.2f} s: upstream's generator {timing.upstream_s:.2f} s, "
-              f"mi100-codegen {timing.ours_s:.2f} s")
-
-
-def _print_tables(entries, summary: PlanSummary, configs: int) -> None:
-    out = ui.console(stderr=False, log_width=160)  # logs: no truncated columns
-    title = (f"AOTriton {summary.release}, {summary.build} build for {', '.join(summary.gpus)}: "
-             f"{summary.total} kernels, head dims {summary.head_dims}")
-    out.print(family_table(entries, title))
-    dt = Table(title="kernels per dtype", title_justify="left")
-    dt.add_column("dtype")
-    dt.add_column("kernels", justify="right")
-    for k, v in summary.by_dtype.items():
-        dt.add_row(k, str(v))
-    out.print(dt)
-    out.print(config_table(summary, configs))
-
-
-def family_table(entries, title: str) -> Table:
-    cfgs = [e.config for e in entries]
-    head_dims = sorted({c.head_dim for c in cfgs if c.head_dim is not None})
-    has_none = any(c.head_dim is None for c in cfgs)
-    cols = [str(h) for h in head_dims] + ([NO_HEAD_DIM] if has_none else [])
-    counts: dict[str, Counter] = defaultdict(Counter)
-    dtypes: dict[str, set] = defaultdict(set)
-    configs: dict[str, set] = defaultdict(set)
-    for c in cfgs:
-        counts[c.family][str(c.head_dim) if c.head_dim is not None else NO_HEAD_DIM] += 1
-        dtypes[c.family].add(c.dtype)
-        configs[c.family].add(c.config_key)
-    t = Table(title=title, title_justify="left")
-    t.add_column("family", no_wrap=True)
-    for c in cols:
-        t.add_column(f"d{c}" if c != NO_HEAD_DIM else "no hd", justify="right")
-    t.add_column("dtypes")
-    t.add_column("configs", justify="right")
-    t.add_column("kernels", justify="right", style="bold")
-    for fam in sorted(counts):
-        t.add_row(fam, *[str(counts[fam].get(c, 0)) for c in cols], ",".join(sorted(dtypes[fam])),
-                  str(len(configs[fam])), str(sum(counts[fam].values())))
-    t.add_row("total", *[str(sum(counts[f].get(c, 0) for f in counts)) for c in cols], "", "",
-              str(len(entries)), style="bold")
-    return t
-
-
-def config_table(summary: PlanSummary, limit: int) -> Table:
-    t = Table(title=f"kernels per config ({len(summary.by_config)} configs)", title_justify="left")
-    t.add_column("config")
-    t.add_column("kernels", justify="right")
-    items = list(summary.by_config.items())
-    for name, n in items[:limit] if limit >= 0 else items:
-        t.add_row(name, str(n))
-    if 0 <= limit < len(items):
-        t.add_row(f"... {len(items) - limit} more (--configs -1 lists all)", "")
-    return t
+    return PlanReport(run.loaded, run.entries, run.summary, run.python, timing, notes)

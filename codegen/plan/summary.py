@@ -1,4 +1,6 @@
-"""Counts of a kernel list (pure): total and by family, head dim, dtype and config."""
+"""Counts of a kernel list (pure): total and by family, head dim, dtype and config, and which
+configs lie outside the spec's tuning space (in a normal build: rows seeded from the donor GPU,
+whose configs the spec's ranges never chose, e.g. waves_per_eu 4 or 2 warps)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ from collections import Counter
 
 from pydantic import BaseModel, ConfigDict
 
+from codegen.models.space import outside_space
+from codegen.models.target import TargetSpec
 from codegen.plan.kernel_list import KernelEntry
 
 NO_HEAD_DIM = "none"
@@ -25,6 +29,10 @@ class PlanSummary(BaseModel):
     by_head_dim: dict[str, int]
     by_dtype: dict[str, int]
     by_config: dict[str, int]
+    # configs of by_config outside the spec's tuning space -> the parts of the name outside it
+    outside_space: dict[str, list[str]] = {}
+    seeded_from: str | None = None        # the donor GPU (rows.donor_gpu) the target's rows start from
+    measured_outside: list[str] = []      # of outside_space, the configs of measured winners (not seeded)
 
 
 def _sorted(counter: Counter, numeric: bool = False) -> dict[str, int]:
@@ -34,8 +42,13 @@ def _sorted(counter: Counter, numeric: bool = False) -> dict[str, int]:
     return {k: counter[k] for k in sorted(counter, key=key)}
 
 
-def summarize(entries: list[KernelEntry], gpus: list[str], release: str, build: str = "normal") -> PlanSummary:
+def summarize(entries: list[KernelEntry], gpus: list[str], release: str, build: str = "normal",
+              spec: TargetSpec | None = None, measured: frozenset[str] = frozenset()) -> PlanSummary:
+    """`spec`: the tunable configs outside its tuning space are listed; `measured`: the config names
+    of its measured winners (the target's rows that were not seeded)."""
     cfgs = [e.config for e in entries]
+    outside = {name: parts for name, c in {c.name: c for c in cfgs}.items() if spec is not None and c.tunable
+               and (parts := outside_space(spec, c))}
     hd = Counter(str(c.head_dim) if c.head_dim is not None else NO_HEAD_DIM for c in cfgs)
     archs = sorted({c.arch for c in cfgs})
     return PlanSummary(
@@ -50,4 +63,7 @@ def summarize(entries: list[KernelEntry], gpus: list[str], release: str, build: 
         by_head_dim=_sorted(hd, numeric=True),
         by_dtype=_sorted(Counter(c.dtype for c in cfgs)),
         by_config=_sorted(Counter(c.name for c in cfgs)),
+        outside_space=dict(sorted(outside.items())),
+        seeded_from=spec.rows.donor_gpu if spec is not None else None,
+        measured_outside=sorted(n for n in outside if n in measured),
     )

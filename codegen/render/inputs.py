@@ -29,9 +29,9 @@ REPORT_LIMIT = 16 << 20  # bytes; the committed reports are well under 1 MB
 _MAX_SHOWN = 12
 
 
-def read_compile_report(path: Path, display: str | None = None) -> dict | None:
+def read_compile_report(path: Path, display: str | None = None) -> CompileReport | None:
     """A compile report (`precompile --tuning-report`), validated by its model
-    (`codegen.models.limits.CompileReport`), as plain data; None when the path does not exist.
+    (`codegen.models.limits.CompileReport`); None when the path does not exist.
     The one reader: render, apply, build and precompile's merge all come through here. Anything
     else (not a regular file, not UTF-8 JSON, nested past the parser, `[]`, a config without a
     verdict, a negative count) is one DataFileError, every problem as `file: location: message`."""
@@ -53,10 +53,10 @@ def read_compile_report(path: Path, display: str | None = None) -> dict | None:
         lines = [f"{display}: {describe(e)}" for e in exc.errors(include_url=False)]
         more = len(lines) - _MAX_SHOWN
         raise DataFileError(lines[:_MAX_SHOWN] + ([f"{display}: ... and {more} more"] if more > 0 else [])) from None
-    return report.model_dump(mode="json")
+    return report
 
 
-def committed_report(arch: str) -> dict | None:
+def committed_report(arch: str) -> CompileReport | None:
     """tuning/<arch>/compile_report.json as shipped (None when there is none)."""
     return read_compile_report(data_dir("tuning") / arch / COMPILE_REPORT,
                                f"tuning/{printable(arch)}/{COMPILE_REPORT}")
@@ -76,10 +76,16 @@ def load_measured(spec: TargetSpec, folder: Path | None = None) -> list[Winner]:
     return [Winner(**rec) for rec in load_winner_rows(folder or data_dir("tuning") / spec.arch, spec)]
 
 
+def load_winners(loaded: LoadedSpec, files: dict[str, Path] | None = None) -> list[Winner]:
+    """The measured winners of the spec's home (codegen.render.workspace); none without them."""
+    files = overlay_results(loaded) if files is None else files
+    return load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+
+
 def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
     """The results of the spec's home (codegen.render.workspace), parsed."""
     files = overlay_results(loaded)
-    winners = load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+    winners = load_winners(loaded, files)
     limits = load_limits(loaded.spec, files[COMPILE_REPORT]) if COMPILE_REPORT in files else None
     return OverlayInputs(tuple(winners), limits)
 
@@ -89,4 +95,5 @@ def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
     return plan_overlay(loaded, layout, load_inputs(loaded))
 
 
-__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "render_overlay"]
+__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "load_winners",
+           "render_overlay"]

@@ -41,7 +41,6 @@ from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES
-from codegen.upstream import detect
 from codegen.upstream.releases import IMAGES_DIR, tag_line
 from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
                                        write_bundle)
@@ -77,6 +76,20 @@ class BundleResult:
     seconds: dict
 
 
+@dataclass(frozen=True)
+class KernelBuild:
+    """How `bundle build` has the build stage compile its kernels (BuildOptions' fields of the same
+    names); images taken with `--images` compile nothing."""
+
+    python: str | None = None            # None: the build venv of the spec's Triton
+    triton_version: str | None = None
+    no_cache: bool = False
+    cache_dir: Path | None = None
+    show_progress: bool = False
+    aiter_stand_in: bool = False
+    kernels: str = "dispatched"          # 'dispatched' or 'all' (codegen.imagebuild.reach)
+
+
 def torch_lines(release: str) -> list[str]:
     line = tag_line(release)
     return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
@@ -95,10 +108,8 @@ def _copy_images(src: Path, dest: Path, arch: str) -> None:
 
 def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path, images: Path | None,
                  build_dir: Path | None, jobs: int, console: Console,
-                 progress: Callable[[str], None], compile_opts: dict | None = None) -> BundleResult:
-    """`compile_opts`: the build stage's options for the kernels (BuildOptions' python, triton_version,
-    no_cache, cache_dir, show_progress); images taken with `images` compile nothing."""
-    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
+                 progress: Callable[[str], None], kernel_build: KernelBuild = KernelBuild()) -> BundleResult:
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from codegen.imagebuild.builder import BuildOptions, build_tree, check_tree
 
     t0 = time.monotonic()
@@ -107,7 +118,10 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     bdir = (build_dir or tree / f"build-hip{hip}").resolve()
     prefix = bdir / "mi100-codegen" / "bundle-prefix"
     opts = BuildOptions(tree, prefix, bdir, jobs, noimage=images is not None, spec_path=spec_path,
-                        **{"show_progress": False, **(compile_opts or {})})
+                        python=kernel_build.python, triton_version=kernel_build.triton_version,
+                        no_cache=kernel_build.no_cache, cache_dir=kernel_build.cache_dir,
+                        show_progress=kernel_build.show_progress, aiter_stand_in=kernel_build.aiter_stand_in,
+                        kernels=kernel_build.kernels)
     # exit 2 before anything is fetched or built: the build stage's own checks, made once (the spec
     # resolved, the overlay rendered and compared), and a tree without a tuning database
     checked = check_tree(opts)
@@ -120,7 +134,7 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
         rep = build_tree(replace(opts, hip_prefix=sysroot.prefix), console, checked)
     kernels = _built_kernels(tree, hip, rep, adapter, prefix, bdir, images)
     t_build = time.monotonic() - t0 - t_sysroot
-    lib = Path(rep.verification["library"])
+    lib = Path(rep.verification.library)
     dyn = read_dynamic(lib)
     stage = bdir / "mi100-codegen" / "bundle-stage"
     files = _stage_files(stage, lib, prefix, loaded.path, rows)
@@ -154,14 +168,14 @@ def build_bundle(tree: Path, hip: int, *, spec_path: Path | None, out_dir: Path,
     return BundleResult(dest, manifest, check, seconds)
 
 
-def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None) -> dict:
-    """The kernel summary of the build (with `images`: of the prefix those images are copied into,
-    verified again); a build with problems is a BundleBuildError."""
-    # CLI start-up: `bundle check` loads this module too; the build stage (~140 ms) loads when a bundle is built
+def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path, images: Path | None):
+    """The install check of the build (with `images`: of the prefix those images are copied into,
+    verified again; a `Verification`); a build with problems is a BundleBuildError."""
+    # CLI start-up: `bundle check` loads this module too; the build stage loads when a bundle is built
     from codegen.imagebuild.reach import confirm_left_out, read_prefix_reach
     from codegen.imagebuild.verify import verify_install
 
-    problems = list(rep.verification.get("problems", []))
+    problems = list(rep.verification.problems)
     if images is not None:
         # what the images' build left out: never believed, proven again from this build folder's
         # generator output (the same tree and spec); a record it does not prove is refused
@@ -173,15 +187,15 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
                                 f"{len(reach.packages_left_out)} packages; {unproven[0]}"
                                 + (f" (and {len(unproven) - 1} more)" if len(unproven) > 1 else ""),
                                 hint=f"build the images again: mi100-codegen build {tree} --prefix {images}")
-            rep.reach, rep.kernels, rep.kernels_left_out = reach.summary(), "dispatched", reach.kernels_left_out
+            rep.reach, rep.kernels, rep.kernels_left_out = reach, "dispatched", reach.kernels_left_out
         else:
-            rep.reach, rep.kernels, rep.kernels_left_out = {}, "all", 0
+            rep.reach, rep.kernels, rep.kernels_left_out = None, "all", 0
         _copy_images(images.resolve(), prefix, rep.arch)
         ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
                              v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
                              image_format=adapter.image_format, reach=reach)
         problems += ver.problems
-        kernels = ver.summary()
+        kernels = ver
     else:
         kernels = rep.verification
     if problems:
@@ -264,9 +278,11 @@ def project_provenance() -> dict:
     return out
 
 
-def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kernels: dict,
+def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, verification,
               files: dict[str, bytes], project: dict | None = None) -> dict:
-    """The bundle's manifest as data, before its `verified` record (`manifest_of` makes it the model)."""
+    """The bundle's manifest as data, before its `verified` record (`manifest_of` makes it the model);
+    `rep`: the build's BuildReport, `verification`: the install check of its images."""
+    kernels = verification.summary()
     hip_needed = [n for n in dyn.needed if n.startswith("libamdhip64")]
     return {
         "format": FORMAT,
@@ -287,13 +303,13 @@ def _manifest(adapter, rep, hip: int, target: str, lib: Path, dyn, sysroot, kern
         "built_with": {
             "project": project or project_provenance(), "builder": printable(os.environ.get(BUILDER_ENV) or "local")[:200],
             "hip_headers": {k: v.version for k, v in sysroot.record.packages.items()},
-            "hip_suite": sysroot.record.suite, "toolchain": rep.toolchain, "machine": platform.machine(),
+            "hip_suite": sysroot.record.suite, "toolchain": rep.toolchain.summary(), "machine": platform.machine(),
             "build_log": rep.log,
             # this run's kernel compiles (codegen.compile.cache): 0 compiled when the images came from --images
             "kernels_compiled": rep.kernels_compiled, "kernels_cached": rep.kernels_cached,
             "aiter": rep.aiter,   # 'placed'/'kept: …' with --aiter-stand-in (codegen.imagebuild.aiter)
             # --kernels: what no dispatch table selects and was left out (codegen.imagebuild.reach)
-            "kernels": rep.kernels, "reach": rep.reach or None,
+            "kernels": rep.kernels, "reach": rep.reach.summary() if rep.reach else None,
         },
         "kernels": {k: kernels.get(k) for k in ("kernels_referenced", "kernels_packed", "kernels_left_out",
                                                  "missing_count", "empty_count", "packages", "kernels_by_family")
@@ -306,19 +322,19 @@ def _compile_report(loaded) -> dict | None:
     """The summary of the compile report the overlay was rendered with (`precompile
     --tuning-report`: which configs compile clean, which spill; apply caps the seeded rows by it),
     read through its one reader from where render takes it for the tree's spec; None without one."""
-    # CLI start-up: `bundle check` loads this module too; render's inputs (~40 ms) load when a bundle is built
+    # CLI start-up: `bundle check` loads this module too; render's inputs load when a bundle is built
     from codegen.render.inputs import read_compile_report
 
     path = overlay_results(loaded).get(COMPILE_REPORT)
-    data = read_compile_report(path) if path is not None else None
-    if data is None:
+    report = read_compile_report(path) if path is not None else None
+    if report is None:
         return None
-    configs = data.get("configs", {})
-    return {"sha256": sha256(path.read_bytes()), "arch": data.get("arch"), "gpu": data.get("gpu"),
-            "release": data.get("release"), "triton": data.get("triton"), "configs": len(configs),
-            "verdicts": dict(sorted(Counter(c["verdict"] for c in configs.values()).items())),
-            "kernels": sum(c.get("kernels") or 0 for c in configs.values())}
+    configs = report.configs.values()
+    return {"sha256": sha256(path.read_bytes()), "arch": report.arch, "gpu": report.gpu,
+            "release": report.release, "triton": report.triton, "configs": len(configs),
+            "verdicts": dict(sorted(Counter(c.verdict for c in configs).items())),
+            "kernels": sum(c.kernels for c in configs)}
 
 
-__all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "add_rows", "build_bundle", "project_provenance",
+__all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "KernelBuild", "add_rows", "build_bundle", "project_provenance",
            "rows_member", "torch_lines"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.formats.elf import DynamicInfo, read_dynamic
-from codegen.upstream.releases import (IMAGES_DIR, SUPPORTED, TORCH_LINES, by_release, parse_tag, release_line,
-                                       release_name, tag_line)
+from codegen.upstream.releases import (IMAGES_DIR, SUPPORTED, TORCH_LINES, parse_tag, release_line, release_name,
+                                       tag_line)
 
 # libaotriton<suffix>_v2.so.<major>.<minor>.<patch>; the suffix is upstream's AOTRITON_NAME_SUFFIX.
 LIB_RE = re.compile(r"^libaotriton(?P<suffix>.*)_v2\.so\.(?P<major>\d+)\.(?P<minor>\d+)\.(?P<patch>\d+)$")
@@ -36,24 +36,6 @@ TORCH_IMAGE_FORMATS: tuple[str, ...] = ("aks2", "zip")
 TORCH_RELEASES: tuple[str, ...] = tuple(a.release for a in SUPPORTED
                                         if a.image_format in TORCH_IMAGE_FORMATS and not a.snapshot)
 TORCH_TO_AOTRITON: dict[str, str] = {t.torch: t.aotriton for t in TORCH_LINES}
-
-
-def library_name(tag: str) -> str:
-    """The file `libtorch_hip.so` needs for an AOTriton tag: '0.12b' -> 'libaotriton_v2.so.0.12.0'
-    (upstream sets VERSION major.minor.patch and no SOVERSION)."""
-    try:
-        return by_release(tag).library
-    except KeyError:
-        raise ValueError(f"not an AOTriton release mi100-codegen knows: {tag}") from None
-
-
-def torch_line_for(aot_major: int, aot_minor: int, aot_patch: int) -> str | None:
-    """The PyTorch feature release that links exactly this AOTriton version, if known."""
-    tag = release_name((aot_major, aot_minor, aot_patch))
-    for torch_line, want in TORCH_TO_AOTRITON.items():
-        if want == tag:
-            return torch_line
-    return None
 
 
 def build_release_for_line(line: str) -> str | None:
@@ -159,10 +141,6 @@ class TorchInstall:
     def feature_release(self) -> str:
         m = re.match(r"^(\d+)\.(\d+)", self.version)
         return f"{m[1]}.{m[2]}" if m else self.version
-
-    @property
-    def aot_path(self) -> Path | None:
-        return self.lib_dir / self.aot_needed.name if self.aot_needed else None
 
 
 def _version_py(path: Path) -> dict[str, object]:

@@ -51,7 +51,7 @@ from codegen.models.archs import HSA_OVERRIDE_ENV
 from codegen.models.machine import Machine
 from codegen.models.index import INDEX_LIMIT, IndexEntry
 from codegen.render.workspace import RENDER_INPUTS, is_shipped, results_dir
-from codegen.ship.bundle import BundleBuildError, build_bundle
+from codegen.ship.bundle import BundleBuildError, KernelBuild, build_bundle
 from codegen.ship.check import check_opened
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, family_of, has_gpu
 from codegen.ship.fetch import NetworkError, Wanted, fetch, fetch_bytes
@@ -391,8 +391,7 @@ def build_here(plan: OwnerPlan, opts: OwnerOptions, console: Console, say: Calla
     say(f"building the bundle: {_estimate(plan)}")
     res = build_bundle(tree, plan.hip, spec_path=None, out_dir=out, images=None, build_dir=None,
                        jobs=opts.jobs or cpu_count(), console=console, progress=say,
-                       compile_opts={"show_progress": True, "aiter_stand_in": adapter.clones_aiter,
-                                     "kernels": "dispatched"})
+                       kernel_build=KernelBuild(show_progress=True, aiter_stand_in=adapter.clones_aiter))
     if res.path is None:
         failed = [c.name for c in res.check.claims + res.check.controls if not c.ok]
         raise BundleBuildError(f"the bundle built here fails its checks ({', '.join(failed) or 'see above'}); "

@@ -108,7 +108,8 @@ def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, 
 
 def measured_triton(spec: TargetSpec) -> str | None:
     """The Triton of tuning/<arch>/compile_report.json: the seeded rows are capped to what it measured."""
-    return (committed_report(spec.arch) or {}).get("triton")
+    report = committed_report(spec.arch)
+    return report.triton if report is not None else None
 
 
 def _warn_unmeasured(spec: TargetSpec, used: str | None, measured: str | None, console: Console | None) -> None:

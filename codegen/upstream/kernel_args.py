@@ -119,10 +119,6 @@ def kernel_params(kernel) -> list[Param]:
             for n, p in sig.parameters.items()]
 
 
-def required_params(kernel) -> list[str]:
-    return [p.name for p in kernel_params(kernel) if p.required]
-
-
 def bind(kernel, values: dict) -> dict:
     """The keyword arguments for `kernel`: of `values`, the names its parameter list has.
     UpstreamError naming them when it requires parameters `values` does not hold."""

@@ -89,7 +89,7 @@ def environment(plat=None) -> dict:
         if plat.kind == "cuda":
             env["nvidia_driver"] = _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
     try:
-        # import-time dependency: Triton (~160 ms), optional, the one torch brought (ROCm: pytorch-triton-rocm)
+        # import-time dependency: Triton, optional, the one torch brought (ROCm: pytorch-triton-rocm)
         import triton
 
         env["triton"] = triton.__version__
@@ -149,7 +149,7 @@ def run_report(opts: ReportOptions) -> Path:
         raise EnvironmentMissing("report runs validate, which needs torch: it is not installed in this Python "
                                  "environment", hint="run it in the environment of the ROCm PyTorch you installed "
                                  "our build into")
-    from codegen.gpu.validate.gpu import detect_platform  # import-time dependency: torch (~1.2 s), optional
+    from codegen.gpu.validate.gpu import detect_platform  # import-time dependency: torch, optional
 
     plat = detect_platform()  # no GPU: exit 3, nothing written
     stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}", markup=False)

@@ -75,7 +75,7 @@ _REPEATS = re.compile(re.escape(REDACTED) + r"(?:[ \t]+" + re.escape(REDACTED) +
 def vocabulary() -> frozenset[str]:
     """The words a report may print, lowercase: every word of this package's source and of the
     embedded specs (split at case changes too: `ValidationError` gives `validation`, `error`),
-    and `_MACHINE_WORDS`. Built once, from the installed package (~0.3 s)."""
+    and `_MACHINE_WORDS`. Built once, from the installed package."""
     words: set[str] = set(_MACHINE_WORDS)
     root = Path(__file__).resolve().parents[2]  # codegen/
     texts = [p for p in sorted(root.rglob("*.py"))]

@@ -44,13 +44,6 @@ def _round_up(x: int, bins: tuple[int, ...]) -> int:
     return bins[-1]
 
 
-def _first(d: dict, *keys, default=None):
-    for k in keys:
-        if k in d:
-            return d[k]
-    return default
-
-
 def _short_dtype(value) -> str | None:
     """'torch.float16' (or 'float16') -> 'fp16'; None for a dtype we do not tune."""
     known = by_torch(str(value))

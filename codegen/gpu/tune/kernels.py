@@ -37,9 +37,6 @@ TORCH_DTYPES = {k: getattr(torch, d.torch_attr) for k, d in DTYPE_INFO.items()}
 ATOL = {"fp16": 1e-3, "bf16": 8e-3, "fp32": 1e-5}
 FUDGE = {"out": 14.0, "dq": 148.0, "dk": 48.0, "dv": 36.0, "db": 17.0}
 
-def _cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b
-
 
 def load_tree_kernels(aotriton_dir: Path) -> dict:
     """family -> the tree's own kernel (imported by `codegen.upstream.kernel_args.load_kernels`)."""

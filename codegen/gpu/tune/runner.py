@@ -32,7 +32,7 @@ class Settings:
 
 
 def provenance(target_arch: str) -> Provenance:
-    # import-time dependency: torch (~1.2 s) and triton, optional, GPU machines only (.kernels imports both)
+    # import-time dependency: torch and triton, optional, GPU machines only (.kernels imports both)
     import torch
     import triton
 
@@ -47,7 +47,7 @@ def provenance(target_arch: str) -> Provenance:
 def entry_problem(entry: GridEntry, s: Settings, batch: int, heads: int, seqlens: tuple[int, int],
                   seed: int, device: str = "cuda"):
     """The problem of an entry (its dtype, head dim, causal, dropout and bias), sized as asked."""
-    from codegen.gpu.tune.kernels import make_problem  # import-time dependency: torch (~1.2 s), triton, optional
+    from codegen.gpu.tune.kernels import make_problem  # import-time dependency: torch, triton, optional
 
     return make_problem(entry.dtype, batch, heads, seqlens[0], seqlens[1], entry.head_dim, entry.causal,
                         seed, device=device, dropout_p=s.dropout_p if entry.dropout else 0.0,
@@ -65,7 +65,7 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
                   prov: Provenance, report=None) -> list[dict]:
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
     `Reporter`) hears of each kernel before it runs and gets its rows after."""
-    # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
+    # import-time dependency: torch, optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import bench, check, reference, seed_of
 
@@ -114,7 +114,7 @@ def lost_rows(entry: GridEntry, configs: list[KernelConfig], lost: Lost, gpu: st
 
 # ---- worker processes: compile-cache warm-up and measuring ------------------------------
 def warm_init(slot, aotriton_dir: str):
-    # import-time dependency: torch (~1.2 s) and triton, optional, in the worker process (.kernels imports both)
+    # import-time dependency: torch and triton, optional, in the worker process (.kernels imports both)
     from codegen.gpu.tune.kernels import TreeKernels
 
     return TreeKernels(Path(aotriton_dir)), {}
@@ -124,7 +124,7 @@ def candidate_launch(tk, like: GridEntry, cfg: KernelConfig, s: Settings, device
     """The launch of candidate `cfg` for entries like `like`, not run: on the meta device (the
     compile warm-up) it has the real problem's shapes, strides and dtypes, so every
     specialisation Triton keys its cache by is the real one, and it takes no memory."""
-    import torch  # import-time dependency: torch (~1.2 s), optional, in the worker process (loaded there by .kernels already)
+    import torch  # import-time dependency: torch, optional, in the worker process (loaded there by .kernels already)
 
     p = entry_problem(like, s, s.batch, s.heads, (like.seqlen_q, like.seqlen_k), 0, device=device)
     bwd = (None, None, None)
@@ -189,7 +189,7 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
 
 def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
     """A measuring worker's state on its GPU: the tree's kernels and the provenance of its rows."""
-    # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
+    # import-time dependency: torch, optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import TreeKernels
 
@@ -210,13 +210,13 @@ def missing_gpu_stack() -> list[str]:
 
 
 def backend_name() -> str:
-    from codegen.gpu.tune.kernels import backend  # import-time dependency: torch (~1.2 s), triton, optional
+    from codegen.gpu.tune.kernels import backend  # import-time dependency: torch, triton, optional
 
     return backend()
 
 
 def visible_gpus() -> int:
-    import torch  # import-time dependency: torch (~1.2 s), optional
+    import torch  # import-time dependency: torch, optional
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

@@ -127,7 +127,7 @@ def _launch(kernel, grid, values: dict, opts: dict) -> None:
 
 def _tensors(task: Task, dt, dev: str):
     """Inputs, the fp64 reference's outputs and every buffer the kernels write."""
-    # import-time dependency: torch (~1.2 s), optional, in the worker process only (.gpu imports it)
+    # import-time dependency: torch, optional, in the worker process only (.gpu imports it)
     import torch
 
     from codegen.gpu.validate.gpu import reference
@@ -167,7 +167,7 @@ def _judge(result: dict, checks: list[dict]) -> None:
 
 
 def run_task(task: Task, amd: bool) -> dict:
-    # import-time dependency: torch (~1.2 s), optional, in the worker process only (.gpu imports it)
+    # import-time dependency: torch, optional, in the worker process only (.gpu imports it)
     import torch
 
     from codegen.gpu.validate.gpu import DTYPES, compare

@@ -76,7 +76,7 @@ def build_report(loaded, mode_result: dict, plat, label: str | None) -> dict:
         **mode_result,
     }
     try:
-        import triton  # import-time dependency: Triton (~160 ms), optional: only its version is reported
+        import triton  # import-time dependency: Triton, optional: only its version is reported
 
         report["triton_version"] = triton.__version__
     except Exception:
@@ -96,7 +96,7 @@ def run_validate(opts: ValidateOptions) -> None:
     _check(opts)
     if opts.kernels is not None:
         os.environ["TRITON_F32_DEFAULT"] = "ieee"
-    from codegen.gpu.validate.gpu import detect_platform  # import-time dependency: torch (~1.2 s), optional
+    from codegen.gpu.validate.gpu import detect_platform  # import-time dependency: torch, optional
 
     plat = detect_platform()
     stderr.print(f"GPU: {plat.device_name} ({plat.arch_full}), torch {plat.torch_version}"
@@ -124,7 +124,7 @@ def _run_mode(opts: ValidateOptions, loaded, plat, progress) -> tuple[dict, str 
         return res, (f"Proxy run on {plat.device_name} ({plat.arch}): the tree's Triton kernels with the "
                      f"spec's configs, compiled for this GPU, not for {loaded.spec.arch}. Numerics of the "
                      f"kernel source and configs only; no claim about {loaded.spec.arch} speed or registers.")
-    from codegen.gpu.validate.sdpa import run_sdpa  # import-time dependency: torch (~1.2 s), optional
+    from codegen.gpu.validate.sdpa import run_sdpa  # import-time dependency: torch, optional
 
     res = run_sdpa(loaded, plat, list(opts.backend), opts.seed, progress, perf=not opts.no_perf)
     if plat.kind == "rocm":
