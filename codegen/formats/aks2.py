@@ -4,11 +4,11 @@ Dispatch tables: every `autotune.<kernel>/*.cc` that upstream's generator writes
 directory names its image package (`PACKAGE_PATH`, an `.aks2` file below `aotriton.images/`),
 its functional (`FUNC_NAME`) and one line per kernel:
 
-    { 0xHHHHHHHHu, 0xLLLLLLLLu, psel, copt }, // <b2sum> = b2sum -l 64 <<< <package>__P__<perf>__CO__<copts>--Arch_<arch>
+    { 0xHHHHHHHHu, 0xLLLLLLLLu, psel, copt }, // <b2sum> = b2sum -l 64 <<< <package><the kernel's name from __P__ on>
 
-The runtime looks a kernel up in the package by its stem
-`<kernel>-Sig-F__<func>__P__<perf>__CO__<copts>--Arch_<arch>`. The comment is trusted only
-after its BLAKE2b-64 matches the two numbers the runtime itself uses.
+The runtime looks a kernel up in the package by its name (`codegen.models.image_name`: the
+release's spelling parses the comment and prints the name). The comment is trusted only after
+its BLAKE2b-64 matches the two numbers the runtime itself uses.
 
 AKS2 (AOTriton kernel storage v2): magic `AKS2`, u32 total uncompressed size, u32 number of
 kernels, u32 directory size, then one xz stream holding the directory (per kernel: u32 shared
@@ -44,6 +44,7 @@ from typing import BinaryIO, Iterator
 
 from codegen.core.errors import UpstreamError
 from codegen.core.fsutil import move_into_place
+from codegen.models.image_name import Spelling
 
 AKS2_MAGIC = b"AKS2"
 _HEADER = struct.Struct("<4sIII")
@@ -57,7 +58,6 @@ _META_RE = re.compile(
     r"\{\s*0x(?P<hi>[0-9a-fA-F]+)u,\s*0x(?P<lo>[0-9a-fA-F]+)u,\s*-?\d+,\s*-?\d+\s*\},\s*"
     r"//\s*[0-9a-f]+\s*=\s*b2sum -l 64 <<< (?P<raw>\S+)"
 )
-_RAW_TAIL_RE = re.compile(r"__P__(?P<psel>.*)__CO__(?P<copt>.*)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
 
 
 class ImageError(UpstreamError):
@@ -98,8 +98,19 @@ def blake2b_64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def parse_dispatch_table(path: Path) -> list[KernelRef]:
-    """Kernels referenced by one generated autotune table (empty when it references none)."""
+def _named(path: Path, raw: str, container: str, kernel: str, functional: str, names: Spelling) -> str:
+    """The name in its container of the kernel a table's comment `raw` names."""
+    if not raw.startswith(container):
+        raise ImageError(f"{path}: kernel {raw!r} is not in {container!r}")
+    name = names.parse_table(raw[len(container):], kernel, functional)
+    if name is None:
+        raise ImageError(f"{path}: cannot split kernel name {raw!r} (not {names.label})")
+    return str(name)
+
+
+def parse_dispatch_table(path: Path, names: Spelling) -> list[KernelRef]:
+    """Kernels referenced by one generated autotune table (empty when it references none); `names`:
+    how the release names its images."""
     text = path.read_text(encoding="utf-8", errors="strict")
     metas = list(_META_RE.finditer(text))
     if not metas:
@@ -118,14 +129,7 @@ def parse_dispatch_table(path: Path) -> list[KernelRef]:
         want = (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16)
         if blake2b_64(raw) != want:
             raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        if not raw.startswith(package + "__P__"):
-            raise ImageError(f"{path}: kernel {raw!r} is not in package {package!r}")
-        tail = _RAW_TAIL_RE.search(raw[len(package):])
-        if tail is None:
-            raise ImageError(f"{path}: cannot split kernel name {raw!r}")
-        stem = (f"{kernel}-Sig-F__{func.group('func')}__P__{tail.group('psel')}"
-                f"__CO__{tail.group('copt')}--Arch_{tail.group('arch')}")
-        refs.append(KernelRef(package=package, stem=stem))
+        refs.append(KernelRef(package=package, stem=_named(path, raw, package, kernel, func.group("func"), names)))
     return refs
 
 
@@ -166,7 +170,7 @@ class ZipRef:
         return self.entry
 
 
-def parse_zip_table(path: Path) -> list[ZipRef]:
+def parse_zip_table(path: Path, names: Spelling) -> list[ZipRef]:
     """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip). Each
     kernel comment is trusted only after its BLAKE2b-64 matches the id the runtime uses."""
     text = path.read_text(encoding="utf-8", errors="strict")
@@ -177,21 +181,21 @@ def parse_zip_table(path: Path) -> list[ZipRef]:
     if func is None:
         raise ImageError(f"{path}: dispatch table without FUNC_NAME (unknown generator output)")
     zip_path = flat.group("path")
+    kernel = container_kernel(container_name(zip_path, func.group("func")))
     refs = []
     for m in _META_RE.finditer(text):
         raw = m.group("raw")
         if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
             raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        if not raw.startswith(zip_path + ";;"):
-            raise ImageError(f"{path}: kernel {raw!r} is not in image zip {zip_path!r}")
-        refs.append(ZipRef(zip=zip_path, member=func.group("func"), entry=raw[len(zip_path):]))
+        refs.append(ZipRef(zip=zip_path, member=func.group("func"),
+                           entry=_named(path, raw, zip_path, kernel, func.group("func"), names)))
     return refs
 
 
-def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
+def referenced_zip_kernels(build_dir: Path, names: Spelling) -> list[ZipRef]:
     refs: set[ZipRef] = set()
     for table in dispatch_tables(build_dir):
-        refs.update(parse_zip_table(table))
+        refs.update(parse_zip_table(table, names))
     return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
 
 
@@ -282,10 +286,10 @@ def zip_without(path: Path, member: str) -> None:
     move_into_place(tmp, path)
 
 
-def referenced_kernels(build_dir: Path) -> list[KernelRef]:
+def referenced_kernels(build_dir: Path, names: Spelling) -> list[KernelRef]:
     refs: set[KernelRef] = set()
     for table in dispatch_tables(build_dir):
-        refs.update(parse_dispatch_table(table))
+        refs.update(parse_dispatch_table(table, names))
     return sorted(refs, key=lambda r: (r.package, r.stem))
 
 

@@ -2,9 +2,9 @@
 
 The library picks a kernel per functional through the autotune tables generated from the tree's
 tuning database: a LUT over seqlen bins (`BinningLessOrEqual`: the smallest bin at least the
-length, the largest bin past the end) whose cells name one kernel; the kernel's image stem carries
-its configuration (`__P__` the `tuned_kernel$` values in the table's column order, `__CO__`
-`wave<waves_per_eu>_warp<num_warps>_stg<num_stages>`). So from the applied tree's database
+length, the largest bin past the end) whose cells name one kernel; the kernel's image name carries
+its configuration (codegen.models.image_name: the `tuned_kernel$` values in the table's column
+order, or by name, and the compiler options). So from the applied tree's database
 (`tree_database`: the same sqlite archives the build compiled, ours written by `apply`) and a
 case's inputs (dtype, head dim -> the table's BLOCK_DMODEL bucket, causal, dropout, bias,
 seqlens -> bins) this module computes the
@@ -37,19 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, Va
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
 from codegen.upstream import tuning_db_places
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
 
-# up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
-# 0.13b (named `<pack>/flash/<kernel>/<member>/<stem>` by the image index):
-#   ;;#F;<functional k=v;…>;;#P;<perf k=v;…>;;#CO;waves_per_eu=W;num_warps=N;num_stages=S;;arch=<arch>
-STEM13_RE = re.compile(r";;#P;(?P<p>[^#]*?);;#CO;waves_per_eu=(?P<w>\d+);num_warps=(?P<n>\d+);num_stages=(?P<s>\d+)"
-                       r";;arch=(?P<arch>[A-Za-z0-9_]+)$")
-STEM_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)"
-                     r"__CO__wave(?P<w>\d+)_warp(?P<n>\d+)_stg(?P<s>\d+)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
 TUNED, OPTIONS = "tuned_kernel$", "compiler_options$"
 CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "compiler_options$num_stages")
 HEAD = db.HEAD_DIM
@@ -58,27 +52,11 @@ ROWS_FORMAT = 1
 ROWS_LIMIT = 64 << 20            # bytes of that member (the default spec's: about 1 MB)
 
 
-@dataclass(frozen=True)
-class StemConfig:
-    kernel: str
-    perf: tuple[str, ...]      # values in upstream's order (names in 0.13b's `perf_named`)
-    co: tuple[int, int, int]   # waves_per_eu, num_warps, num_stages
-    perf_named: tuple[tuple[str, str], ...] = ()
-
-
-def parse_stem(stem: str) -> StemConfig | None:
-    """A kernel image stem (optionally `<package>/<stem>`) -> its kernel and configuration."""
-    m13 = STEM13_RE.search(stem)
+def parse_stem(stem: str, names: Spelling) -> ImageName | None:
+    """A launched kernel as the image index names it (`<pack>/<dir>/<kernel>/<container>/<name>`,
+    codegen.ship.dispatch; or the bare name) -> its image name, spelt as `names`."""
     parts = stem.split("/")
-    if m13 and len(parts) >= 5:   # 0.13b: the kernel is the zip's name
-        named = tuple(tuple(kv.split("=", 1)) for kv in m13.group("p").split(";") if "=" in kv)
-        return StemConfig(parts[2], tuple(v for _, v in named),
-                          (int(m13.group("w")), int(m13.group("n")), int(m13.group("s"))), named)
-    m = STEM_RE.match(stem.rsplit("/", 1)[-1])
-    if not m:
-        return None
-    perf = tuple(m.group("p").split("_")) if m.group("p") else ()
-    return StemConfig(m.group("kernel"), perf, (int(m.group("w")), int(m.group("n")), int(m.group("s"))))
+    return names.parse(parts[-1], parts[2] if len(parts) >= 4 else "")
 
 
 def _token(v) -> str:
@@ -361,21 +339,23 @@ def _spell(cols: list[str], row: tuple) -> str:
     return f"{perf}|wave{w}_warp{n}_stg{s}"
 
 
-def _stem_spelling(cfg: StemConfig, cols: list[str]) -> str:
+def _stem_spelling(cfg: ImageName, cols: list[str]) -> str:
     # PRE_LOAD_V is stored 0/1 but named False/True: normalise the stem's booleans to the DB's ints
-    if cfg.perf_named:   # 0.13b names its perf fields: take the table's, in its column order
-        named = dict(cfg.perf_named)
+    if cfg.perf_names:   # 0.13b names its perf fields: take the table's, in its column order
+        named = cfg.named_perf
         perf = [named.get(c[len(TUNED):], "?") for c in cols if c.startswith(TUNED)]
     else:
         perf = list(cfg.perf)
     perf = [{"False": "0", "True": "1"}.get(t, t) for t in perf]
-    return f"{'_'.join(perf)}|wave{cfg.co[0]}_warp{cfg.co[1]}_stg{cfg.co[2]}"
+    return f"{'_'.join(perf)}|wave{cfg.waves_per_eu}_warp{cfg.num_warps}_stg{cfg.num_stages}"
 
 
-def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: str = "", phase: str = "") -> RowMatch | None:
-    """The row `gpu` defines for `inp` in the table of the stem's kernel, against the stem's config.
-    None when the kernel has no tuning table (e.g. bwd_preprocess: one kernel per functional)."""
-    cfg = parse_stem(stem)
+def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, names: Spelling, *, case: str = "",
+              phase: str = "") -> RowMatch | None:
+    """The row `gpu` defines for `inp` in the table of the stem's kernel, against the stem's config
+    (`names`: how the bundle's release names images). None when the kernel has no tuning table
+    (e.g. bwd_preprocess: one kernel per functional)."""
+    cfg = parse_stem(stem, names)
     if cfg is None:
         return None
     table = tdb.family(cfg.kernel)
@@ -434,7 +414,7 @@ def case_inputs(case) -> Inputs:
     return Inputs(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
 
 
-def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list) -> list[RowMatch]:
+def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, names: Spelling) -> list[RowMatch]:
     """Every launched kernel of every case (dispatch.DispatchCase / CaseResult pairs, by name)
     that has a tuning table, matched to the row `gpu` defines."""
     by_name = {c.name: c for c in cases}
@@ -445,7 +425,7 @@ def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list) -> l
             continue
         for phase in ("fwd", "bwd"):
             for stem in res.kernels[phase]:
-                m = match_row(tdb, gpu, stem, case_inputs(case), case=res.case, phase=phase)
+                m = match_row(tdb, gpu, stem, case_inputs(case), names, case=res.case, phase=phase)
                 if m is not None:
                     out.append(m)
     return out
@@ -470,6 +450,6 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
     return bool(matches) and not bad, line
 
 
-__all__ = ["CarriedRows", "Inputs", "ROWS", "RowMatch", "RowsSource", "StemConfig", "Table", "TuningDatabase",
+__all__ = ["CarriedRows", "Inputs", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
            "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
            "read_rows", "summary", "tree_database"]

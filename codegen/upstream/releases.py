@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from codegen.models.image_name import ENTRY, SIG, Spelling
 from codegen.upstream.knobs import COMMIT_ENV, TREE_SHA_ENV
 
 Version = tuple[int, int, int]
@@ -168,6 +169,7 @@ class Release:
     package_dir: str | None = None        # tree folder imported as the generator package ('python')
     kernel_dir: str = "tritonsrc"         # the Triton kernels (tune, validate --kernels)
     image_format: str = "aks2"            # 'aks2' or 'zip' (0.13b+)
+    image_names: Spelling = SIG           # how its images are named (codegen.models.image_name; 0.13b+: ENTRY)
 
     @property
     def commit_ids(self) -> tuple[str, str | None] | None:
@@ -266,7 +268,7 @@ def _traits(family: str, version: Version) -> dict:
                     generator_module="aotriton.generate", db_compose_module="aotriton.database_compose",
                     build_db_dir="flash/database" if modular else "database",
                     required_files=PYTHON_FILES + (tdb, odb) + own, package_dir="python",
-                    kernel_dir="modules/flash/kernel", image_format="zip", exports_v2_attn=False,
+                    kernel_dir="modules/flash/kernel", image_format="zip", image_names=ENTRY, exports_v2_attn=False,
                     foreign_paths=("v3python/generate.py",)
                     + (("modules/database", "tritonsrc") if modular else ("modules/flash/database",)),
                     clones_aiter=True, min_clang=16, aiter_archs=AITER_ARCHS)
