@@ -15,7 +15,8 @@ import pytest
 from codegen.formats.aks2 import blake2b_64, parse_dispatch_table, parse_zip_table
 from codegen.models.image_name import ENTRY, SIG, ImageName, Spelling
 from codegen.plan.kernel_list import parse_compile_list
-from codegen.ship.rows import Inputs, TuningDatabase, match_row, parse_stem
+from codegen.formats.tuning_db import Functional
+from codegen.ship.rows import TuningDatabase, match_row, parse_stem
 from codegen.upstream import SUPPORTED
 from codegen.upstream.releases import by_release
 
@@ -169,8 +170,8 @@ def test_rows_follow_a_third_spelling():
     tdb = TuningDatabase.from_sqlite([conn])
     stem = f"amd-gfx908/flash/attn_fwd/FONLY__x/{NAME}"
     assert parse_stem(stem, FAKE.image_names) == THIRD.parse(NAME)
-    got = match_row(tdb, "gfx908_mod0", stem, Inputs("fp16", 64, False, False, False, 100, 100), FAKE.image_names)
+    got = match_row(tdb, "gfx908_mod0", stem, Functional("fp16", 64, False, False, False, 100, 100), FAKE.image_names)
     assert got.ok and got.got == got.want == "0_2_64_32_0|wave2_warp4_stg1"
-    wrong = match_row(tdb, "gfx908_mod0", stem.replace("@w2", "@w1"), Inputs("fp16", 64, False, False, False, 100, 100),
+    wrong = match_row(tdb, "gfx908_mod0", stem.replace("@w2", "@w1"), Functional("fp16", 64, False, False, False, 100, 100),
                       FAKE.image_names)
-    assert not wrong.ok and match_row(tdb, "gfx908_mod0", stem, Inputs("fp16", 64, False, False, False, 9, 9), SIG) is None
+    assert not wrong.ok and match_row(tdb, "gfx908_mod0", stem, Functional("fp16", 64, False, False, False, 9, 9), SIG) is None

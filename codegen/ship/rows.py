@@ -1,14 +1,12 @@
 """Which tuning-database row each emulated-dispatch case got, and whether it is the spec's.
 
 The library picks a kernel per functional through the autotune tables generated from the tree's
-tuning database: a LUT over seqlen bins (`BinningLessOrEqual`: the smallest bin at least the
-length, the largest bin past the end) whose cells name one kernel; the kernel's image name carries
+tuning database: a LUT over seqlen bins whose cells name one kernel (codegen.formats.tuning_db:
+the functional key and the lookup); the kernel's image name carries
 its configuration (codegen.models.image_name: the `tuned_kernel$` values in the table's column
 order, or by name, and the compiler options). So from the applied tree's database
 (`tree_database`: the same sqlite archives the build compiled, ours written by `apply`) and a
-case's inputs (dtype, head dim -> the table's BLOCK_DMODEL bucket, causal, dropout, bias,
-seqlens -> bins) this module computes the
-row the spec's GPU defines, and checks that the kernel the stub saw launched has that row's
+case's functional this module computes the row the spec's GPU defines, and checks that the kernel the stub saw launched has that row's
 configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
 named beside it: the check then cannot tell the two apart, and says so.
 
@@ -36,17 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, Va
 
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
-from codegen.models.dtypes import DTYPE_INFO
 from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
+from codegen.formats.tuning_db import Functional, Table
 from codegen.upstream import tuning_db_places
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
 
-TUNED, OPTIONS = "tuned_kernel$", "compiler_options$"
-CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "compiler_options$num_stages")
-HEAD = db.HEAD_DIM
 ROWS = "tuning-rows.json"        # the bundle member that carries the rows
 ROWS_FORMAT = 1
 ROWS_LIMIT = 64 << 20            # bytes of that member (the default spec's: about 1 MB)
@@ -64,21 +59,6 @@ def _token(v) -> str:
     return str(v)
 
 
-@dataclass
-class Table:
-    """One `FLASH$<family>` table: its columns, rows, and head-dim buckets (the BLOCK_DMODEL
-    values of every GPU's rows: kept apart so a table carried with one GPU's rows buckets alike)."""
-    columns: list[str]
-    rows: list[tuple]
-    head_dims: tuple[int, ...] = ()
-
-    def with_head_dims(self) -> "Table":
-        if HEAD in self.columns:
-            hi = self.columns.index(HEAD)
-            self.head_dims = tuple(sorted({r[hi] for r in self.rows if type(r[hi]) is int}))
-        return self
-
-
 class TuningDatabase:
     """The `FLASH$<family>` tables of a tree's sqlite databases, or the rows a bundle carries.
     `gpus`: the GPUs whose rows it holds (None: every GPU's, as the tree has them); `origin`: how
@@ -91,24 +71,7 @@ class TuningDatabase:
     @classmethod
     def from_sqlite(cls, conns: list[sqlite3.Connection], *, origin: str = "",
                     sources: tuple[str, ...] = ()) -> "TuningDatabase":
-        tables: dict[str, Table] = {}
-        for c in conns:
-            for (name,) in c.execute("select name from sqlite_master where type='table' order by name"):
-                if not name.startswith(db.TABLE_PREFIX):
-                    continue
-                cols = [r[1] for r in c.execute(f'pragma table_info("{name}")')]
-                rows = c.execute(f'select * from "{name}"').fetchall()
-                have = tables.get(name)
-                if have and have.columns == cols:
-                    have.rows.extend(rows)
-                elif have and sorted(have.columns) == sorted(cols):   # a shard's own column order
-                    order = [cols.index(x) for x in have.columns]
-                    have.rows.extend(tuple(r[i] for i in order) for r in rows)
-                elif not have or not have.rows:     # a schema-only central DB beside its shards
-                    tables[name] = Table(cols, list(rows))
-                else:
-                    raise UserError(f"{name}: the tuning database's shards disagree on its columns")
-        return cls({n: t.with_head_dims() for n, t in sorted(tables.items())}, origin=origin, sources=sources)
+        return cls(db.read_tables(conns), origin=origin, sources=sources)
 
     def family(self, family: str) -> Table | None:
         return self.tables.get(db.table_of(family))
@@ -157,7 +120,7 @@ Cell = Annotated[object, PlainValidator(_cell)]
 Column = Annotated[str, Field(pattern=r"^[A-Za-z0-9_$]{1,100}$")]
 TableName = Annotated[str, Field(pattern=r"^FLASH\$[A-Za-z0-9_]{1,100}$")]
 Source = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,300}$")]
-INT_COLUMNS = (HEAD,) + CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
+INT_COLUMNS = (db.HEAD_DIM,) + db.CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
 
 
 class CarriedTable(BaseModel):
@@ -209,7 +172,7 @@ def _carried_tables(tdb: TuningDatabase, gpus: list[str] | tuple[str, ...]) -> d
     columns), with the rows of `gpus` only, and its head-dim buckets over every GPU."""
     out = {}
     for name, t in sorted(tdb.tables.items()):
-        if not all(c in t.columns for c in (db.GPU, HEAD) + CO_COLUMNS):
+        if not all(c in t.columns for c in (db.GPU,) + INT_COLUMNS):
             continue
         gi = t.columns.index(db.GPU)
         out[name] = Table(t.columns, [r for r in t.rows if r[gi] in gpus], t.head_dims)
@@ -290,23 +253,6 @@ def read_rows(*, tree: Path | None = None, carried: bytes | None = None, name: s
     return RowsSource(tree_db, kept is not None, tuple(differences(tree_db, kept)) if kept else ())
 
 
-def _bin(values: set[int], n: int) -> int:
-    """BinningLessOrEqual: the smallest bin >= n, else the largest."""
-    ok = [v for v in values if v >= n]
-    return min(ok) if ok else max(values)
-
-
-@dataclass(frozen=True)
-class Inputs:
-    dtype: str
-    head_dim: int
-    causal: bool
-    dropout: bool
-    bias: bool
-    seqlen_q: int
-    seqlen_k: int
-
-
 @dataclass
 class RowMatch:
     case: str
@@ -334,8 +280,8 @@ class RowMatch:
 
 
 def _spell(cols: list[str], row: tuple) -> str:
-    perf = "_".join(_token(row[i]) for i, c in enumerate(cols) if c.startswith(TUNED))
-    w, n, s = (row[cols.index(c)] for c in CO_COLUMNS)
+    perf = "_".join(_token(row[i]) for i, c in enumerate(cols) if c.startswith(db.TUNED_PREFIX))
+    w, n, s = (row[cols.index(c)] for c in db.CO_COLUMNS)
     return f"{perf}|wave{w}_warp{n}_stg{s}"
 
 
@@ -343,14 +289,14 @@ def _stem_spelling(cfg: ImageName, cols: list[str]) -> str:
     # PRE_LOAD_V is stored 0/1 but named False/True: normalise the stem's booleans to the DB's ints
     if cfg.perf_names:   # 0.13b names its perf fields: take the table's, in its column order
         named = cfg.named_perf
-        perf = [named.get(c[len(TUNED):], "?") for c in cols if c.startswith(TUNED)]
+        perf = [named.get(c[len(db.TUNED_PREFIX):], "?") for c in cols if c.startswith(db.TUNED_PREFIX)]
     else:
         perf = list(cfg.perf)
     perf = [{"False": "0", "True": "1"}.get(t, t) for t in perf]
     return f"{'_'.join(perf)}|wave{cfg.waves_per_eu}_warp{cfg.num_warps}_stg{cfg.num_stages}"
 
 
-def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, names: Spelling, *, case: str = "",
+def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Functional, names: Spelling, *, case: str = "",
               phase: str = "") -> RowMatch | None:
     """The row `gpu` defines for `inp` in the table of the stem's kernel, against the stem's config
     (`names`: how the bundle's release names images). None when the kernel has no tuning table
@@ -361,39 +307,9 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, names: Spel
     table = tdb.family(cfg.kernel)
     if table is None:
         return None
-    cols, rows = table.columns, table.rows
+    cols = table.columns
     m = RowMatch(case, phase, stem, cfg.kernel, gpu, got=_stem_spelling(cfg, cols))
-    sq = db.column(cols, db.SEQLEN_Q)
-    sk = db.column(cols, db.SEQLEN_K)
-    # the head dim's bucket: the smallest BLOCK_DMODEL of the table at least the head dim; the
-    # rows read are the PADDED_HEAD=False ones for a padded head too (upstream's rules list
-    # PADDED_HEAD among PARTIALLY_TUNED_FUNCTIONALS, looked up as False)
-    dims = [d for d in table.head_dims if d >= inp.head_dim]
-    bucket = dims[0] if dims else inp.head_dim
-    fixed = {db.DTYPE: DTYPE_INFO[inp.dtype].db_value, db.HEAD_DIM: bucket,
-             "inputs$CAUSAL_TYPE": db.CAUSAL_TYPE_CAUSAL if inp.causal else 0,
-             "inputs$ENABLE_DROPOUT": int(inp.dropout), "inputs$PADDED_HEAD": 0,
-             "inputs$BIAS_TYPE": int(inp.bias)}
-    # features the cases never use: 0, or NULL where the table keeps the column unset (bwd_kernel_fuse)
-    unused = [cols.index(c) for c in ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
-              if c in cols]
-    idx = {c: cols.index(c) for c in fixed}
-    gi = cols.index(db.GPU)
-
-    def rows_of(g: str) -> list[tuple]:
-        return [r for r in rows if r[gi] == g and all(r[i] == fixed[c] for c, i in idx.items())
-                and all(r[i] in (0, None) for i in unused)]
-
-    def pick(cands: list[tuple]) -> tuple | None:
-        if not cands or sq is None or sk is None:
-            return None
-        qi, ki = cols.index(sq), cols.index(sk)
-        bq = _bin({r[qi] for r in cands}, inp.seqlen_q)
-        bk = _bin({r[ki] for r in cands if r[qi] == bq}, inp.seqlen_k)
-        hits = [r for r in cands if r[qi] == bq and r[ki] == bk]
-        return hits[-1] if hits else None   # duplicate keys: upstream's LUT keeps the last row
-
-    row = pick(rows_of(gpu))
+    row = table.lookup(gpu, inp)
     if row is None:
         m.note = f"no {gpu} row for these inputs in {db.table_of(cfg.kernel)}"
         return m
@@ -401,17 +317,18 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, names: Spel
     m.row_id = row[cols.index("id")] if "id" in cols else None
     m.key = {c: row[cols.index(c)] for c in cols if c.startswith(db.INPUT_PREFIX) or c == db.GPU}
     m.want = _spell(cols, row)
-    for g in sorted({r[gi] for r in rows} - {gpu}):
-        other = pick(rows_of(g))
+    gi = cols.index(db.GPU)
+    for g in sorted({r[gi] for r in table.rows} - {gpu}):
+        other = table.lookup(g, inp)
         if other is not None and _spell(cols, other) == m.want:
             m.same_config_gpus.append(g)
     return m
 
 
-def case_inputs(case) -> Inputs:
-    """A dispatch.DispatchCase -> the inputs the LUT is indexed by."""
+def case_inputs(case) -> Functional:
+    """A dispatch.DispatchCase -> the functional the LUT is indexed by."""
     s = case.shape
-    return Inputs(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
+    return Functional(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
 
 
 def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, names: Spelling) -> list[RowMatch]:
@@ -450,6 +367,6 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
     return bool(matches) and not bad, line
 
 
-__all__ = ["CarriedRows", "Inputs", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
+__all__ = ["CarriedRows", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
            "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
            "read_rows", "summary", "tree_database"]
