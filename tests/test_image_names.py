@@ -12,7 +12,7 @@ import sqlite3
 
 import pytest
 
-from codegen.formats.aks2 import blake2b_64, parse_dispatch_table, parse_zip_table
+from codegen.formats.aks2 import ImageError, blake2b_64, parse_dispatch_table, parse_zip_table
 from codegen.models.image_name import ENTRY, SIG, ImageName, Spelling
 from codegen.plan.kernel_list import parse_compile_list
 from codegen.formats.tuning_db import Functional
@@ -149,7 +149,7 @@ def test_formats_follow_a_third_spelling(tmp_path):
     table.write_text(_table(package, [THIRD.table_tail(n), THIRD.table_tail(n.with_waves(1))], FUNC), encoding="utf-8")
     refs = parse_dispatch_table(table, FAKE.image_names)
     assert [r.stem for r in refs] == [NAME, NAME.replace("@w2", "@w1")] and {r.kernel for r in refs} == {"attn_fwd"}
-    with pytest.raises(Exception, match="cannot split kernel name"):
+    with pytest.raises(ImageError, match="spelt as sig"):
         parse_dispatch_table(table, SIG)
     zipped = tmp_path / "z.cc"    # 0.13b's tables, in the third spelling
     zipped.write_text(_table("amd-gfx908/flash/attn_fwd.zip", [THIRD.table_tail(n)], FUNC, "FLATZIP_PATH"))

@@ -73,7 +73,7 @@ class KernelRef:
 
     @property
     def kernel(self) -> str:
-        return self.package.split("/")[2] if self.package.count("/") >= 2 else self.package
+        return container_kernel(self.file)
 
     @property
     def file(self) -> str:
@@ -98,39 +98,37 @@ def blake2b_64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def _named(path: Path, raw: str, container: str, kernel: str, functional: str, names: Spelling) -> str:
-    """The name in its container of the kernel a table's comment `raw` names."""
-    if not raw.startswith(container):
-        raise ImageError(f"{path}: kernel {raw!r} is not in {container!r}")
-    name = names.parse_table(raw[len(container):], kernel, functional)
-    if name is None:
-        raise ImageError(f"{path}: cannot split kernel name {raw!r} (not {names.label})")
-    return str(name)
+def _table_names(path: Path, text: str, container: str, functional: str, names: Spelling) -> list[str]:
+    """The names, in their container, of the kernels a table's comments give: each comment is
+    trusted only once its BLAKE2b-64 matches the id the runtime uses, then split by the release's
+    spelling."""
+    out = []
+    for m in _META_RE.finditer(text):
+        raw = m.group("raw")
+        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
+            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
+        kernel = container_kernel(container_name(container, functional) if container.endswith(".zip")
+                                  else f"{container}.aks2")
+        name = names.parse_table(raw[len(container):], kernel, functional) if raw.startswith(container) else None
+        if name is None:
+            raise ImageError(f"{path}: kernel {raw!r} is not a kernel of {container!r} spelt as {names.label}")
+        out.append(str(name))
+    return out
 
 
 def parse_dispatch_table(path: Path, names: Spelling) -> list[KernelRef]:
     """Kernels referenced by one generated autotune table (empty when it references none); `names`:
     how the release names its images."""
     text = path.read_text(encoding="utf-8", errors="strict")
-    metas = list(_META_RE.finditer(text))
-    if not metas:
+    if _META_RE.search(text) is None:
         return []
-    pkg = _PACKAGE_RE.search(text)
-    func = _FUNC_RE.search(text)
+    pkg, func = _PACKAGE_RE.search(text), _FUNC_RE.search(text)
     if pkg is None or func is None:
         raise ImageError(f"{path}: dispatch table without PACKAGE_PATH/FUNC_NAME (unknown generator output)")
     package = pkg.group("path")
-    kernel = package.split("/")[2] if package.count("/") >= 2 else None
-    if kernel is None:
+    if package.count("/") < 3:
         raise ImageError(f"{path}: unexpected package path {package!r}")
-    refs = []
-    for m in metas:
-        raw = m.group("raw")
-        want = (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16)
-        if blake2b_64(raw) != want:
-            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        refs.append(KernelRef(package=package, stem=_named(path, raw, package, kernel, func.group("func"), names)))
-    return refs
+    return [KernelRef(package, stem) for stem in _table_names(path, text, package, func.group("func"), names)]
 
 
 def dispatch_tables(build_dir: Path) -> list[Path]:
@@ -157,7 +155,7 @@ class ZipRef:
 
     @property
     def kernel(self) -> str:
-        return self.zip.rsplit("/", 1)[-1].removesuffix(".zip")
+        return container_kernel(container_name(self.zip, self.member))
 
     @property
     def file(self) -> str:
@@ -171,8 +169,7 @@ class ZipRef:
 
 
 def parse_zip_table(path: Path, names: Spelling) -> list[ZipRef]:
-    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip). Each
-    kernel comment is trusted only after its BLAKE2b-64 matches the id the runtime uses."""
+    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip)."""
     text = path.read_text(encoding="utf-8", errors="strict")
     flat = _FLATZIP_RE.search(text)
     if flat is None:
@@ -180,16 +177,8 @@ def parse_zip_table(path: Path, names: Spelling) -> list[ZipRef]:
     func = _FUNC_RE.search(text)
     if func is None:
         raise ImageError(f"{path}: dispatch table without FUNC_NAME (unknown generator output)")
-    zip_path = flat.group("path")
-    kernel = container_kernel(container_name(zip_path, func.group("func")))
-    refs = []
-    for m in _META_RE.finditer(text):
-        raw = m.group("raw")
-        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
-            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        refs.append(ZipRef(zip=zip_path, member=func.group("func"),
-                           entry=_named(path, raw, zip_path, kernel, func.group("func"), names)))
-    return refs
+    zip_path, member = flat.group("path"), func.group("func")
+    return [ZipRef(zip_path, member, entry) for entry in _table_names(path, text, zip_path, member, names)]
 
 
 def referenced_zip_kernels(build_dir: Path, names: Spelling) -> list[ZipRef]:
