@@ -49,6 +49,8 @@ def test_entry_round_trip_and_file_digest():
     assert str(n) == ENTRY_NAME and n.file_stem == "attn_fwd-" + hashlib.sha256(ENTRY_NAME.encode()).hexdigest()
     assert ENTRY.functional_dtype(n.functional) == "*fp16:16" and ENTRY.functional_head_dim(n.functional) == 64
     assert ENTRY.parse(ENTRY_NAME) is None            # the name leaves the kernel out: its zip gives it
+    assert ENTRY.table_tail(n) == ENTRY_NAME and ENTRY.parse_table(ENTRY_NAME, "attn_fwd", n.functional) == n
+    assert ENTRY.parse_table(ENTRY_NAME, "attn_fwd", "Q='*bf16:16'") is None
 
 
 @pytest.mark.parametrize("spelling,name", [
@@ -70,10 +72,12 @@ class _Third(Spelling):
     record): `<kernel>@<functional>@<perf values, ,>@w<W>n<N>s<S>@<arch>`."""
 
     label = "third (a test's)"
-    _TAIL = r"@([^@]*)@w(0|[1-9][0-9]*)n(0|[1-9][0-9]*)s(0|[1-9][0-9]*)@([A-Za-z0-9_]+)"
 
     def print(self, n: ImageName) -> str:
-        return f"{n.kernel}@{n.functional}{self.table_tail(n)}"
+        return f"{self.head(n.kernel, n.functional)}@{self.perf_text(n)}@w{n.waves_per_eu}n{n.num_warps}s{n.num_stages}@{n.arch}"
+
+    def head(self, kernel: str, functional: str) -> str:
+        return f"{kernel}@{functional}"
 
     def perf_text(self, n: ImageName) -> str:
         return ",".join(n.perf)
@@ -81,20 +85,9 @@ class _Third(Spelling):
     def perf_of(self, text: str):
         return (tuple(text.split(",")) if text else ()), ()
 
-    def table_tail(self, n: ImageName) -> str:
-        return f"@{self.perf_text(n)}@w{n.waves_per_eu}n{n.num_warps}s{n.num_stages}@{n.arch}"
-
-    def _name(self, kernel, functional, m) -> ImageName:
-        p, w, nw, ns, arch = m.groups()
-        return ImageName(kernel, functional, self.perf_of(p)[0], int(w), int(nw), int(ns), arch, self)
-
     def parse(self, name: str, kernel: str = "") -> ImageName | None:
-        m = re.fullmatch(r"([a-z_]+)@([^@]*)" + self._TAIL, name)
-        return self._name(m[1], m[2], re.fullmatch(self._TAIL, name[m.end(2):])) if m else None
-
-    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
-        m = re.fullmatch(self._TAIL, tail)
-        return self._name(kernel, functional, m) if m else None
+        m = re.fullmatch(r"([a-z_]+)@([^@]*)@([^@]*)@w(0|[1-9][0-9]*)n(0|[1-9][0-9]*)s(0|[1-9][0-9]*)@([A-Za-z0-9_]+)", name)
+        return self.name_of(m[1], m[2], m[3], (int(m[4]), int(m[5]), int(m[6])), m[7]) if m else None
 
     def functional_dtype(self, functional: str) -> str:
         return functional.split(".")[0]

@@ -3,20 +3,21 @@ here only.
 
 An image is one Triton kernel (`kernel`: attn_fwd) compiled for one functional (the tuning
 database's `inputs$` values, as upstream spells them), one perf choice (the `tuned_kernel$`
-values, named where the spelling names them) and one set of compiler options (waves_per_eu,
-num_warps, num_stages) for one arch: an `ImageName`. A `Spelling` parses and prints it; each
-release record names its own (`codegen.upstream.releases.Release.image_names`), and every reader
-of a name takes it from there: plan (the compile list), formats.aks2 (dispatch tables), the
-bundle rows (the packed images). `str(spelling.parse(s)) == s` for every name of every real tree
-(tests/test_apply_real.py; a third spelling: tests/test_image_names.py). The spellings so far:
+values, named where the spelling names them) and one set of compiler options for one arch: an
+`ImageName`. A `Spelling` parses and prints it; each release record names its own
+(`codegen.upstream.releases.Release.image_names`), and every reader of a name takes it from
+there: plan (the compile list), formats.aks2 (dispatch tables), the bundle rows (the packed
+images). `str(spelling.parse(s)) == s` for every name of every real tree (tests/test_apply_real.py;
+a third spelling: tests/test_image_names.py). The spellings so far:
 
 - `SIG` (0.10b-0.12.1b): `<kernel>-Sig-F__<functional>__P__<perf values, _>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>`,
-  the image file's stem and its name in its `.aks2` package alike; a dispatch table's comment
-  names it as its package's path, then the name from `__P__` on.
+  the image file's stem and its name in its `.aks2` package alike.
 - `ENTRY` (0.13b+): `;;#F;<functional>;;#P;<name=value;...>;;#CO;waves_per_eu=W;num_warps=N;num_stages=S;;arch=<arch>`
-  in its package (an .aks2 cluster in an image zip, whose name gives the kernel), the file
-  `<kernel>-<its SHA-256>`; a dispatch table's comment names it as the zip's path, then the name.
+  in its package (an .aks2 cluster in an image zip, whose name gives the kernel); the file is
+  `<kernel>-<the name's SHA-256>`.
 
+A dispatch table's comment names a kernel as its container's path, then the name without the
+part the container already says (`head`: SIG's `<kernel>-Sig-F__<functional>`, ENTRY's nothing).
 A release that spells names anew adds one `Spelling` here and names it in its record.
 """
 
@@ -27,7 +28,6 @@ import re
 from dataclasses import dataclass, replace
 
 _INT = r"(0|[1-9][0-9]*)"          # printed back as int() prints it
-_ARCH = r"([A-Za-z0-9_]+)"
 
 
 @dataclass(frozen=True)
@@ -65,29 +65,35 @@ class ImageName:
 
 
 class Spelling:
-    """How a release spells its images' names (one instance per spelling; the methods below are
-    each spelling's). `parse` takes a name as its package holds it (`kernel`: the package's, for a
-    spelling whose names leave it out) and gives None for anything it does not spell; `print` is
-    its inverse, `file_stem` the image file's name. `table_tail`/`parse_table`: the same for what a
-    dispatch table's comment writes after the container's path (the table gives the kernel and
-    the functional); `perf_text`/`perf_of` for the perf part alone (KernelEntry.perf);
-    `functional_dtype` (the Triton type of the functional's first argument, '' when none) and
-    `functional_head_dim` read the functional."""
+    """How a release spells its images' names (one instance per spelling; the methods that raise
+    are each spelling's). `parse` takes a name as its package holds it (`kernel`: the package's,
+    for a spelling whose names leave it out) and gives None for anything it does not spell;
+    `print` is its inverse, `file_stem` the image file's name; `perf_text`/`perf_of` the same for
+    the perf part alone (KernelEntry.perf); `functional_dtype` (the Triton type of the
+    functional's first argument, '' when none) and `functional_head_dim` read the functional."""
 
     label: str
     digest_files: bool = False      # the file stem is a digest of the name: parse the name, not the file
 
     def print(self, n: ImageName) -> str: raise NotImplementedError
     def parse(self, name: str, kernel: str = "") -> ImageName | None: raise NotImplementedError
+    def head(self, kernel: str, functional: str) -> str: raise NotImplementedError
     def perf_text(self, n: ImageName) -> str: raise NotImplementedError
     def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None: raise NotImplementedError
-    def table_tail(self, n: ImageName) -> str: raise NotImplementedError
-    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None: raise NotImplementedError
     def functional_dtype(self, functional: str) -> str: raise NotImplementedError
     def functional_head_dim(self, functional: str) -> int | None: raise NotImplementedError
 
     def file_stem(self, n: ImageName) -> str:
         return self.print(n)
+
+    def table_tail(self, n: ImageName) -> str:
+        """What a dispatch table's comment writes after the container's path."""
+        return self.print(n)[len(self.head(n.kernel, n.functional)):]
+
+    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
+        """`table_tail`'s parser, given the table's kernel and functional (FUNC_NAME)."""
+        n = self.parse(self.head(kernel, functional) + tail, kernel)
+        return n if n is not None and (n.kernel, n.functional) == (kernel, functional) else None
 
     def name_of(self, kernel: str, functional: str, perf: str, co: tuple[int, int, int], arch: str) -> ImageName | None:
         """The name of a compile-list kernel from its parts (KernelEntry's functional and perf)."""
@@ -100,36 +106,30 @@ class Spelling:
 
 class _Sig(Spelling):
     label = "sig (0.10b-0.12.1b)"
-    _TAIL = rf"__P__(.*?)__CO__wave{_INT}_warp{_INT}_stg{_INT}--Arch_{_ARCH}"
-    _NAME = re.compile(rf"([A-Za-z0-9_]+)-Sig-F__(.*?){_TAIL}")
-    _TAIL_RE = re.compile(_TAIL)
+    _NAME = re.compile(rf"([A-Za-z0-9_]+)-Sig-F__(.*?)__P__(.*?)__CO__wave{_INT}_warp{_INT}_stg{_INT}--Arch_([A-Za-z0-9_]+)")
 
     def print(self, n: ImageName) -> str:
-        return f"{n.kernel}-Sig-F__{n.functional}{self.table_tail(n)}"
+        return (f"{self.head(n.kernel, n.functional)}__P__{self.perf_text(n)}__CO__wave{n.waves_per_eu}"
+                f"_warp{n.num_warps}_stg{n.num_stages}--Arch_{n.arch}")
+
+    def head(self, kernel: str, functional: str) -> str:
+        return f"{kernel}-Sig-F__{functional}"
 
     def perf_text(self, n: ImageName) -> str:
         return "_".join(n.perf)
 
-    def table_tail(self, n: ImageName) -> str:
-        return f"__P__{self.perf_text(n)}__CO__wave{n.waves_per_eu}_warp{n.num_warps}_stg{n.num_stages}--Arch_{n.arch}"
-
     def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         return (tuple(text.split("_")) if text else ()), ()
 
-    def _name(self, kernel: str, functional: str, p: str, w: str, nw: str, ns: str, arch: str) -> ImageName:
-        return ImageName(kernel, functional, self.perf_of(p)[0], int(w), int(nw), int(ns), arch, self)
-
     def parse(self, name: str, kernel: str = "") -> ImageName | None:
         m = self._NAME.fullmatch(name)
-        return self._name(*m.groups()) if m else None
-
-    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
-        m = self._TAIL_RE.fullmatch(tail)
-        return self._name(kernel, functional, *m.groups()) if m else None
+        if not m:
+            return None
+        k, f, p, w, nw, ns, arch = m.groups()
+        return self.name_of(k, f, p, (int(w), int(nw), int(ns)), arch)
 
     def functional_dtype(self, functional: str) -> str:
-        first = functional.split("_")[0]
-        return first.replace("＊", "*").replace("@", ":")
+        return functional.split("_")[0].replace("＊", "*").replace("@", ":")
 
     def functional_head_dim(self, functional: str) -> int | None:
         toks = functional.split("_")
@@ -139,20 +139,20 @@ class _Sig(Spelling):
 class _Entry(Spelling):
     label = "entry (0.13b+)"
     digest_files = True
-    _NAME = re.compile(rf";;#F;(.*?);;#P;(.*?);;#CO;waves_per_eu={_INT};num_warps={_INT};num_stages={_INT};;arch={_ARCH}")
+    _NAME = re.compile(rf";;#F;(.*?);;#P;(.*?);;#CO;waves_per_eu={_INT};num_warps={_INT};num_stages={_INT};;arch=([A-Za-z0-9_]+)")
 
     def print(self, n: ImageName) -> str:
         return (f";;#F;{n.functional};;#P;{self.perf_text(n)};;#CO;waves_per_eu={n.waves_per_eu};"
                 f"num_warps={n.num_warps};num_stages={n.num_stages};;arch={n.arch}")
+
+    def head(self, kernel: str, functional: str) -> str:
+        return ""
 
     def file_stem(self, n: ImageName) -> str:
         return f"{n.kernel}-{hashlib.sha256(self.print(n).encode()).hexdigest()}"
 
     def perf_text(self, n: ImageName) -> str:
         return ";".join(f"{k}={v}" for k, v in zip(n.perf_names, n.perf))
-
-    def table_tail(self, n: ImageName) -> str:
-        return self.print(n)
 
     def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         pairs = [kv.split("=", 1) for kv in text.split(";")] if text else []
@@ -167,18 +167,13 @@ class _Entry(Spelling):
         f, p, w, nw, ns, arch = m.groups()
         return self.name_of(kernel, f, p, (int(w), int(nw), int(ns)), arch)
 
-    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
-        return self.parse(tail, kernel)
-
-    def _fields(self, functional: str) -> list[tuple[str, str]]:
-        return [(k, v) for k, _, v in (f.partition("=") for f in functional.split(";"))]
-
     def functional_dtype(self, functional: str) -> str:
-        fields = self._fields(functional)
-        return fields[0][1].strip("'") if fields and fields[0][1].startswith("'") else ""
+        value = functional.split(";")[0].partition("=")[2]
+        return value.strip("'") if value.startswith("'") else ""
 
     def functional_head_dim(self, functional: str) -> int | None:
-        dims = [v for k, v in self._fields(functional) if k in ("BLOCK_DMODEL", "D_HEAD") and v.isdigit()]
+        dims = [v for k, _, v in (f.partition("=") for f in functional.split(";"))
+                if k in ("BLOCK_DMODEL", "D_HEAD") and v.isdigit()]
         return int(dims[0]) if dims else None
 
 
