@@ -7,7 +7,7 @@ it pins and its library file name. Stages receive the record (`detect(tree)` ret
 the "adapter"), never a release name to look up again.
 
 Adding a release whose layout matches an existing one is one `Release(...)` line in `RELEASES`
-(plus its tests: docs/how-to/add-a-release.md). A new layout is one more `_traits` preset.
+(plus its tests: docs/howto/add-release.md). A new layout is one more `_traits` preset.
 
 Releases known only because a PyTorch line links them (0.9.2b for 2.7) have a record with
 `supported=False`: no layout traits, refused by `detect`, listed by the torch-lines table.
