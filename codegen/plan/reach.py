@@ -78,12 +78,12 @@ def fused_functional(entry: KernelEntry, sig: dict[str, str]) -> dict[str, str]:
     return {name: entry.config.dtype if name == "Q" else sig.get(name, "") for name in FUSED_FUNCTIONAL}
 
 
-def _fused_kernels(v3src: Path, lists: Path, tree: Path, table: BwdOpTable, names: Spelling
+def _fused_kernels(v3src: Path, lists: Path, tree: Path, table: BwdOpTable, spelling: Spelling
                    ) -> tuple[dict[str, dict], set[str]]:
     """(functional of each fused kernel, the ones the table never selects), by path relative to v3src."""
     names: dict = {}
     functional, never = {}, set()
-    for e in parse_compile_list(lists / COMPILE_LIST, tree, v3src, names):
+    for e in parse_compile_list(lists / COMPILE_LIST, tree, v3src, spelling):
         if e.config.family != FUSED_FAMILY:
             continue
         sig = _signature(e, tree, names)

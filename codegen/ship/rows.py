@@ -2,12 +2,12 @@
 
 The library picks a kernel per functional through the autotune tables generated from the tree's
 tuning database: a LUT over seqlen bins whose cells name one kernel (codegen.formats.tuning_db:
-the functional key and the lookup); the kernel's image name carries
-its configuration (codegen.models.image_name: the `tuned_kernel$` values in the table's column
-order, or by name, and the compiler options). So from the applied tree's database
-(`tree_database`: the same sqlite archives the build compiled, ours written by `apply`) and a
-case's functional this module computes the row the spec's GPU defines, and checks that the kernel the stub saw launched has that row's
-configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
+the functional key and the lookup); the kernel's image name carries its configuration
+(codegen.models.image_name: the `tuned_kernel$` values in the table's column order, or by name,
+and the compiler options). So from the applied tree's database (`tree_database`: the same sqlite
+archives the build compiled, ours written by `apply`) and a case's functional this module
+computes the row the spec's GPU defines, and checks that the kernel the stub saw launched has that
+row's configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
 named beside it: the check then cannot tell the two apart, and says so.
 
 A bundle carries the rows the check needs (`tuning-rows.json`, written by `carry_rows` when the
