@@ -251,13 +251,9 @@ def image_refs(v3src: Path) -> dict[str, KernelRef | ZipRef]:
         zip_rel = f"{f[0]}/{f[1]}/{f[2]}.zip"
         for cluster, member in _nul_pairs(Path(v3src) / member_list(*f[:3]), base).items():
             where[cluster] = (zip_rel, member)
-    out: dict[str, KernelRef | ZipRef] = {}
-    for c in clusters:
-        if c.cluster_file not in where:
-            continue
-        names = _nul_pairs(Path(v3src) / (c.cluster_file.removesuffix(".aks2") + ".nsv"), base)
-        out.update((h, ZipRef(*where[c.cluster_file], names[h])) for h in c.images if h in names)
-    return out
+    names = entry_names(v3src)
+    return {h: ZipRef(*where[c.cluster_file], names[h]) for c in clusters if c.cluster_file in where
+            for h in c.images if h in names}
 
 
 __all__ = ["AKS2_DIR", "CLUSTER_LIST", "COMPILE_LIST", "FLATZIP_LIST", "IMAGE_SUFFIX", "Cluster", "CompileLine", "ZipRewrite",

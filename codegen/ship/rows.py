@@ -54,11 +54,6 @@ def parse_stem(stem: str, names: Spelling) -> ImageName | None:
     return names.parse(parts[-1], parts[2] if len(parts) >= 4 else "")
 
 
-def _token(v) -> str:
-    """A database value as upstream spells it in an image name (booleans as True/False)."""
-    return str(v)
-
-
 class TuningDatabase:
     """The `FLASH$<family>` tables of a tree's sqlite databases, or the rows a bundle carries.
     `gpus`: the GPUs whose rows it holds (None: every GPU's, as the tree has them); `origin`: how
@@ -280,7 +275,7 @@ class RowMatch:
 
 
 def _spell(cols: list[str], row: tuple) -> str:
-    perf = "_".join(_token(row[i]) for i, c in enumerate(cols) if c.startswith(db.TUNED_PREFIX))
+    perf = "_".join(str(row[i]) for i, c in enumerate(cols) if c.startswith(db.TUNED_PREFIX))
     w, n, s = (row[cols.index(c)] for c in db.CO_COLUMNS)
     return f"{perf}|wave{w}_warp{n}_stg{s}"
 
