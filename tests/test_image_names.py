@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import sqlite3
 
 import pytest
@@ -67,38 +66,11 @@ def test_what_a_spelling_does_not_spell_is_no_name(spelling, name):
 
 
 # --- a release that renames its images ------------------------------------------------------------
-class _Third(Spelling):
-    """What a release renaming its images adds to codegen.models.image_name (and names in its
-    record): `<kernel>@<functional>@<perf values, ,>@w<W>n<N>s<S>@<arch>`."""
-
-    label = "third (a test's)"
-
-    def print(self, n: ImageName) -> str:
-        return f"{self.head(n.kernel, n.functional)}@{self.perf_text(n)}@w{n.waves_per_eu}n{n.num_warps}s{n.num_stages}@{n.arch}"
-
-    def head(self, kernel: str, functional: str) -> str:
-        return f"{kernel}@{functional}"
-
-    def perf_text(self, n: ImageName) -> str:
-        return ",".join(n.perf)
-
-    def perf_of(self, text: str):
-        return (tuple(text.split(",")) if text else ()), ()
-
-    def parse(self, name: str, kernel: str = "") -> ImageName | None:
-        m = re.fullmatch(r"([a-z_]+)@([^@]*)@([^@]*)@w(0|[1-9][0-9]*)n(0|[1-9][0-9]*)s(0|[1-9][0-9]*)@([A-Za-z0-9_]+)", name)
-        return self.name_of(m[1], m[2], m[3], (int(m[4]), int(m[5]), int(m[6])), m[7]) if m else None
-
-    def functional_dtype(self, functional: str) -> str:
-        return functional.split(".")[0]
-
-    def functional_head_dim(self, functional: str) -> int | None:
-        return int(functional.split(".")[1])
-
-
-THIRD = _Third()
+# what a release renaming its images adds to codegen.models.image_name (and names in its record)
+THIRD = Spelling("third (a test's)", "{kernel}@{functional}@{perf}@w{waves_per_eu}n{num_warps}s{num_stages}@{arch}",
+                 head="{kernel}@{functional}", sep=",")
 FAKE = dataclasses.replace(by_release("0.12.1b"), release="0.99b", version=(0, 99, 0), image_names=THIRD)
-FUNC = "*fp16:16.64.causal0"
+FUNC = "*fp16:16,64,causal0"
 NAME = f"attn_fwd@{FUNC}@0,2,64,32,0@w2n4s1@gfx908"
 
 

@@ -10,24 +10,24 @@ there: plan (the compile list), formats.aks2 (dispatch tables), the bundle rows 
 images). `str(spelling.parse(s)) == s` for every name of every real tree (tests/test_apply_real.py;
 a third spelling: tests/test_image_names.py). The spellings so far:
 
-- `SIG` (0.10b-0.12.1b): `<kernel>-Sig-F__<functional>__P__<perf values, _>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>`,
-  the image file's stem and its name in its `.aks2` package alike.
-- `ENTRY` (0.13b+): `;;#F;<functional>;;#P;<name=value;...>;;#CO;waves_per_eu=W;num_warps=N;num_stages=S;;arch=<arch>`
-  in its package (an .aks2 cluster in an image zip, whose name gives the kernel); the file is
-  `<kernel>-<the name's SHA-256>`.
+- `SIG` (0.10b-0.12.1b): the image file's stem and its name in its `.aks2` package alike.
+- `ENTRY` (0.13b+): the name in its package (an .aks2 cluster in an image zip, whose name gives
+  the kernel); the file is `<kernel>-<the name's SHA-256>`.
 
 A dispatch table's comment names a kernel as its container's path, then the name without the
-part the container already says (`head`: SIG's `<kernel>-Sig-F__<functional>`, ENTRY's nothing).
-A release that spells names anew adds one `Spelling` here and names it in its record.
+part the container already says (`head`). A release that spells names anew adds one `Spelling`
+here and names it in its record.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-_INT = r"(0|[1-9][0-9]*)"          # printed back as int() prints it
+_FIELD = re.compile(r"\{(\w+)\}")
+_GROUP = {"kernel": r"[A-Za-z0-9_]+", "arch": r"[A-Za-z0-9_]+", "functional": r".*?", "perf": r".*?",
+          "waves_per_eu": r"0|[1-9][0-9]*", "num_warps": r"0|[1-9][0-9]*", "num_stages": r"0|[1-9][0-9]*"}
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,14 @@ class ImageName:
     @property
     def file_stem(self) -> str:
         """The image file's name without `.hsaco`."""
-        return self.spelling.file_stem(self)
+        s = self.spelling
+        return f"{self.kernel}-{hashlib.sha256(str(self).encode()).hexdigest()}" if s.digest_files else str(self)
 
     @property
     def perf_text(self) -> str:
         """The perf part as spelt (KernelEntry.perf)."""
-        return self.spelling.perf_text(self)
+        sep = self.spelling.sep
+        return sep.join(f"{k}={v}" for k, v in zip(self.perf_names, self.perf)) if self.spelling.named else sep.join(self.perf)
 
     @property
     def named_perf(self) -> dict[str, str]:
@@ -64,120 +66,79 @@ class ImageName:
         return replace(self, waves_per_eu=w)
 
 
+@dataclass(frozen=True)
 class Spelling:
-    """How a release spells its images' names (one instance per spelling; the methods that raise
-    are each spelling's). `parse` takes a name as its package holds it (`kernel`: the package's,
-    for a spelling whose names leave it out) and gives None for anything it does not spell;
-    `print` is its inverse, `file_stem` the image file's name; `perf_text`/`perf_of` the same for
-    the perf part alone (KernelEntry.perf); `functional_dtype` (the Triton type of the
-    functional's first argument, '' when none) and `functional_head_dim` read the functional."""
+    """How a release spells its images' names: `template`, whose fields are ImageName's (`perf`:
+    its values joined by `sep`, each `name=value` where `named`, as the functional's fields are
+    then); a template without `{kernel}` leaves it to the package. `head`: the part of a name a
+    dispatch table's comment leaves to its container's path. `digest_files`: the image file is
+    named by the name's SHA-256."""
 
     label: str
-    digest_files: bool = False      # the file stem is a digest of the name: parse the name, not the file
+    template: str
+    head: str = ""
+    sep: str = "_"
+    named: bool = False
+    digest_files: bool = False
+    _re: re.Pattern = field(init=False, repr=False, compare=False)
 
-    def print(self, n: ImageName) -> str: raise NotImplementedError
-    def parse(self, name: str, kernel: str = "") -> ImageName | None: raise NotImplementedError
-    def head(self, kernel: str, functional: str) -> str: raise NotImplementedError
-    def perf_text(self, n: ImageName) -> str: raise NotImplementedError
-    def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None: raise NotImplementedError
-    def functional_dtype(self, functional: str) -> str: raise NotImplementedError
-    def functional_head_dim(self, functional: str) -> int | None: raise NotImplementedError
+    def __post_init__(self):
+        parts = _FIELD.split(self.template)   # literal, field, literal, field, ...
+        pattern = "".join(re.escape(p) if i % 2 == 0 else f"(?P<{p}>{_GROUP[p]})" for i, p in enumerate(parts))
+        object.__setattr__(self, "_re", re.compile(pattern))
 
-    def file_stem(self, n: ImageName) -> str:
-        return self.print(n)
+    def print(self, n: ImageName) -> str:
+        return self.template.format(kernel=n.kernel, functional=n.functional, perf=n.perf_text, arch=n.arch,
+                                    waves_per_eu=n.waves_per_eu, num_warps=n.num_warps, num_stages=n.num_stages)
 
-    def table_tail(self, n: ImageName) -> str:
-        """What a dispatch table's comment writes after the container's path."""
-        return self.print(n)[len(self.head(n.kernel, n.functional)):]
-
-    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
-        """`table_tail`'s parser, given the table's kernel and functional (FUNC_NAME)."""
-        n = self.parse(self.head(kernel, functional) + tail, kernel)
-        return n if n is not None and (n.kernel, n.functional) == (kernel, functional) else None
+    def parse(self, name: str, kernel: str = "") -> ImageName | None:
+        """A name as its package holds it -> ImageName; None for anything this spelling does not
+        spell (`kernel`: the package's, for a template without it)."""
+        m = self._re.fullmatch(name)
+        if m is None or not m.groupdict().get("kernel", kernel):
+            return None
+        return self.name_of(m.groupdict().get("kernel", kernel), m["functional"], m["perf"],
+                            (int(m["waves_per_eu"]), int(m["num_warps"]), int(m["num_stages"])), m["arch"])
 
     def name_of(self, kernel: str, functional: str, perf: str, co: tuple[int, int, int], arch: str) -> ImageName | None:
         """The name of a compile-list kernel from its parts (KernelEntry's functional and perf)."""
-        parsed = self.perf_of(perf)
-        return None if parsed is None else ImageName(kernel, functional, parsed[0], *co, arch, self, parsed[1])
-
-    def __repr__(self) -> str:
-        return f"<image names: {self.label}>"
-
-
-class _Sig(Spelling):
-    label = "sig (0.10b-0.12.1b)"
-    _NAME = re.compile(rf"([A-Za-z0-9_]+)-Sig-F__(.*?)__P__(.*?)__CO__wave{_INT}_warp{_INT}_stg{_INT}--Arch_([A-Za-z0-9_]+)")
-
-    def print(self, n: ImageName) -> str:
-        return (f"{self.head(n.kernel, n.functional)}__P__{self.perf_text(n)}__CO__wave{n.waves_per_eu}"
-                f"_warp{n.num_warps}_stg{n.num_stages}--Arch_{n.arch}")
-
-    def head(self, kernel: str, functional: str) -> str:
-        return f"{kernel}-Sig-F__{functional}"
-
-    def perf_text(self, n: ImageName) -> str:
-        return "_".join(n.perf)
-
-    def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        return (tuple(text.split("_")) if text else ()), ()
-
-    def parse(self, name: str, kernel: str = "") -> ImageName | None:
-        m = self._NAME.fullmatch(name)
-        if not m:
-            return None
-        k, f, p, w, nw, ns, arch = m.groups()
-        return self.name_of(k, f, p, (int(w), int(nw), int(ns)), arch)
-
-    def functional_dtype(self, functional: str) -> str:
-        return functional.split("_")[0].replace("＊", "*").replace("@", ":")
-
-    def functional_head_dim(self, functional: str) -> int | None:
-        toks = functional.split("_")
-        return int(toks[1]) if len(toks) > 1 and toks[1].isdigit() else None
-
-
-class _Entry(Spelling):
-    label = "entry (0.13b+)"
-    digest_files = True
-    _NAME = re.compile(rf";;#F;(.*?);;#P;(.*?);;#CO;waves_per_eu={_INT};num_warps={_INT};num_stages={_INT};;arch=([A-Za-z0-9_]+)")
-
-    def print(self, n: ImageName) -> str:
-        return (f";;#F;{n.functional};;#P;{self.perf_text(n)};;#CO;waves_per_eu={n.waves_per_eu};"
-                f"num_warps={n.num_warps};num_stages={n.num_stages};;arch={n.arch}")
-
-    def head(self, kernel: str, functional: str) -> str:
-        return ""
-
-    def file_stem(self, n: ImageName) -> str:
-        return f"{n.kernel}-{hashlib.sha256(self.print(n).encode()).hexdigest()}"
-
-    def perf_text(self, n: ImageName) -> str:
-        return ";".join(f"{k}={v}" for k, v in zip(n.perf_names, n.perf))
-
-    def perf_of(self, text: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-        pairs = [kv.split("=", 1) for kv in text.split(";")] if text else []
+        values = perf.split(self.sep) if perf else []
+        pairs = [v.split("=", 1) for v in values] if self.named else [("", v) for v in values]
         if any(len(kv) != 2 for kv in pairs):
             return None
-        return tuple(v for _, v in pairs), tuple(k for k, _ in pairs)
+        names = tuple(k for k, _ in pairs) if self.named else ()
+        return ImageName(kernel, functional, tuple(v for _, v in pairs), *co, arch, self, names)
 
-    def parse(self, name: str, kernel: str = "") -> ImageName | None:
-        m = self._NAME.fullmatch(name)
-        if not m or not kernel:
-            return None
-        f, p, w, nw, ns, arch = m.groups()
-        return self.name_of(kernel, f, p, (int(w), int(nw), int(ns)), arch)
+    def table_tail(self, n: ImageName) -> str:
+        """What a dispatch table's comment writes after the container's path."""
+        return str(n)[len(self.head.format(kernel=n.kernel, functional=n.functional)):]
+
+    def parse_table(self, tail: str, kernel: str, functional: str) -> ImageName | None:
+        """`table_tail`'s parser, given the table's kernel and functional (FUNC_NAME)."""
+        n = self.parse(self.head.format(kernel=kernel, functional=functional) + tail, kernel)
+        return n if n is not None and (n.kernel, n.functional) == (kernel, functional) else None
 
     def functional_dtype(self, functional: str) -> str:
-        value = functional.split(";")[0].partition("=")[2]
-        return value.strip("'") if value.startswith("'") else ""
+        """The Triton type of the functional's first argument ('*fp16:16'), '' when it names none."""
+        first = functional.split(self.sep)[0]
+        if self.named:
+            first = first.partition("=")[2]
+            return first.strip("'") if first.startswith("'") else ""
+        return first.replace("＊", "*").replace("@", ":")   # how the compact signature spells '*' and ':'
 
     def functional_head_dim(self, functional: str) -> int | None:
-        dims = [v for k, _, v in (f.partition("=") for f in functional.split(";"))
-                if k in ("BLOCK_DMODEL", "D_HEAD") and v.isdigit()]
-        return int(dims[0]) if dims else None
+        fields = functional.split(self.sep)
+        if self.named:
+            fields = [v for k, _, v in (f.partition("=") for f in fields) if k in ("BLOCK_DMODEL", "D_HEAD")]
+        else:
+            fields = fields[1:2]
+        return int(fields[0]) if fields and fields[0].isdigit() else None
 
 
-SIG = _Sig()
-ENTRY = _Entry()
+SIG = Spelling("sig (0.10b-0.12.1b)",
+               "{kernel}-Sig-F__{functional}__P__{perf}__CO__wave{waves_per_eu}_warp{num_warps}_stg{num_stages}"
+               "--Arch_{arch}", head="{kernel}-Sig-F__{functional}")
+ENTRY = Spelling("entry (0.13b+)", ";;#F;{functional};;#P;{perf};;#CO;waves_per_eu={waves_per_eu};"
+                 "num_warps={num_warps};num_stages={num_stages};;arch={arch}", sep=";", named=True, digest_files=True)
 
 __all__ = ["ENTRY", "SIG", "ImageName", "Spelling"]
