@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 
 from codegen.formats.aks2 import ImageError, blake2b_64, parse_dispatch_table, parse_zip_table
-from codegen.models.image_name import ENTRY, SIG, ImageName, Spelling
+from codegen.models.image_name import ENTRY, SIG, Spelling
 from codegen.plan.kernel_list import parse_compile_list
 from codegen.formats.tuning_db import Functional
 from codegen.ship.rows import TuningDatabase, match_row, parse_stem
