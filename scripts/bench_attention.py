@@ -31,15 +31,11 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from codegen.formats.tuning_db import SEQLEN_BINS, bin_of  # noqa: E402
 from codegen.gpu.tune.kernels import TreeKernels, make_problem, seed_of  # noqa: E402
 
-SEQLEN_BINS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 DEFAULT_FWD = dict(block_m=128, block_n=64, num_warps=4, num_stages=1, waves_per_eu=2, pre_load_v=False)
 DEFAULT_BWD = dict(block_m=32, block_n=32, num_warps=4, num_stages=1, waves_per_eu=1)
-
-
-def bin_of(s: int) -> int:
-    return next((b for b in SEQLEN_BINS if b >= s), SEQLEN_BINS[-1])
 
 
 def load_winners(folder: Path) -> dict:
@@ -157,7 +153,7 @@ def main() -> None:
                 for s in a.seqlens:
                     p = make_problem(dt, a.batch, a.heads, s, s, hd, bool(causal), seed_of(f"bench.{hd}.{dt}.{causal}.{s}"))
                     flops = 4.0 * a.batch * a.heads * s * s * hd * (0.5 if causal else 1.0)
-                    sb = bin_of(s)
+                    sb = bin_of(SEQLEN_BINS, s)
                     res = {"head_dim": hd, "dtype": dt, "causal": causal, "seqlen": s, "bin": sb,
                            "labels": labels}
                     fns = {}

@@ -17,6 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from codegen.apply.lock import LOCK_NAME, read_lock
+from codegen.formats.aks2 import parse_dispatch_table, parse_zip_table
+from codegen.formats.compile_list import entry_names
 from codegen.plan.kernel_list import parse_compile_list
 from codegen.plan.database import compose_database
 from codegen.upstream.generator import importable
@@ -70,20 +72,22 @@ def _target_configs(tree: Path, adapter) -> set[tuple]:
         db.unlink()
 
 
-HSACO = re.compile(r"(?P<k>[a-z_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__wave(?P<w>\d+)_warp(?P<n>\d+)_stg(?P<s>\d+)"
-                   r"--Arch_(?P<a>\w+)\.hsaco$")
-
-
-def _compiled(build: Path) -> dict[str, list[tuple]]:
-    out: dict[str, list[tuple]] = {}
-    for line in (build / "Bare.compile").read_text(encoding="utf-8").splitlines():
-        hs = next(Path(x).name for x in line.split(";") if x.endswith(".hsaco"))
-        m = HSACO.match(hs)
-        if m is None:  # 0.13b: <kernel>-<sha256>.hsaco
-            assert re.fullmatch(r"[a-z_]+-[0-9a-f]{64}\.hsaco", hs), hs
-            return {}
-        out.setdefault(m["k"], []).append((m["f"], m["p"], int(m["w"]), int(m["n"]), int(m["s"]), m["a"]))
-    return out
+def _names_round_trip(build: Path, adapter, entries) -> None:
+    """Every image name of a real generator run, in every place it is spelt, is the model's
+    (codegen.models.image_name): parsed, then printed back byte for byte; plan names every image."""
+    names = adapter.image_names
+    for e in entries:
+        image = e.image_name(names)
+        assert image is not None and image.file_stem == e.id, e.id
+        assert str(names.parse(str(image), image.kernel)) == str(image)
+    if names.digest_files:   # the names the clusters' entry lists give
+        for hsaco, name in entry_names(build).items():
+            kernel = Path(hsaco).name.rsplit("-", 1)[0]
+            assert str(names.parse(name, kernel)) == name, name
+    tables = sorted(build.glob("*/autotune.*/*.cc"))
+    parse = parse_zip_table if adapter.image_format == "zip" else parse_dispatch_table
+    refs = [r for t in tables for r in parse(t, names)]   # each comment split and printed by the model
+    assert len(refs) == len(entries)
 
 
 @pytest.mark.parametrize("tag", TAGS)
@@ -122,17 +126,19 @@ def test_release_apply_idempotent_generate_revert(pristine_tree, fresh_tree, tmp
                                   cwd=gen_tree, env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "MissingLutEntry" not in proc.stdout + proc.stderr
-        entries = parse_compile_list(build / "Bare.compile", gen_tree, build)
+        entries = parse_compile_list(build / "Bare.compile", gen_tree, build, adapter.image_names)
+        _names_round_trip(build, adapter, entries)
         fwd = [e.config for e in entries if e.config.family == "attn_fwd"]
         got = {(c.block_m, c.block_n, c.waves_per_eu, c.num_warps, c.num_stages) for c in fwd}
         assert len(got) > 1  # not one default kernel per functional
         assert got == _target_configs(tree, adapter)  # exactly the seeded (donor-derived) configs
         assert {e.config.arch for e in entries} == {"gfx908"}
-        kernels = _compiled(build)
-        if kernels:  # up to 0.12.1b the image names spell functional and perf tokens (0.13b: a hash)
-            fwd_named = kernels["attn_fwd"]
-            assert len(fwd_named) > len({k[0] for k in fwd_named})
-            assert {(int(p.split("_")[2]), int(p.split("_")[3]), w, n, s) for _, p, w, n, s, _ in fwd_named} == got
+        named = [e.image_name(adapter.image_names) for e in entries if e.config.family == "attn_fwd"]
+        perf = [n.named_perf or dict(zip(("", "", "BLOCK_M", "BLOCK_N"), n.perf)) for n in named]
+        # the tiles and compiler options the image names spell are the seeded configs too
+        assert {(int(p["BLOCK_M"]), int(p["BLOCK_N"]), n.waves_per_eu, n.num_warps, n.num_stages)
+                for p, n in zip(perf, named)} == got
+        assert len(named) > len({n.functional for n in named})
 
     res = _cli("revert", str(tree))
     assert res.exit_code == 0, res.stderr

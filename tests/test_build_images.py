@@ -7,6 +7,7 @@ import struct
 
 import pytest
 
+from codegen.models.image_name import SIG
 from codegen.formats.aks2 import (ImageError, blake2b_64, parse_dispatch_table, read_aks2_directory,
                                   read_aks2_images, referenced_kernels)
 
@@ -53,13 +54,13 @@ def test_dispatch_table_stems(tmp_path):
     p = tmp_path / "v3src" / "flash" / "autotune.attn_fwd" / "x.cc"
     p.parent.mkdir(parents=True)
     p.write_text(_table(raws), encoding="utf-8")
-    refs = parse_dispatch_table(p)
+    refs = parse_dispatch_table(p, SIG)
     assert [r.stem for r in refs] == [
         f"attn_fwd-Sig-F__{FUNC}__P__0_2_64_32_False__CO__wave1_warp4_stg1--Arch_gfx908",
         f"attn_fwd-Sig-F__{FUNC}__P__0_2_16_16_False__CO__wave2_warp4_stg1--Arch_gfx908",
     ]
     assert {r.kernel for r in refs} == {"attn_fwd"}
-    assert referenced_kernels(tmp_path) == sorted(refs, key=lambda r: (r.package, r.stem))
+    assert referenced_kernels(tmp_path, SIG) == sorted(refs, key=lambda r: (r.package, r.stem))
 
 
 def test_dispatch_table_bad_hash_is_refused(tmp_path):
@@ -68,13 +69,13 @@ def test_dispatch_table_bad_hash_is_refused(tmp_path):
     p = tmp_path / "t.cc"
     p.write_text(text, encoding="utf-8")
     with pytest.raises(ImageError, match="BLAKE2b"):
-        parse_dispatch_table(p)
+        parse_dispatch_table(p, SIG)
 
 
 def test_table_without_kernels_is_empty(tmp_path):
     p = tmp_path / "t.cc"
     p.write_text("// nothing here\n", encoding="utf-8")
-    assert parse_dispatch_table(p) == []
+    assert parse_dispatch_table(p, SIG) == []
 
 
 def test_aks2_directory(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from codegen.imagebuild import verify as verify_mod
 from codegen.formats.aks2 import ImageError, blake2b_64
+from codegen.models.image_name import ENTRY
 from codegen.imagebuild.verify import REQUIRED_SYMBOLS, V2_ATTN_SYMBOLS, V3_SYMBOLS, verify_install
 
 from test_build_images import PKG, _aks2, _table
@@ -110,7 +111,7 @@ def test_zip_images_of_0_13(tmp_path, monkeypatch):
     lib.write_bytes(b"")
     monkeypatch.setattr(verify_mod, "defined_symbols",
                         lambda _lib: {p + "X" for p in [*REQUIRED_SYMBOLS.values(), *V3_SYMBOLS.values()]})
-    kw = dict(version=(0, 13, 0), arch="gfx908", images=True, v2_attn=False, image_format="zip")
+    kw = dict(version=(0, 13, 0), arch="gfx908", images=True, v2_attn=False, image_format="zip", names=ENTRY)
     v = verify_install(prefix, build, **kw)
     assert not v.ok and len(v.missing) == 3 and all(m.startswith(ZIP + ": " + ZFUNC) for m in v.missing)
     z = prefix / "lib" / "aotriton.images" / ZIP
@@ -143,7 +144,7 @@ def test_zip_table_comment_must_match_its_id(tmp_path):
     t = tmp_path / "x.cc"
     t.write_text(_zip_table().replace("BLOCK_M=32;", "BLOCK_M=33;", 1), encoding="utf-8")
     with pytest.raises(ImageError, match="does not match its BLAKE2b id"):
-        parse_zip_table(t)
+        parse_zip_table(t, ENTRY)
 
 
 def test_tables_of_an_earlier_configuration_are_not_counted(install):

@@ -153,6 +153,7 @@ def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):
     from codegen.ship.check import check_extracted
     from codegen.ship.dispatch import dispatch_cases
     from codegen.ship.rows import match_report, summary, tree_database
+    from codegen.upstream.releases import by_release
     from codegen.formats.spec import load_spec
 
     r = _cli("bundle", "check", str(bundle), "--tree", str(bundle_tree), "--json", timeout=3600)
@@ -171,7 +172,8 @@ def test_each_tuned_launch_has_the_spec_gpus_row(bundle, bundle_tree, tmp_path):
     root = extract(b, tmp_path / "bundle")   # never beside the tree: it may be read only
     d = check_extracted(root, b.manifest, controls=False).dispatch
     spec = load_spec(root / "spec.yaml").spec
-    donor = match_report(tree_database(bundle_tree), spec.rows.donor_gpu, dispatch_cases(spec), d.cases)
+    donor = match_report(tree_database(bundle_tree), spec.rows.donor_gpu, dispatch_cases(spec), d.cases,
+                         by_release(b.manifest.release).image_names)
     ok, line = summary(donor, spec.rows.donor_gpu)
     print(f"\nagainst the donor's rows: {line}")
     # the smoke bundle: 23 of 27 mismatch; the default-spec bundle: 83 of 168
@@ -340,6 +342,7 @@ def test_a_planted_reach_record_is_refused_not_believed(bundle, applied_tree, tm
     reachable bf16 attn_fwd package as left out makes `bundle build` refuse (exit 2, one message
     naming it), never drop the package; the genuine record builds again."""
     from codegen.formats.aks2 import referenced_kernels
+    from codegen.models.image_name import SIG
     from codegen.imagebuild.reach import REACH_FILE, read_reach
     from codegen.models.reach import LeftOut
     from codegen.models.records import write_json
@@ -350,7 +353,7 @@ def test_a_planted_reach_record_is_refused_not_believed(bundle, applied_tree, tm
     record = build / REACH_FILE
     genuine = record.read_bytes()
     reach = read_reach(build)
-    package = next(r.package for r in referenced_kernels(build) if r.kernel == "attn_fwd" and "bf16" in r.package)
+    package = next(r.package for r in referenced_kernels(build, SIG) if r.kernel == "attn_fwd" and "bf16" in r.package)
     planted = LeftOut(image=package + ".aks2", member=None, kernels=1, functional={"Q": "bf16"})
     record.write_bytes(write_json(reach.model_copy(update={
         "packages_left_out": [*reach.packages_left_out, planted], "kernels_left_out": reach.kernels_left_out + 1})))

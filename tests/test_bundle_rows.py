@@ -18,9 +18,11 @@ import pytest
 
 from codegen.ship import rows as rows_mod
 from codegen.formats.bundle_zip import BundleError
-from codegen.ship.rows import (ROWS as MEMBER, Inputs, carried_database, carry_rows, match_row, parse_stem,
+from codegen.formats.tuning_db import Functional
+from codegen.ship.rows import (ROWS as MEMBER, carried_database, carry_rows, match_row, parse_stem,
                                  read_rows, summary, tree_database)
 from codegen.core.errors import UserError
+from codegen.models.image_name import ENTRY, SIG
 
 SMOKE = Path(__file__).resolve().parents[1] / "rules" / "examples" / "smoke.yaml"
 
@@ -67,16 +69,17 @@ ROWS = [_row(1, "gfx908_mod0", 128, 128, 64, 32, 1), _row(2, "gfx908_mod0", 128,
 
 
 def test_parse_stem():
-    c = parse_stem(_stem(64, 32, 1))
-    assert c.kernel == "attn_fwd" and c.perf == ("0", "2", "64", "32", "False") and c.co == (1, 4, 1)
-    assert parse_stem("not-a-stem") is None
+    c = parse_stem(_stem(64, 32, 1), SIG)
+    assert c.kernel == "attn_fwd" and c.perf == ("0", "2", "64", "32", "False")
+    assert (c.waves_per_eu, c.num_warps, c.num_stages) == (1, 4, 1) and str(c) == _stem(64, 32, 1).rsplit("/", 1)[1]
+    assert parse_stem("not-a-stem", SIG) is None and parse_stem(_stem(64, 32, 1), ENTRY) is None
 
 
 @pytest.mark.parametrize("sq,sk,row,m,n", [(97, 211, 2, 64, 64), (1, 1, 1, 64, 32), (211, 97, 3, 128, 64),
                                           (5000, 5000, 4, 32, 16), (256, 128, 3, 128, 64)])
 def test_bins_pick_the_row_and_config(tmp_path, sq, sk, row, m, n):
     tdb = tree_database(_tree(tmp_path, ROWS))
-    got = match_row(tdb, "gfx908_mod0", _stem(m, n, 1), Inputs("fp16", 64, False, False, False, sq, sk))
+    got = match_row(tdb, "gfx908_mod0", _stem(m, n, 1), Functional("fp16", 64, False, False, False, sq, sk), SIG)
     assert got.ok and got.row_id == row and got.key["gpu"] == "gfx908_mod0"
     assert got.want == f"0_2_{m}_{n}_0|wave1_warp4_stg1"
     # the donor's row gives the same config only where its waves_per_eu is also 1 (row 6)
@@ -85,7 +88,7 @@ def test_bins_pick_the_row_and_config(tmp_path, sq, sk, row, m, n):
 
 def test_a_donor_config_is_a_mismatch(tmp_path):
     tdb = tree_database(_tree(tmp_path, ROWS))
-    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 2), Inputs("fp16", 64, False, False, False, 100, 100),
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 2), Functional("fp16", 64, False, False, False, 100, 100), SIG,
                     case="c", phase="fwd")
     assert not got.ok and got.row_id == 1 and got.got == "0_2_64_32_0|wave2_warp4_stg1"
     ok, line = summary([got], "gfx908_mod0")
@@ -95,14 +98,14 @@ def test_a_donor_config_is_a_mismatch(tmp_path):
 def test_no_row_and_null_extras(tmp_path):
     rows = [_row(1, "gfx908_mod0", 128, 128, 64, 32, 1, alibi=None), _row(2, "gfx90a_mod0", 128, 128, 64, 32, 1)]
     tdb = tree_database(_tree(tmp_path, rows))
-    inp = Inputs("fp16", 64, False, False, False, 100, 100)
-    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), inp)
+    inp = Functional("fp16", 64, False, False, False, 100, 100)
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), inp, SIG)
     assert got.ok and got.same_config_gpus == ["gfx90a_mod0"]
     ok, line = summary([got], "gfx908_mod0")
     assert ok and "1 of them would get the same configuration from a row of gfx90a_mod0" in line
-    causal = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, True, False, False, 100, 100))
+    causal = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Functional("fp16", 64, True, False, False, 100, 100), SIG)
     assert not causal.ok and "no gfx908_mod0 row" in causal.note
-    assert match_row(tdb, "gfx908_mod0", _stem(64, 32, 1).replace("attn_fwd-Sig", "bwd_preprocess-Sig"), inp) is None
+    assert match_row(tdb, "gfx908_mod0", _stem(64, 32, 1).replace("attn_fwd-Sig", "bwd_preprocess-Sig"), inp, SIG) is None
 
 
 def test_a_tree_without_a_database(tmp_path):
@@ -117,12 +120,12 @@ def test_a_0_13b_stem_by_field_names(tmp_path):
     stem = ("amd-gfx908/flash/attn_fwd/Q='*fp16:16';CAUSAL_TYPE=0/;;#F;Q='*fp16:16';CAUSAL_TYPE=0;;#P;"
             "PERSISTENT_TYPE=0;GRID_CU_MULTIP=2;BLOCK_M=64;BLOCK_N=32;PRE_LOAD_V=False;NUM_XCDS=1;;"
             "#CO;waves_per_eu=1;num_warps=4;num_stages=1;;arch=gfx908")
-    cfg = parse_stem(stem)
-    assert cfg.kernel == "attn_fwd" and dict(cfg.perf_named)["NUM_XCDS"] == "1" and cfg.co == (1, 4, 1)
-    got = match_row(tdb, "gfx908_mod0", stem, Inputs("fp16", 64, False, False, False, 100, 100))
+    cfg = parse_stem(stem, ENTRY)
+    assert cfg.kernel == "attn_fwd" and cfg.named_perf["NUM_XCDS"] == "1" and (cfg.waves_per_eu, cfg.num_warps) == (1, 4)
+    got = match_row(tdb, "gfx908_mod0", stem, Functional("fp16", 64, False, False, False, 100, 100), ENTRY)
     assert got.ok and got.row_id == 1 and got.got == "0_2_64_32_0|wave1_warp4_stg1"
     worse = match_row(tdb, "gfx908_mod0", stem.replace("BLOCK_M=64", "BLOCK_M=128"),
-                      Inputs("fp16", 64, False, False, False, 100, 100))
+                      Functional("fp16", 64, False, False, False, 100, 100), ENTRY)
     assert not worse.ok
 
 
@@ -152,7 +155,7 @@ def test_sharded_layouts_are_read(tmp_path, db):
              [r[:1] + r[2:3] + r[1:2] + r[3:] for r in ROWS[4:]], swapped)
     _archive(tree / db / "op_database.sqlite3.tar.xz", [_row(99, "gfx908_mod0", 128, 128, 16, 16, 9)])
     tdb = tree_database(tree)
-    got = match_row(tdb, "gfx908_mod0", _stem(64, 64, 1), Inputs("fp16", 64, False, False, False, 97, 211))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 64, 1), Functional("fp16", 64, False, False, False, 97, 211), SIG)
     assert got.ok and got.row_id == 2 and got.same_config_gpus == ["gfx90a_mod0"]
     assert len(tdb.family("attn_fwd").rows) == len(ROWS)                # the op database is not read
 
@@ -173,10 +176,27 @@ def test_a_padded_head_reads_its_buckets_unpadded_row(tmp_path):
     exists too), read from the PADDED_HEAD=0 row as upstream looks it up."""
     rows = ROWS + [(9, "gfx908_mod0", "torch.float16", 128, 128, 0, 48, 0, 0, 0, 0, 0, 2, 16, 16, 0, 1, 4, 1)]
     tdb = tree_database(_tree(tmp_path, rows))
-    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 56, False, False, False, 100, 100))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Functional("fp16", 56, False, False, False, 100, 100), SIG)
     assert got.ok and got.row_id == 1 and got.key["inputs$BLOCK_DMODEL"] == 64
-    d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Inputs("fp16", 40, False, False, False, 100, 100))
+    d48 = match_row(tdb, "gfx908_mod0", _stem(16, 16, 1), Functional("fp16", 40, False, False, False, 100, 100), SIG)
     assert d48.ok and d48.row_id == 9
+
+
+def test_a_functional_column_a_release_adds_is_a_feature_left_off(tmp_path):
+    """A release whose tables gain an `inputs$` column (here USE_SINK) needs nothing new: the lookup
+    (codegen.formats.tuning_db.Table.lookup) reads it as a feature the cases leave off, 0 or NULL,
+    in the tree's rows and in the rows a bundle carries, whatever the rows' order."""
+    cols = COLS[:11] + ["inputs$USE_SINK"] + COLS[11:]
+    on = _row(7, "gfx908_mod0", 128, 128, 128, 64, 2)
+    rows = [r[:11] + (1,) + r[11:] for r in [on]] + [r[:11] + (s,) + r[11:] for r, s in zip(ROWS[:4], (0, None, 0, 0))]
+    tree = tmp_path / "tree"
+    _archive(tree / "v3python/rules/tuning_database.sqlite3.tar.xz", rows + rows[:1], cols)   # the sink row last too
+    tdb = tree_database(tree)
+    for t in (tdb, carried_database(carry_rows(tdb, ["gfx908_mod0"]))):
+        got = match_row(t, "gfx908_mod0", _stem(64, 32, 1), Functional("fp16", 64, False, False, False, 100, 100), SIG)
+        assert got.ok and got.row_id == 1 and got.key["inputs$USE_SINK"] == 0
+        assert match_row(t, "gfx908_mod0", _stem(64, 64, 1), Functional("fp16", 64, False, False, False, 100, 200),
+                         SIG).key["inputs$USE_SINK"] is None
 
 
 @pytest.mark.aotriton
@@ -207,11 +227,11 @@ def test_carried_rows_give_the_trees_lookups(tmp_path):
     assert kept.gpus == ("gfx908_mod0",) and kept.sources == ("v3python/rules/tuning_database.sqlite3.tar.xz",)
     assert len(kept.family("attn_fwd").rows) == 4 and kept.family("attn_fwd").head_dims == (48, 64)
     for sq, sk, head in [(97, 211, 64), (1, 1, 64), (5000, 5000, 64), (256, 128, 64), (100, 100, 40)]:
-        inp = Inputs("fp16", head, False, False, False, sq, sk)
-        a, b = (match_row(t, "gfx908_mod0", _stem(64, 64, 1), inp) for t in (tree, kept))
+        inp = Functional("fp16", head, False, False, False, sq, sk)
+        a, b = (match_row(t, "gfx908_mod0", _stem(64, 64, 1), inp, SIG) for t in (tree, kept))
         assert (a.ok, a.row_id, a.key, a.want, a.note) == (b.ok, b.row_id, b.key, b.want, b.note)
         assert b.same_config_gpus == []
-    b = match_row(kept, "gfx908_mod0", _stem(64, 64, 1), Inputs("fp16", 64, False, False, False, 97, 211))
+    b = match_row(kept, "gfx908_mod0", _stem(64, 64, 1), Functional("fp16", 64, False, False, False, 97, 211), SIG)
     ok, line = summary([b], "gfx908_mod0", every_gpu=False)
     assert ok and "no other GPU's row" not in line and "other GPUs' rows are not carried: give --tree" in line
 
@@ -324,7 +344,7 @@ def test_a_table_that_numbers_no_rows(tmp_path):
         i = t.columns.index("id")
         tdb.tables[name] = type(t)([c for c in t.columns if c != "id"],
                                    [r[:i] + r[i + 1:] for r in t.rows]).with_head_dims()
-    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, False, False, False, 100, 100))
+    got = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Functional("fp16", 64, False, False, False, 100, 100), SIG)
     assert got.ok and got.found and got.row_id is None
-    missing = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Inputs("fp16", 64, True, False, False, 100, 100))
+    missing = match_row(tdb, "gfx908_mod0", _stem(64, 32, 1), Functional("fp16", 64, True, False, False, 100, 100), SIG)
     assert not missing.ok and not missing.found and "no gfx908_mod0 row" in missing.note

@@ -13,6 +13,7 @@ from codegen.plan.kernel_list import (
     kernel_arg_names,
     parse_compile_list,
 )
+from codegen.models.image_name import SIG
 from codegen.plan.summary import summarize
 
 # A synthetic kernel module tree (our own code): flash.py re-exports kernels from siblings,
@@ -59,7 +60,7 @@ def test_parse_compile_list_names_and_paths(tmp_path):
     ]
     listing = build / "Bare.compile"
     listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    entries = parse_compile_list(listing, tree, build)
+    entries = parse_compile_list(listing, tree, build, SIG)
     assert [e.config.name for e in entries] == [
         "attn_fwd.gfx908.bf16.d32.M128N64.wpe1.w4.s1.plv1",
         "attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0",
@@ -85,7 +86,7 @@ def test_parse_compile_list_012_prefix_fields(tmp_path):
     listing = build / "Bare.compile"
     listing.write_text(_fwd_line(tree, build, "*fp16:16", 32, 16, 16, 2, False,
                                  prefix="default;/venv/bin/python;") + "\n", encoding="utf-8")
-    (e,) = parse_compile_list(listing, tree, build)
+    (e,) = parse_compile_list(listing, tree, build, SIG)
     assert e.config.name == "attn_fwd.gfx908.fp16.d32.M16N16.wpe2.w4.s1.plv0"
 
 
@@ -96,11 +97,11 @@ def test_parse_compile_list_rejects_bad_and_duplicate_lines(tmp_path):
     listing = build / "Bare.compile"
     listing.write_text("a;b;c\n", encoding="utf-8")
     with pytest.raises(UpstreamError, match=r"Bare.compile:1: unexpected compile-list line"):
-        parse_compile_list(listing, tree, build)
+        parse_compile_list(listing, tree, build, SIG)
     line = _fwd_line(tree, build, "*fp16:16", 32, 16, 16, 2, False)
     listing.write_text(f"{line}\n{line}\n", encoding="utf-8")
     with pytest.raises(UpstreamError, match="listed twice"):
-        parse_compile_list(listing, tree, build)
+        parse_compile_list(listing, tree, build, SIG)
 
 
 def test_kernel_arg_names_follows_imports(tmp_path):
@@ -128,7 +129,7 @@ def test_summarize_counts(tmp_path):
     lines.append(_pre_line(tree, "*fp16:16", 64))
     listing = build / "Bare.compile"
     listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    s = summarize(parse_compile_list(listing, tree, build), ["gfx908_mod0"], "0.11b")
+    s = summarize(parse_compile_list(listing, tree, build, SIG), ["gfx908_mod0"], "0.11b")
     assert s.total == 9
     assert s.by_family == {"attn_fwd": 8, "bwd_preprocess": 1}
     assert s.by_head_dim == {"32": 4, "64": 5}

@@ -4,6 +4,7 @@ rows/<arch>.json, and apply's capping of the seeded rows to the largest spill-fr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,7 @@ from codegen.apply.dbrows import build_db, db_targets
 from codegen.formats.tuning_db import read_archive
 from fake_tree import make_fake_tree
 from codegen.models import KernelConfig
+from codegen.models.image_name import ENTRY, SIG
 from codegen.models.limits import CompileReport, cap_waves_per_eu, waves_per_eu_limits
 from codegen.models.rows import OverlayInputs, RowsPlan
 from codegen.render.inputs import load_limits, render_overlay
@@ -325,7 +327,8 @@ def _kentry(config: str, fid: str = "F0"):
     kid = (f"{p['family']}-Sig-F__{fid}__P__0_2_{p['block_m']}_{p['block_n']}_False__CO__wave{p['waves_per_eu']}"
            f"_warp{p['num_warps']}_stg{p['num_stages']}--Arch_gfx908")
     return KernelEntry(id=kid, config=config, hsaco=f"flash/{kid}.hsaco", source="tritonsrc/flash.py",
-                       kernel_name=p["family"], signature="sig", perf="", functional=fid)
+                       kernel_name=p["family"], signature="sig", perf=f"0_2_{p['block_m']}_{p['block_n']}_False",
+                       functional=fid)
 
 
 def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
@@ -341,13 +344,22 @@ def _kresult(e, vgprs: int = 64, vgpr_spills: int = 0):
 
 
 def test_descend_budget_and_renaming():
-    from codegen.compile.descend import vgpr_budget, with_waves
+    from codegen.compile.descend import vgpr_budget
 
     hw = load_spec(None).spec.hardware
     assert [vgpr_budget(hw, w) for w in (1, 2, 3, 4)] == [256, 128, 84, 64]
-    e = with_waves(_kentry(FWD.format(3)), 1)
+    e = _kentry(FWD.format(3)).with_waves(1, SIG)
     assert e.config.waves_per_eu == 1 and e.config.name == FWD.format(1)
-    assert "__CO__wave1_warp4_stg1" in e.id and "__CO__wave1_" in e.hsaco
+    assert "__CO__wave1_warp4_stg1" in e.id and e.hsaco == f"flash/{e.id}.hsaco"
+    # 0.13b+ name an image file by the digest of its name: a new waves_per_eu is a new digest
+    entry = ";;#F;Q='*fp16:16';BLOCK_DMODEL=64;;#P;BLOCK_M=64;BLOCK_N=32;;#CO;waves_per_eu=3;num_warps=4;num_stages=1;;arch=gfx908"
+    name = ENTRY.parse(entry, "attn_fwd")
+    old = _kentry(FWD.format(3)).model_copy(update={"id": name.file_stem, "functional": name.functional,
+                                                    "perf": name.perf_text})
+    new = old.with_waves(1, ENTRY)
+    want = "attn_fwd-" + hashlib.sha256(entry.replace("waves_per_eu=3", "waves_per_eu=1").encode()).hexdigest()
+    assert new.id == want and new.hsaco == f"flash/{want}.hsaco" and new.config.waves_per_eu == 1
+    assert old.model_copy(update={"perf": ""}).with_waves(1, ENTRY).id == old.id   # a name plan could not read
 
 
 def test_descend_moves_every_kernel_of_a_spilling_config():
@@ -360,7 +372,7 @@ def test_descend_moves_every_kernel_of_a_spilling_config():
     entries = spill + clean
     results = [_kresult(spill[0], vgprs=64, vgpr_spills=30)] + [_kresult(e) for e in spill[1:] + clean]
     report = compile_report(results, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
-    plan = plan_round(entries, results, hw, report, "gfx908")
+    plan = plan_round(entries, results, hw, report, "gfx908", SIG)
     # 64 + 30 VGPRs need the budget of waves_per_eu 2 (128); every functional of the config moves
     assert plan.moves == {FWD.format(4): FWD.format(2)}
     assert sorted(e.functional for e in plan.entries) == ["F0", "F1", "F2"]
@@ -368,17 +380,17 @@ def test_descend_moves_every_kernel_of_a_spilling_config():
     # a clean lower variant the report already knows is the one apply caps to: measure that one
     known = compile_report([_kresult(_kentry(FWD.format(3), "F9"))], arch="gfx908", gpu="gfx908_mod0",
                            release="0.11b", triton="3.5.1", previous=report)
-    assert plan_round(entries, results, hw, known, "gfx908").moves == {FWD.format(4): FWD.format(3)}
+    assert plan_round(entries, results, hw, known, "gfx908", SIG).moves == {FWD.format(4): FWD.format(3)}
     # next round: the new variant still spills -> lower again; nothing is compiled twice
     results2 = results + [_kresult(e, vgprs=128, vgpr_spills=5 if e.functional == "F1" else 0) for e in plan.entries]
     entries2 = entries + plan.entries
     report2 = compile_report(results2, arch="gfx908", gpu="gfx908_mod0", release="0.11b", triton="3.5.1")
-    plan2 = plan_round(entries2, results2, hw, report2, "gfx908")
+    plan2 = plan_round(entries2, results2, hw, report2, "gfx908", SIG)
     assert plan2.moves[FWD.format(2)] == FWD.format(1)
     assert {e.config.name for e in plan2.entries} == {FWD.format(1)} and len(plan2.entries) == 3
     # at waves_per_eu 1 there is nowhere to go
     last = [_kresult(e, vgpr_spills=1) for e in plan2.entries]
-    assert plan_round(entries2 + plan2.entries, results2 + last, hw, None, "gfx908").entries == []
+    assert plan_round(entries2 + plan2.entries, results2 + last, hw, None, "gfx908", SIG).entries == []
 
 
 def test_descend_interrupted_keeps_complete_variants_only(monkeypatch):

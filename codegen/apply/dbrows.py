@@ -57,6 +57,7 @@ from codegen.upstream import Adapter
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats import tuning_db as db
 from codegen.formats.tuning_db import ARCHIVE_FORMAT, member_name, read_archive, write_archive
+from codegen.formats.tuning_db import quote as q
 ROWS_CODE_VERSION = 5  # bump when the derivation changes: invalidates cached DB outputs
 
 Reader = Callable[[str], "bytes | None"]  # tree-relative path -> pristine bytes (None: absent)
@@ -119,19 +120,6 @@ def _tuple_of(idx: list[int]) -> Callable[[list | tuple], tuple]:
         return lambda row: ()
     get = itemgetter(*idx)
     return get if len(idx) > 1 else (lambda row: (get(row),))
-
-
-def q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _tables(conn: sqlite3.Connection, schema: str) -> list[str]:
-    return [r[0] for r in conn.execute(
-        f"SELECT name FROM {schema}.sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
-
-
-def _columns(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
-    return [r[1] for r in conn.execute(f"PRAGMA {schema}.table_info({q(table)})")]
 
 
 def _unique_key(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
@@ -393,7 +381,7 @@ def derive_rows(conn: sqlite3.Connection, src: str, table: str, cols: list[str],
     """Rows (values in `cols` order) for every target GPU, from the donor's rows in src.table."""
     st = TableStats()
     family = db.family_of(table)
-    missing = [x for x in cols if x not in _columns(conn, table, src)]
+    missing = [x for x in cols if x not in db.table_columns(conn, table, src)]
     if missing:
         raise DonorError(f"{label}: donor table {table} lacks columns {missing}")
     c = _Cols.of(cols, label, table)
@@ -494,10 +482,10 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
                     conn.execute(sql)
         out = DbOutput(path=path, content=b"")
         conn.execute("BEGIN")
-        for table in _tables(conn, src):
-            if table not in _tables(conn, "main"):
+        for table in db.table_names(conn, src):
+            if table not in db.table_names(conn, "main"):
                 continue
-            cols = [c for c in _columns(conn, table, "main") if c != "id"]
+            cols = [c for c in db.table_columns(conn, table, "main") if c != "id"]
             key = _unique_key(conn, table, "main")
             rows, st = derive_rows(conn, src, table, cols, plan, label, required)
             if required and not rows:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from codegen.models.image_name import Spelling
 from codegen.models.limits import CompileReport, cap_waves_per_eu, waves_per_eu_limits
 from codegen.models.target import Hardware
 from codegen.plan.kernel_list import KernelEntry
@@ -33,11 +34,6 @@ def vgpr_budget(hw: Hardware, waves_per_eu: int) -> int:
     return per_wave - per_wave % hw.vgpr_alloc_granule
 
 
-def with_waves(e: KernelEntry, w: int) -> KernelEntry:
-    """The same kernel compiled with another waves_per_eu (image name and config follow)."""
-    return e.with_waves(w)
-
-
 @dataclass
 class DescendPlan:
     entries: list[KernelEntry] = field(default_factory=list)
@@ -45,8 +41,9 @@ class DescendPlan:
 
 
 def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hardware, report: CompileReport | None,
-               arch: str) -> DescendPlan:
-    """Kernels to compile next: every spilling config (of `results`) moved one step down."""
+               arch: str, names: Spelling) -> DescendPlan:
+    """Kernels to compile next: every spilling config (of `results`) moved one step down (`names`:
+    how the release names its images, codegen.models.image_name)."""
     by_config: dict[str, list[KernelResult]] = {}
     for r in results:
         by_config.setdefault(r.config, []).append(r)
@@ -64,7 +61,7 @@ def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hard
         if status != "clean" or w >= cfg.waves_per_eu:
             demand = max(r.resources.vgprs + r.resources.vgpr_spills for r in rs if r.resources)
             w = next((x for x in range(cfg.waves_per_eu - 1, 0, -1) if vgpr_budget(hw, x) >= demand), 1)
-        new = with_waves(e, w)
+        new = e.with_waves(w, names)
         plan.moves.setdefault(cfg.name, new.config.name)
         if new.id not in have and new.id not in seen:
             seen.add(new.id)
@@ -72,4 +69,4 @@ def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hard
     return plan
 
 
-__all__ = ["DescendPlan", "plan_round", "vgpr_budget", "with_waves"]
+__all__ = ["DescendPlan", "plan_round", "vgpr_budget"]

@@ -22,6 +22,7 @@ from codegen.formats.spec import LoadedSpec
 from codegen.toolchain import generator_requirements
 from codegen.toolchain.interpreter import CompilerPython, compiler_python
 from codegen.upstream import Adapter
+from codegen.upstream.releases import by_release
 from codegen.compile import engine
 from codegen.compile.cache import CompileCache, check_cache_dir, default_cache_dir
 from codegen.compile.descend import plan_round
@@ -100,7 +101,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
     for rnd in range(1, 11):
         merged = compile_report(results, arch=info.arch, gpu=info.gpu, release=info.release, triton=triton,
                                 previous=previous)
-        plan = plan_round(entries, results, spec.hardware, merged, info.arch)
+        plan = plan_round(entries, results, spec.hardware, merged, info.arch, by_release(info.release).image_names)
         if not plan.entries:
             break
         done: list = []

@@ -1,8 +1,7 @@
 """What a precompile run means for the spec and for the seeded tuning rows.
 
 - `prune_spec`: the spec, with `exclude` rules for every config of its tuning space that failed
-  to compile or spilled VGPRs for the target (comments and layout kept; validated before it is
-  written).
+  to compile or spilled VGPRs for the target (the rewrite: codegen.formats.spec.with_exclude_rules).
 - `compile_report`: config name -> resources and verdict, committed as
   tuning/<arch>/compile_report.json, so render can make seeded rows reference only configs that
   compile cleanly (`codegen.models.limits.largest_clean_waves_per_eu`).
@@ -10,20 +9,14 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tempfile
 from pathlib import Path
-
-from ruamel.yaml import YAML
-from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.scalarstring import DoubleQuotedScalarString
 
 from codegen.core.fsutil import atomic_write, read_input, write_if_changed
 from codegen.models import FAMILIES, expand_space
 from codegen.models.limits import CompileReport
 from codegen.plan.kernel_list import KernelEntry
-from codegen.formats.spec import LoadedSpec, load_spec
+from codegen.formats.spec import LoadedSpec, with_exclude_rules
 from codegen.compile.report import VERDICTS, KernelResult, worst
 
 PRUNED = ("failed", "spills")
@@ -83,46 +76,14 @@ def prune_rules(loaded: LoadedSpec, entries: list[KernelEntry], results: list[Ke
     return rules, outside
 
 
-def _same_rule(a, b: dict) -> bool:
-    keys = set(b) - {"reason"}
-    return all(a.get(k) == b[k] for k in keys) and set(a) - {"reason"} == keys
-
-
 def prune_spec(loaded: LoadedSpec, rules: dict[str, list[dict]], out: Path) -> int:
-    """Write the spec with the extra exclude rules to `out`; return how many rules were added."""
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 4096
-    yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of rules/*.yaml
-    original = read_input(loaded.path, what="spec file")
-    doc = yaml.load(original.decode("utf-8"))
-    added = 0
-    for family in FAMILIES:
-        new = rules.get(family, [])
-        if not new:
-            continue
-        fam = doc["tuning"][family]
-        if "exclude" not in fam or fam["exclude"] is None:
-            fam["exclude"] = CommentedSeq()
-        for rule in new:
-            if any(_same_rule(dict(old), rule) for old in fam["exclude"]):
-                continue
-            item = CommentedMap({k: DoubleQuotedScalarString(v) if k == "reason" else v for k, v in rule.items()})
-            item.fa.set_flow_style()
-            fam["exclude"].append(item)
-            added += 1
-    if added == 0:  # nothing to add: the spec's own bytes (a rewrite would lose comments and layout)
-        write_if_changed(Path(out), original)
-        return 0
-    buf = io.StringIO()
-    yaml.dump(doc, buf)
-    text = buf.getvalue()
-    out = Path(out)
-    with tempfile.TemporaryDirectory(prefix="mi100-codegen-prune-") as scratch:
-        check = Path(scratch) / out.name
-        check.write_text(text, encoding="utf-8", newline="\n")
-        load_spec(check)  # a pruned spec must still be a valid spec (e.g. some config left per cell)
-    atomic_write(out, text)
+    """Write the spec with the extra exclude rules to `out`; return how many rules were added
+    (none: the spec's own bytes, a rewrite would lose nothing but is not made)."""
+    text, added = with_exclude_rules(loaded, {f: rules[f] for f in FAMILIES if rules.get(f)})
+    if text is None:
+        write_if_changed(Path(out), read_input(loaded.path, what="spec file"))
+    else:
+        atomic_write(Path(out), text)
     return added
 
 

@@ -4,11 +4,11 @@ Dispatch tables: every `autotune.<kernel>/*.cc` that upstream's generator writes
 directory names its image package (`PACKAGE_PATH`, an `.aks2` file below `aotriton.images/`),
 its functional (`FUNC_NAME`) and one line per kernel:
 
-    { 0xHHHHHHHHu, 0xLLLLLLLLu, psel, copt }, // <b2sum> = b2sum -l 64 <<< <package>__P__<perf>__CO__<copts>--Arch_<arch>
+    { 0xHHHHHHHHu, 0xLLLLLLLLu, psel, copt }, // <b2sum> = b2sum -l 64 <<< <package><the kernel's name from __P__ on>
 
-The runtime looks a kernel up in the package by its stem
-`<kernel>-Sig-F__<func>__P__<perf>__CO__<copts>--Arch_<arch>`. The comment is trusted only
-after its BLAKE2b-64 matches the two numbers the runtime itself uses.
+The runtime looks a kernel up in the package by its name (`codegen.models.image_name`: the
+release's spelling parses the comment and prints the name). The comment is trusted only after
+its BLAKE2b-64 matches the two numbers the runtime itself uses.
 
 AKS2 (AOTriton kernel storage v2): magic `AKS2`, u32 total uncompressed size, u32 number of
 kernels, u32 directory size, then one xz stream holding the directory (per kernel: u32 shared
@@ -44,6 +44,7 @@ from typing import BinaryIO, Iterator
 
 from codegen.core.errors import UpstreamError
 from codegen.core.fsutil import move_into_place
+from codegen.models.image_name import Spelling
 
 AKS2_MAGIC = b"AKS2"
 _HEADER = struct.Struct("<4sIII")
@@ -57,7 +58,6 @@ _META_RE = re.compile(
     r"\{\s*0x(?P<hi>[0-9a-fA-F]+)u,\s*0x(?P<lo>[0-9a-fA-F]+)u,\s*-?\d+,\s*-?\d+\s*\},\s*"
     r"//\s*[0-9a-f]+\s*=\s*b2sum -l 64 <<< (?P<raw>\S+)"
 )
-_RAW_TAIL_RE = re.compile(r"__P__(?P<psel>.*)__CO__(?P<copt>.*)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
 
 
 class ImageError(UpstreamError):
@@ -73,7 +73,7 @@ class KernelRef:
 
     @property
     def kernel(self) -> str:
-        return self.package.split("/")[2] if self.package.count("/") >= 2 else self.package
+        return container_kernel(self.file)
 
     @property
     def file(self) -> str:
@@ -98,35 +98,37 @@ def blake2b_64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def parse_dispatch_table(path: Path) -> list[KernelRef]:
-    """Kernels referenced by one generated autotune table (empty when it references none)."""
+def _table_names(path: Path, text: str, container: str, functional: str, names: Spelling) -> list[str]:
+    """The names, in their container, of the kernels a table's comments give: each comment is
+    trusted only once its BLAKE2b-64 matches the id the runtime uses, then split by the release's
+    spelling."""
+    out = []
+    for m in _META_RE.finditer(text):
+        raw = m.group("raw")
+        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
+            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
+        kernel = container_kernel(container_name(container, functional) if container.endswith(".zip")
+                                  else f"{container}.aks2")
+        name = names.parse_table(raw[len(container):], kernel, functional) if raw.startswith(container) else None
+        if name is None:
+            raise ImageError(f"{path}: kernel {raw!r} is not a kernel of {container!r} spelt as {names.label}")
+        out.append(str(name))
+    return out
+
+
+def parse_dispatch_table(path: Path, names: Spelling) -> list[KernelRef]:
+    """Kernels referenced by one generated autotune table (empty when it references none); `names`:
+    how the release names its images."""
     text = path.read_text(encoding="utf-8", errors="strict")
-    metas = list(_META_RE.finditer(text))
-    if not metas:
+    if _META_RE.search(text) is None:
         return []
-    pkg = _PACKAGE_RE.search(text)
-    func = _FUNC_RE.search(text)
+    pkg, func = _PACKAGE_RE.search(text), _FUNC_RE.search(text)
     if pkg is None or func is None:
         raise ImageError(f"{path}: dispatch table without PACKAGE_PATH/FUNC_NAME (unknown generator output)")
     package = pkg.group("path")
-    kernel = package.split("/")[2] if package.count("/") >= 2 else None
-    if kernel is None:
+    if package.count("/") < 3:
         raise ImageError(f"{path}: unexpected package path {package!r}")
-    refs = []
-    for m in metas:
-        raw = m.group("raw")
-        want = (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16)
-        if blake2b_64(raw) != want:
-            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        if not raw.startswith(package + "__P__"):
-            raise ImageError(f"{path}: kernel {raw!r} is not in package {package!r}")
-        tail = _RAW_TAIL_RE.search(raw[len(package):])
-        if tail is None:
-            raise ImageError(f"{path}: cannot split kernel name {raw!r}")
-        stem = (f"{kernel}-Sig-F__{func.group('func')}__P__{tail.group('psel')}"
-                f"__CO__{tail.group('copt')}--Arch_{tail.group('arch')}")
-        refs.append(KernelRef(package=package, stem=stem))
-    return refs
+    return [KernelRef(package, stem) for stem in _table_names(path, text, package, func.group("func"), names)]
 
 
 def dispatch_tables(build_dir: Path) -> list[Path]:
@@ -153,7 +155,7 @@ class ZipRef:
 
     @property
     def kernel(self) -> str:
-        return self.zip.rsplit("/", 1)[-1].removesuffix(".zip")
+        return container_kernel(container_name(self.zip, self.member))
 
     @property
     def file(self) -> str:
@@ -166,9 +168,8 @@ class ZipRef:
         return self.entry
 
 
-def parse_zip_table(path: Path) -> list[ZipRef]:
-    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip). Each
-    kernel comment is trusted only after its BLAKE2b-64 matches the id the runtime uses."""
+def parse_zip_table(path: Path, names: Spelling) -> list[ZipRef]:
+    """Kernels referenced by one 0.13b dispatch table (empty when it names no image zip)."""
     text = path.read_text(encoding="utf-8", errors="strict")
     flat = _FLATZIP_RE.search(text)
     if flat is None:
@@ -176,22 +177,14 @@ def parse_zip_table(path: Path) -> list[ZipRef]:
     func = _FUNC_RE.search(text)
     if func is None:
         raise ImageError(f"{path}: dispatch table without FUNC_NAME (unknown generator output)")
-    zip_path = flat.group("path")
-    refs = []
-    for m in _META_RE.finditer(text):
-        raw = m.group("raw")
-        if blake2b_64(raw) != (int(m.group("hi"), 16) << 32) | int(m.group("lo"), 16):
-            raise ImageError(f"{path}: kernel comment {raw!r} does not match its BLAKE2b id (unknown generator output)")
-        if not raw.startswith(zip_path + ";;"):
-            raise ImageError(f"{path}: kernel {raw!r} is not in image zip {zip_path!r}")
-        refs.append(ZipRef(zip=zip_path, member=func.group("func"), entry=raw[len(zip_path):]))
-    return refs
+    zip_path, member = flat.group("path"), func.group("func")
+    return [ZipRef(zip_path, member, entry) for entry in _table_names(path, text, zip_path, member, names)]
 
 
-def referenced_zip_kernels(build_dir: Path) -> list[ZipRef]:
+def referenced_zip_kernels(build_dir: Path, names: Spelling) -> list[ZipRef]:
     refs: set[ZipRef] = set()
     for table in dispatch_tables(build_dir):
-        refs.update(parse_zip_table(table))
+        refs.update(parse_zip_table(table, names))
     return sorted(refs, key=lambda r: (r.zip, r.member, r.entry))
 
 
@@ -282,10 +275,10 @@ def zip_without(path: Path, member: str) -> None:
     move_into_place(tmp, path)
 
 
-def referenced_kernels(build_dir: Path) -> list[KernelRef]:
+def referenced_kernels(build_dir: Path, names: Spelling) -> list[KernelRef]:
     refs: set[KernelRef] = set()
     for table in dispatch_tables(build_dir):
-        refs.update(parse_dispatch_table(table))
+        refs.update(parse_dispatch_table(table, names))
     return sorted(refs, key=lambda r: (r.package, r.stem))
 
 

@@ -225,6 +225,15 @@ def _nul_pairs(path: Path, base: str) -> dict[str, str]:
     return out
 
 
+def entry_names(v3src: Path) -> dict[str, str]:
+    """0.13b+: every image's name in its cluster, from the clusters' entry lists (`aks2/**/*.nsv`),
+    by its `.hsaco` relative to v3src."""
+    out: dict[str, str] = {}
+    for nsv in sorted((Path(v3src) / AKS2_DIR).rglob("*.nsv")):
+        out.update(_nul_pairs(nsv, str(v3src)))
+    return out
+
+
 def image_refs(v3src: Path) -> dict[str, KernelRef | ZipRef]:
     """Where each kernel of the cluster list lies in the installed images, by its `.hsaco` relative
     to v3src: up to 0.12.1b in the `.aks2` package of its cluster under its file name's stem; from
@@ -242,16 +251,12 @@ def image_refs(v3src: Path) -> dict[str, KernelRef | ZipRef]:
         zip_rel = f"{f[0]}/{f[1]}/{f[2]}.zip"
         for cluster, member in _nul_pairs(Path(v3src) / member_list(*f[:3]), base).items():
             where[cluster] = (zip_rel, member)
-    out: dict[str, KernelRef | ZipRef] = {}
-    for c in clusters:
-        if c.cluster_file not in where:
-            continue
-        names = _nul_pairs(Path(v3src) / (c.cluster_file.removesuffix(".aks2") + ".nsv"), base)
-        out.update((h, ZipRef(*where[c.cluster_file], names[h])) for h in c.images if h in names)
-    return out
+    names = entry_names(v3src)
+    return {h: ZipRef(*where[c.cluster_file], names[h]) for c in clusters if c.cluster_file in where
+            for h in c.images if h in names}
 
 
-__all__ = ["AKS2_DIR", "CLUSTER_LIST", "COMPILE_LIST", "FLATZIP_LIST", "Cluster", "CompileLine", "ZipRewrite",
-           "clusters_without", "compile_list_without", "count_compiled", "image_names", "image_refs", "images_of",
+__all__ = ["AKS2_DIR", "CLUSTER_LIST", "COMPILE_LIST", "FLATZIP_LIST", "IMAGE_SUFFIX", "Cluster", "CompileLine", "ZipRewrite",
+           "clusters_without", "compile_list_without", "count_compiled", "entry_names", "image_names", "image_refs", "images_of",
            "member_list", "parse_compile_line", "read_clusters", "read_compile_list", "read_lines", "rel",
            "zips_without"]

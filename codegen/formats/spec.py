@@ -1,4 +1,5 @@
-"""YAML -> TargetSpec, with every error located as `file:line:col: path: message`.
+"""YAML -> TargetSpec, with every error located as `file:line:col: path: message`; and the one
+rewrite of a spec file (`with_exclude_rules`: precompile --prune-to).
 
 ruamel.yaml's round-trip loader gives the line/column of every key and item; those positions are
 kept in a side table (never inside the data) and used to place pydantic's errors and the
@@ -8,6 +9,7 @@ cross-field diagnostics. All errors are reported at once.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -336,8 +338,9 @@ def _read_text(path: Path, display: str) -> str:
     return text
 
 
-def _parse_yaml(text: str, display: str) -> CommentedMap:
-    """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded."""
+def _parse_yaml(text: str, display: str, yaml: Any = None) -> CommentedMap:
+    """YAML -> a round-trip mapping (positions kept), with nesting and alias expansion bounded
+    (`yaml`: a round-trip YAML set up to write the document back)."""
     # CLI start-up: ruamel loads only when a spec needs its positions (the located path)
     from ruamel.yaml import YAML
     from ruamel.yaml.comments import CommentedMap
@@ -347,7 +350,7 @@ def _parse_yaml(text: str, display: str) -> CommentedMap:
     deep = _nesting_error(text)
     if deep is not None:
         raise SpecError([f"{display}:{deep[0]}:{deep[1]}: YAML: nesting deeper than {MAX_DEPTH} levels (limit)"])
-    yaml = YAML(typ="rt")
+    yaml = yaml or YAML(typ="rt")
     yaml.allow_duplicate_keys = False
     tagged = _tag_errors(yaml, text, display) if "!" in text else []
     if tagged:
@@ -532,7 +535,10 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     loader, whose positions place every message: the messages come from one path only."""
     path = Path(path) if path is not None else default_spec_path()
     display = display_path(path)
-    text = _read_text(path, display)
+    return _load_text(_read_text(path, display), path, display)
+
+
+def _load_text(text: str, path: Path, display: str) -> LoadedSpec:
     if _nesting_error(text) is None:
         fast = _fast_doc(text)
         if fast is not None:
@@ -545,6 +551,48 @@ def load_spec(path: str | Path | None = None) -> LoadedSpec:
     loaded = _validate(_plain(doc), path, display, pos)
     assert loaded is not None
     return loaded
+
+
+def _same_rule(a, b: dict) -> bool:
+    keys = set(b) - {"reason"}
+    return all(a.get(k) == b[k] for k in keys) and set(a) - {"reason"} == keys
+
+
+def with_exclude_rules(loaded: LoadedSpec, rules: dict[str, list[dict]]) -> tuple[str | None, int]:
+    """The spec file's text with `rules` (family -> exclude rules, each a mapping with its
+    `reason`) appended to its families' `tuning.<family>.exclude` lists, comments and layout kept;
+    a rule the list already holds is not added again. (None, 0) when none is added (the file's
+    own bytes stay); SpecError when the result is no valid spec (e.g. no config left in a cell)."""
+    # CLI start-up: ruamel loads only when a spec is rewritten
+    from ruamel.yaml import YAML
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.scalarstring import DoubleQuotedScalarString
+
+    yaml = YAML(typ="rt")
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    yaml.indent(mapping=2, sequence=4, offset=2)  # the layout of rules/*.yaml
+    doc = _parse_yaml(_read_text(loaded.path, loaded.display), loaded.display, yaml)
+    added = 0
+    for family, new in rules.items():
+        fam = doc["tuning"][family]
+        if fam.get("exclude") is None:
+            fam["exclude"] = CommentedSeq()
+        for rule in new:
+            if any(_same_rule(dict(old), rule) for old in fam["exclude"]):
+                continue
+            item = CommentedMap({k: DoubleQuotedScalarString(v) if k == "reason" else v for k, v in rule.items()})
+            item.fa.set_flow_style()
+            fam["exclude"].append(item)
+            added += 1
+    if not added:
+        return None, 0
+    buf = io.StringIO()
+    yaml.dump(doc, buf)
+    if len(buf.getvalue().encode()) > MAX_SPEC_BYTES:
+        raise SpecError([f"{loaded.display}: with the rules added, larger than {MAX_SPEC_BYTES // 1024} KiB (the limit)"])
+    _load_text(buf.getvalue(), loaded.path, loaded.display)   # a pruned spec must still be a spec
+    return buf.getvalue(), added
 
 
 def spec_json_schema() -> str:

@@ -1,5 +1,7 @@
-"""Upstream's tuning database: its archive (the one reader and writer), table and column names,
-and how a measured winner becomes a row.
+"""Upstream's tuning database: its archive (the one reader and writer), its tables (the one reader:
+`read_tables`, `table_names`, `table_columns`), table and column names, the functional key a row
+is looked up by (`Functional`) and upstream's LUT lookup (`Table.lookup`), and how a measured
+winner becomes a row.
 
 The archive (`<name>.sqlite3.tar.xz` in a tree: codegen.upstream.releases names them) is one
 sqlite file in a tar in xz. `read_archive` takes its one member out (one copy, never a stream),
@@ -10,7 +12,8 @@ sqlite file in a tar in xz. `read_archive` takes its one member out (one copy, n
 Tables are `FLASH$<family>`; columns are `gpu`, `inputs$…` (the functional: the LUT key),
 `tuned_kernel$…` and `compiler_options$…` (the config). attn_fwd spells its seqlen columns
 `inputs$Max_seqlen_q`, the others `inputs$max_seqlen_q`: column lookups are case-insensitive.
-Same in every supported release (0.10b .. 0.12b).
+Same in every supported release (0.10b .. main). The LUT: per GPU and functional, a grid of
+seqlen bins (`SEQLEN_BINS`), looked up by `BinningLessOrEqual` (`bin_of`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import io
 import lzma
 import sqlite3
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.contain import inside
@@ -38,14 +42,19 @@ HEAD_DIM = "inputs$BLOCK_DMODEL"
 SEQLEN_Q = "inputs$max_seqlen_q"
 SEQLEN_K = "inputs$max_seqlen_k"
 INPUT_PREFIX = "inputs$"
+TUNED_PREFIX = "tuned_kernel$"
+CAUSAL, DROPOUT, PADDED_HEAD, BIAS = "inputs$CAUSAL_TYPE", "inputs$ENABLE_DROPOUT", "inputs$PADDED_HEAD", "inputs$BIAS_TYPE"
 # winner field -> column: the functional flags a winner is matched on (as booleans) ...
-FLAG_COLUMNS = {"causal": "inputs$CAUSAL_TYPE", "dropout": "inputs$ENABLE_DROPOUT", "bias": "inputs$BIAS_TYPE"}
+FLAG_COLUMNS = {"causal": CAUSAL, "dropout": DROPOUT, "bias": BIAS}
 # ... and the config a winner sets
 CONFIG_COLUMNS = {"block_m": "tuned_kernel$BLOCK_M", "block_n": "tuned_kernel$BLOCK_N",
                   "waves_per_eu": "compiler_options$waves_per_eu", "num_warps": "compiler_options$num_warps",
                   "num_stages": "compiler_options$num_stages", "pre_load_v": "tuned_kernel$PRE_LOAD_V"}
+CO_COLUMNS = tuple(CONFIG_COLUMNS[k] for k in ("waves_per_eu", "num_warps", "num_stages"))
 # Causal rows are stored as CAUSAL_TYPE 3 (windowed, top-left), the others as 0.
 CAUSAL_TYPE_CAUSAL = 3
+# The seqlen bins of upstream's LUT: rows exist for each pair of them, per functional.
+SEQLEN_BINS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 # The op database (0.11b and later; 0.10b has none) picks a backend per backward pass: `op$backend`
 # is the backend's index in upstream's list, the same in 0.11b..0.13b (0.11b..0.12.1b: the order
@@ -134,6 +143,111 @@ def open_archive(path: Path) -> sqlite3.Connection:
     return conn
 
 
+def quote(name: str) -> str:
+    """A table or column name as SQL spells it (quoted: `$` and `"` in names)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def table_names(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
+    """The tables of a database (of an attached one: `schema`), sorted."""
+    return [r[0] for r in conn.execute(
+        f"SELECT name FROM {schema}.sqlite_master WHERE type='table' AND name NOT LIKE 'sqlite_%' ORDER BY name")]
+
+
+def table_columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA {schema}.table_info({quote(table)})")]
+
+
+@dataclass(frozen=True, order=True)
+class Functional:
+    """The functional key of a row: what upstream's LUT is indexed by besides the GPU, the seqlens
+    by bin. Every other `inputs$` column of a table is a feature the key leaves off (0, or NULL
+    where a table keeps it unset): a release that adds one needs nothing here."""
+
+    dtype: str          # 'fp16'
+    head_dim: int
+    causal: bool
+    dropout: bool
+    bias: bool
+    seqlen_q: int
+    seqlen_k: int
+
+    def inputs(self, head_dim: int | None = None) -> dict[str, object]:
+        """Its rows' `inputs$` values but the seqlens (`head_dim`: the table's bucket of its head
+        dim). PADDED_HEAD is looked up as False, a padded head too: upstream's rules list it among
+        the PARTIALLY_TUNED_FUNCTIONALS."""
+        return {DTYPE: DTYPE_INFO[self.dtype].db_value, HEAD_DIM: self.head_dim if head_dim is None else head_dim,
+                CAUSAL: CAUSAL_TYPE_CAUSAL if self.causal else 0, DROPOUT: int(self.dropout), PADDED_HEAD: 0,
+                BIAS: int(self.bias)}
+
+
+def bin_of(bins, n: int) -> int:
+    """upstream's BinningLessOrEqual: the smallest bin at least `n`, else the largest."""
+    ok = [b for b in bins if b >= n]
+    return min(ok) if ok else max(bins)
+
+
+@dataclass
+class Table:
+    """One `FLASH$<family>` table: its columns, rows, and head-dim buckets (the BLOCK_DMODEL
+    values of every GPU's rows: kept apart so a table carried with one GPU's rows buckets alike)."""
+
+    columns: list[str]
+    rows: list[tuple]
+    head_dims: tuple[int, ...] = ()
+
+    def with_head_dims(self) -> "Table":
+        if HEAD_DIM in self.columns:
+            hi = self.columns.index(HEAD_DIM)
+            self.head_dims = tuple(sorted({r[hi] for r in self.rows if type(r[hi]) is int}))
+        return self
+
+    def lookup(self, gpu: str, f: Functional) -> tuple | None:
+        """The row upstream's LUT gives `gpu` for `f` (None: none): the rows of its key (its head
+        dim's bucket: the table's smallest BLOCK_DMODEL at least it; the features it leaves off),
+        then the seqlen bins (`bin_of`); of duplicate keys the last row, as upstream's LUT keeps."""
+        cols = self.columns
+        sq, sk = column(cols, SEQLEN_Q), column(cols, SEQLEN_K)
+        if sq is None or sk is None or GPU not in cols:
+            return None
+        dims = [d for d in self.head_dims if d >= f.head_dim]
+        key = [(cols.index(c), v) for c, v in f.inputs(dims[0] if dims else f.head_dim).items() if c in cols]
+        off = [i for i, c in enumerate(cols) if c.startswith(INPUT_PREFIX) and c not in f.inputs() and c not in (sq, sk)]
+        gi, qi, ki = cols.index(GPU), cols.index(sq), cols.index(sk)
+        cands = [r for r in self.rows if r[gi] == gpu and all(r[i] == v for i, v in key)
+                 and all(r[i] in (0, None) for i in off)]
+        if not cands:
+            return None
+        bq = bin_of({r[qi] for r in cands}, f.seqlen_q)
+        bk = bin_of({r[ki] for r in cands if r[qi] == bq}, f.seqlen_k)
+        hits = [r for r in cands if r[qi] == bq and r[ki] == bk]
+        return hits[-1] if hits else None
+
+
+def read_tables(conns: list[sqlite3.Connection]) -> dict[str, Table]:
+    """Every `FLASH$` table of the databases, by name, sorted: a table split over shards is one
+    (a shard's own column order taken to the first's; a schema-only central database beside its
+    shards adds no rows). UserError when shards disagree on a table's columns."""
+    tables: dict[str, Table] = {}
+    for c in conns:
+        for name in table_names(c):
+            if not name.startswith(TABLE_PREFIX):
+                continue
+            cols = table_columns(c, name)
+            rows = c.execute(f"SELECT * FROM {quote(name)}").fetchall()
+            have = tables.get(name)
+            if have and have.columns == cols:
+                have.rows.extend(rows)
+            elif have and sorted(have.columns) == sorted(cols):   # a shard's own column order
+                order = [cols.index(x) for x in have.columns]
+                have.rows.extend(tuple(r[i] for i in order) for r in rows)
+            elif not have or not have.rows:     # a schema-only central DB beside its shards
+                tables[name] = Table(cols, list(rows))
+            else:
+                raise UserError(f"{name}: the tuning database's shards disagree on its columns")
+    return {n: t.with_head_dims() for n, t in sorted(tables.items())}
+
+
 def family_of(table: str) -> str:
     return table.split("$", 1)[1] if "$" in table else table
 
@@ -167,10 +281,8 @@ def winner_row(w: Winner) -> tuple[str, dict]:
     fwd = w.family == "attn_fwd"
     causal = bool(w.causal)
     seq = ("inputs$Max_seqlen_q", "inputs$Max_seqlen_k") if fwd else (SEQLEN_Q, SEQLEN_K)
-    cols: dict = {GPU: w.gpu, DTYPE: DTYPE_INFO[w.dtype].db_value, seq[0]: w.seqlen_q, seq[1]: w.seqlen_k,
-                  "inputs$CAUSAL_TYPE": CAUSAL_TYPE_CAUSAL if causal else 0, HEAD_DIM: w.head_dim,
-                  "inputs$ENABLE_DROPOUT": int(w.dropout or 0), "inputs$PADDED_HEAD": 0,
-                  "inputs$BIAS_TYPE": int(w.bias or 0)}
+    f = Functional(w.dtype, w.head_dim, causal, bool(w.dropout), bool(w.bias), w.seqlen_q, w.seqlen_k)
+    cols: dict = {GPU: w.gpu, seq[0]: w.seqlen_q, seq[1]: w.seqlen_k, **f.inputs()}
     extra = ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
     if fwd:
         cols.update({c: 0 for c in extra})
@@ -183,12 +295,13 @@ def winner_row(w: Winner) -> tuple[str, dict]:
     cols.update({k: cfg[k] for k in ("tuned_kernel$BLOCK_M", "tuned_kernel$BLOCK_N")})
     if fwd:
         cols["tuned_kernel$PRE_LOAD_V"] = cfg["tuned_kernel$PRE_LOAD_V"]
-    cols.update({k: cfg[k] for k in ("compiler_options$waves_per_eu", "compiler_options$num_warps",
-                                     "compiler_options$num_stages")})
+    cols.update({k: cfg[k] for k in CO_COLUMNS})
     return table_of(w.family), cols
 
 
-__all__ = ["ARCHIVE_FORMAT", "ArchiveError", "BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL_TYPE_CAUSAL",
-           "CONFIG_COLUMNS", "DTYPE", "FLAG_COLUMNS", "GPU", "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "SEQLEN_K",
-           "SEQLEN_Q", "column", "extract_archive", "family_of", "member_name", "open_archive", "read_archive",
-           "read_archive_file", "table_of", "tar_bytes", "winner_config", "winner_row", "write_archive"]
+__all__ = ["ARCHIVE_FORMAT", "ArchiveError", "BIAS", "BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL",
+           "CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "CO_COLUMNS", "DROPOUT", "DTYPE", "FLAG_COLUMNS", "Functional", "GPU",
+           "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "PADDED_HEAD", "SEQLEN_BINS", "SEQLEN_K", "SEQLEN_Q",
+           "TUNED_PREFIX", "Table", "bin_of", "column", "extract_archive", "family_of", "member_name", "open_archive",
+           "quote", "read_archive", "read_archive_file", "read_tables", "table_columns", "table_names", "table_of",
+           "tar_bytes", "winner_config", "winner_row", "write_archive"]

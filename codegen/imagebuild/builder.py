@@ -248,7 +248,7 @@ def build_tree(opts: BuildOptions, console: Console, checked: CheckedTree | None
     if not opts.noimage:
         record_in_prefix(prefix, reach)
     ver = verify_install(prefix, build_dir, version=adapter.version, arch=spec.arch, v3_api=adapter.exports_v3_api,
-                         v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format,
+                         v2_attn=adapter.exports_v2_attn, image_format=adapter.image_format, names=adapter.image_names,
                          images=not opts.noimage, reach=reach)
     report.verification = ver
     _gpu_check(report, ver, spec, tc, build_dir, console)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from codegen.core.errors import UpstreamError
 from codegen.formats.elf import read_dynamic  # the one ELF reader
+from codegen.models.image_name import SIG, Spelling
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.formats.aks2 import (ImageError, PackedEntry, read_aks2_directory, read_zip_clusters, referenced_kernels,
                      referenced_zip_kernels)
@@ -68,9 +69,10 @@ def defined_symbols(lib: Path) -> set[str]:
 
 def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, int], arch: str,
                    images: bool, v3_api: bool = True, v2_attn: bool = True,
-                   image_format: str = "aks2", reach=None) -> Verification:
+                   image_format: str = "aks2", names: Spelling = SIG, reach=None) -> Verification:
     """`reach`: what the build left out (codegen.plan.reach.Reach, None: nothing); the kernels of
-    those packages are counted apart, not as missing."""
+    those packages are counted apart, not as missing. `image_format` and `names`: how the release
+    packs and names its images (its record's)."""
     libdir = prefix / "lib"
     lib = libdir / f"libaotriton_v2.so.{version[0]}.{version[1]}.{version[2]}"
     v = Verification(library=str(lib))
@@ -96,9 +98,9 @@ def verify_install(prefix: Path, build_dir: Path, *, version: tuple[int, int, in
     if not img.is_dir():
         v.problems.append(f"{img} is missing")
     if image_format == "zip":
-        _verify_zips(v, libdir, build_dir, reach.left_out_members() if reach else set())
+        _verify_zips(v, libdir, build_dir, reach.left_out_members() if reach else set(), names)
         return v
-    refs = referenced_kernels(build_dir)
+    refs = referenced_kernels(build_dir, names)
     v.kernels_referenced = len(refs)
     if not refs:
         v.problems.append(f"no dispatch tables with kernels under {build_dir}/v3src (was the build configured?)")
@@ -139,11 +141,11 @@ def _report_unpacked(v: Verification, where: str) -> None:
         v.problems.append(f"{len(v.empty)} kernels are packed empty (their compilation failed or timed out)")
 
 
-def _verify_zips(v: Verification, libdir: Path, build_dir: Path, gone: set[tuple[str, str]]) -> None:
+def _verify_zips(v: Verification, libdir: Path, build_dir: Path, gone: set[tuple[str, str]], names: Spelling) -> None:
     """0.13b's `<arch>/<family>/<kernel>.zip` images, as the runtime reads them: every zip a
     dispatch table names is installed and valid, holds the table's functional (FUNC_NAME) as a
     member, and that member's .aks2 directory holds every kernel the table lists, non-empty."""
-    refs = referenced_zip_kernels(build_dir)
+    refs = referenced_zip_kernels(build_dir, names)
     v.kernels_referenced = len(refs)
     if not refs:
         v.problems.append(f"no dispatch tables naming image zips under {build_dir}/v3src (was the build configured?)")

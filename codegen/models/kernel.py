@@ -9,16 +9,15 @@ kernel cache's records (`codegen.models.cache`)."""
 
 from __future__ import annotations
 
-import re
+import posixpath
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, field_serializer, field_validator
 
 from codegen.core.contain import RelPath
+from codegen.models.image_name import ImageName, Spelling
 from codegen.models.records import Count, Name, Record, Text
 from codegen.models.space import KernelConfig
-
-_CO_WAVES_RE = re.compile(r"__CO__wave\d+_")  # the waves_per_eu part of an image name
 
 
 class KernelEntry(Record):
@@ -27,15 +26,15 @@ class KernelEntry(Record):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    id: Name                 # upstream's image name (hsaco file name without suffix): unique
+    id: Name                 # the image's file name without suffix (codegen.models.image_name): unique
     config: KernelConfig     # family (= Triton kernel name), arch, dtype, head dim, tile, waves_per_eu,
                              # num_warps, num_stages, pre_load_v; e.g. attn_fwd.gfx908.fp16.d64.M64N32.wpe2.w4.s1.plv0
     hsaco: RelPath           # path of the image relative to the build dir (v3src/ of a CMake build)
     source: RelPath          # Triton source relative to the tree root (e.g. tritonsrc/flash.py)
     kernel_name: Name
     signature: Annotated[str, Field(max_length=1 << 16)]  # Triton AOT signature, as the tree's compile.py takes it
-    perf: Text               # upstream's perf tokens (tuned_kernel values) of the image name
-    functional: Text         # upstream's functional tokens of the image name
+    perf: Text               # the perf part of the image's name, as spelt ('' when plan could not name it)
+    functional: Text         # the functional part of the image's name, as spelt
 
     @field_validator("config", mode="before")
     @classmethod
@@ -46,12 +45,20 @@ class KernelEntry(Record):
     def _config_name(self, config: KernelConfig) -> str:
         return config.name
 
-    def with_waves(self, w: int) -> "KernelEntry":
-        """The same kernel compiled with another waves_per_eu (config and image name follow)."""
-        co = f"__CO__wave{w}_"
-        return self.model_copy(update={
-            "config": self.config.with_waves(w),
-            "id": _CO_WAVES_RE.sub(co, self.id, count=1), "hsaco": _CO_WAVES_RE.sub(co, self.hsaco, count=1)})
+    def image_name(self, names: Spelling) -> ImageName | None:
+        """Its image's name as the release spells `names`; None when plan could not name it."""
+        c = self.config
+        name = names.name_of(self.kernel_name, self.functional, self.perf, (c.waves_per_eu, c.num_warps, c.num_stages),
+                             c.arch)
+        return name if name is not None and name.file_stem == self.id else None
+
+    def with_waves(self, w: int, names: Spelling) -> "KernelEntry":
+        """The same kernel compiled with another waves_per_eu: config and image name follow (the
+        name stays where plan could not name the image)."""
+        name = self.image_name(names)
+        new = name.with_waves(w).file_stem if name is not None else self.id
+        return self.model_copy(update={"config": self.config.with_waves(w), "id": new,
+                                       "hsaco": posixpath.join(posixpath.dirname(self.hsaco), new + ".hsaco")})
 
 
 DOT_KINDS = ("mfma", "wmma", "dot2", "fma")   # the instructions tl.dot lowers to, matrix cores first

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,8 @@ from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models import KernelConfig
 from codegen.models.dtypes import by_signature
-from codegen.formats.compile_list import COMPILE_LIST, CompileLine, read_compile_list, rel
+from codegen.formats.compile_list import COMPILE_LIST, IMAGE_SUFFIX, CompileLine, entry_names, read_compile_list, rel
+from codegen.models.image_name import ImageName, Spelling
 from codegen.models.kernel import KernelEntry
 from codegen.models.records import describe
 from codegen.upstream import parse_constexpr as _constexpr
@@ -43,8 +43,6 @@ from codegen.plan.tree import (
     release_of,
 )
 
-# <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>.hsaco
-_HSACO_RE = re.compile(r"^(?P<kernel>.+?)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)__CO__(?P<co>.*?)--Arch_(?P<arch>[^.]+)\.hsaco$")
 _HEAD_DIM_ARGS = ("BLOCK_DMODEL", "D_HEAD")
 
 GENERATOR_TIMEOUT_S = 1800.0  # upstream's generator lists a whole build in well under a minute
@@ -106,20 +104,23 @@ def generate_kernel_list(
         listing = build / COMPILE_LIST
         if not listing.is_file():
             raise UpstreamError(f"the generator of AOTriton {info.release} wrote no {COMPILE_LIST}")
-        return parse_compile_list(listing, tree, build)
+        return parse_compile_list(listing, tree, build, info.adapter.image_names)
     finally:
         if cleanup:
             shutil.rmtree(build, ignore_errors=True)
 
 
-def parse_compile_list(path: Path, tree: Path, build_dir: Path) -> list[KernelEntry]:
-    """The compile list at `path` -> sorted entries (its lines: codegen.formats.compile_list)."""
+def parse_compile_list(path: Path, tree: Path, build_dir: Path, names: Spelling) -> list[KernelEntry]:
+    """The compile list at `path` -> sorted entries (its lines: codegen.formats.compile_list), each
+    image named as the release spells `names` (0.13b+: from the clusters' entry lists, its file
+    being a digest of its name)."""
     entries: dict[str, KernelEntry] = {}
     build_dir = Path(build_dir).resolve()
     tree = Path(tree).resolve()
+    named = entry_names(build_dir) if names.digest_files else {}
     for lineno, line in read_compile_list(path):
         try:
-            entry = _entry(tree, build_dir, line)
+            entry = _entry(tree, build_dir, line, _image_name(line, build_dir, names, named, f"{path}:{lineno}"))
         except ValidationError as exc:  # e.g. an image or a source outside its folder
             raise UpstreamError(f"{path}:{lineno}: unexpected compile-list line ({describe(exc.errors()[0])})") from None
         if entry.id in entries:
@@ -133,27 +134,44 @@ def sort_key(e: KernelEntry) -> tuple:
     return (c.family, c.dtype, c.head_dim or 0, c.name, e.id)
 
 
-def _entry(tree: Path, build: Path, line: CompileLine) -> KernelEntry:
+def _image_name(line: CompileLine, build: Path, names: Spelling, named: dict[str, str], where: str
+                ) -> ImageName | None:
+    """The name of a listed image (None: not spelt as its release spells names); UpstreamError when
+    it disagrees with its line (kernel, compiler options, arch) or its file."""
+    stem = os.path.basename(line.hsaco).removesuffix(IMAGE_SUFFIX)
+    if names.digest_files:
+        given = named.get(rel(line.hsaco, build))
+        image = names.parse(given, line.kernel_name) if given is not None else None
+    else:
+        image = names.parse(stem)
+    if image is None:
+        return None
+    if (image.file_stem != stem or image.kernel != line.kernel_name or image.arch != line.arch
+            or (image.waves_per_eu, image.num_warps, image.num_stages) != (line.waves_per_eu, line.num_warps,
+                                                                          line.num_stages)):
+        raise UpstreamError(f"{where}: the image {stem} disagrees with its compile-list line or name ({image})")
+    return image
+
+
+def _entry(tree: Path, build: Path, line: CompileLine, image: ImageName | None) -> KernelEntry:
     name = os.path.basename(line.hsaco)
     kname, sig = line.kernel_name, line.signature
-    m = _HSACO_RE.match(name)
-    functional, perf = (m.group("f"), m.group("p")) if m else ("", "")
-    ftoks = functional.split("_") if functional else []
-    dtype_sig = ftoks[0].replace("＊", "*").replace("@", ":") if ftoks else ""
+    functional, perf = (image.functional, image.perf_text) if image else ("", "")
+    dtype_sig = image.spelling.functional_dtype(functional) if image else ""
     source = rel(line.source, tree)
     consts = _constants(os.path.join(str(tree), source), kname, sig)
     head_dim = next((consts[a] for a in _HEAD_DIM_ARGS if isinstance(consts.get(a), int)), None)
-    if head_dim is None and len(ftoks) > 1 and ftoks[1].isdigit():
-        head_dim = int(ftoks[1])
+    if head_dim is None and image:
+        head_dim = image.spelling.functional_head_dim(functional)
     block_m = consts.get("BLOCK_M") if isinstance(consts.get("BLOCK_M"), int) else None
     block_n = consts.get("BLOCK_N") if isinstance(consts.get("BLOCK_N"), int) else None
     plv = consts.get("PRE_LOAD_V") if isinstance(consts.get("PRE_LOAD_V"), bool) else None
-    if not dtype_sig:  # 0.13b names images by a hash: the dtype is Q's type in the signature
+    if not dtype_sig:  # a functional that names no type: the dtype is Q's type in the signature
         dtype_sig = _q_type(os.path.join(str(tree), source), kname, sig)
     known = by_signature(dtype_sig)
     dtype = known.short if known else (dtype_sig.strip("*").split(":")[0] or "unknown")
     return KernelEntry(
-        id=name[: -len(".hsaco")],
+        id=name.removesuffix(IMAGE_SUFFIX),
         config=config_of(kname, line.arch, dtype, head_dim, block_m, block_n, line.waves_per_eu, line.num_warps,
                          line.num_stages, plv),
         hsaco=rel(line.hsaco, build), source=source, kernel_name=kname, signature=sig,

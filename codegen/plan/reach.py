@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from codegen.core.contain import Escape
 from codegen.core.errors import UpstreamError, UserError
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.image_name import Spelling
 from codegen.models.reach import KERNEL_MODES, LeftOut, Reach
 from codegen.models.records import describe
 from codegen.formats.compile_list import (CLUSTER_LIST, COMPILE_LIST, FLATZIP_LIST, Cluster,
@@ -77,11 +78,12 @@ def fused_functional(entry: KernelEntry, sig: dict[str, str]) -> dict[str, str]:
     return {name: entry.config.dtype if name == "Q" else sig.get(name, "") for name in FUSED_FUNCTIONAL}
 
 
-def _fused_kernels(v3src: Path, lists: Path, tree: Path, table: BwdOpTable) -> tuple[dict[str, dict], set[str]]:
+def _fused_kernels(v3src: Path, lists: Path, tree: Path, table: BwdOpTable, spelling: Spelling
+                   ) -> tuple[dict[str, dict], set[str]]:
     """(functional of each fused kernel, the ones the table never selects), by path relative to v3src."""
     names: dict = {}
     functional, never = {}, set()
-    for e in parse_compile_list(lists / COMPILE_LIST, tree, v3src):
+    for e in parse_compile_list(lists / COMPILE_LIST, tree, v3src, spelling):
         if e.config.family != FUSED_FAMILY:
             continue
         sig = _signature(e, tree, names)
@@ -108,7 +110,7 @@ def plan_reach(v3src: Path, tree: Path, lists: Path | None = None) -> tuple[Reac
         return Reach(reason="the generator wrote no backward op table: every kernel is kept"), {}, []
     if not (lists / COMPILE_LIST).is_file() or not (lists / CLUSTER_LIST).is_file():
         return Reach(proven_by=proven, reason="the generator wrote no kernel lists"), {}, []
-    functional, never = _fused_kernels(v3src, lists, tree, table)
+    functional, never = _fused_kernels(v3src, lists, tree, table, adapter.image_names)
     clusters = read_clusters(v3src, lists)
     drop_lines, left, drop_kernels, held = set(), [], set(), []
     for i, c in enumerate(clusters):

@@ -193,7 +193,7 @@ def _built_kernels(tree: Path, hip: int, rep, adapter, prefix: Path, bdir: Path,
         _copy_images(images.resolve(), prefix, rep.arch)
         ver = verify_install(prefix, bdir, version=adapter.version, arch=rep.arch, images=True,
                              v3_api=adapter.exports_v3_api, v2_attn=adapter.exports_v2_attn,
-                             image_format=adapter.image_format, reach=reach)
+                             image_format=adapter.image_format, names=adapter.image_names, reach=reach)
         problems += ver.problems
         kernels = ver
     else:

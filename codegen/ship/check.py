@@ -54,7 +54,7 @@ from codegen.ship.rows import (ROWS, RowMatch, RowsSource, TuningDatabase, match
 from codegen.ship.stub import build_stub
 from codegen.ship.sysroot import HIP_SOURCES, ensure_sysroot
 from codegen.ship.verdict import bundle_verdict, refused
-from codegen.upstream.releases import IMAGES_DIR
+from codegen.upstream.releases import IMAGES_DIR, by_release
 
 NO_ROWS = "not named (this bundle carries no rows; give --tree)"
 
@@ -181,7 +181,8 @@ def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
         return
     spec = load_spec(root / SPEC).spec
     gpu = spec.primary_gpu
-    rep.rows = match_report(tdb, gpu, dispatch_cases(spec), rep.dispatch.cases)
+    rep.rows = match_report(tdb, gpu, dispatch_cases(spec), rep.dispatch.cases,
+                            by_release(rep.manifest.release).image_names)
     ok, line = summary(rep.rows, gpu, every_gpu=tdb.gpus is None)
     if tdb.gpus is not None:
         where = f"CPU: emulated dispatch, rows read from the bundle's {ROWS} (the spec's GPUs' rows only)"

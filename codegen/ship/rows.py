@@ -1,15 +1,13 @@
 """Which tuning-database row each emulated-dispatch case got, and whether it is the spec's.
 
 The library picks a kernel per functional through the autotune tables generated from the tree's
-tuning database: a LUT over seqlen bins (`BinningLessOrEqual`: the smallest bin at least the
-length, the largest bin past the end) whose cells name one kernel; the kernel's image stem carries
-its configuration (`__P__` the `tuned_kernel$` values in the table's column order, `__CO__`
-`wave<waves_per_eu>_warp<num_warps>_stg<num_stages>`). So from the applied tree's database
-(`tree_database`: the same sqlite archives the build compiled, ours written by `apply`) and a
-case's inputs (dtype, head dim -> the table's BLOCK_DMODEL bucket, causal, dropout, bias,
-seqlens -> bins) this module computes the
-row the spec's GPU defines, and checks that the kernel the stub saw launched has that row's
-configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
+tuning database: a LUT over seqlen bins whose cells name one kernel (codegen.formats.tuning_db:
+the functional key and the lookup); the kernel's image name carries its configuration
+(codegen.models.image_name: the `tuned_kernel$` values in the table's column order, or by name,
+and the compiler options). So from the applied tree's database (`tree_database`: the same sqlite
+archives the build compiled, ours written by `apply`) and a case's functional this module
+computes the row the spec's GPU defines, and checks that the kernel the stub saw launched has that
+row's configuration. A row of another GPU (e.g. the donor's) that would give the same configuration is
 named beside it: the check then cannot tell the two apart, and says so.
 
 A bundle carries the rows the check needs (`tuning-rows.json`, written by `carry_rows` when the
@@ -36,70 +34,25 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, Va
 
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
-from codegen.models.dtypes import DTYPE_INFO
 from codegen.models.records import RecordError, parse_json
+from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
+from codegen.formats.tuning_db import Functional, Table
 from codegen.upstream import tuning_db_places
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
 
-# up to 0.12.1b: <kernel>-Sig-F__<functional>__P__<perf>__CO__wave<W>_warp<N>_stg<S>--Arch_<arch>
-# 0.13b (named `<pack>/flash/<kernel>/<member>/<stem>` by the image index):
-#   ;;#F;<functional k=v;…>;;#P;<perf k=v;…>;;#CO;waves_per_eu=W;num_warps=N;num_stages=S;;arch=<arch>
-STEM13_RE = re.compile(r";;#P;(?P<p>[^#]*?);;#CO;waves_per_eu=(?P<w>\d+);num_warps=(?P<n>\d+);num_stages=(?P<s>\d+)"
-                       r";;arch=(?P<arch>[A-Za-z0-9_]+)$")
-STEM_RE = re.compile(r"^(?P<kernel>[A-Za-z0-9_]+)-Sig-F__(?P<f>.*?)__P__(?P<p>.*?)"
-                     r"__CO__wave(?P<w>\d+)_warp(?P<n>\d+)_stg(?P<s>\d+)--Arch_(?P<arch>[A-Za-z0-9_]+)$")
-TUNED, OPTIONS = "tuned_kernel$", "compiler_options$"
-CO_COLUMNS = ("compiler_options$waves_per_eu", "compiler_options$num_warps", "compiler_options$num_stages")
-HEAD = db.HEAD_DIM
 ROWS = "tuning-rows.json"        # the bundle member that carries the rows
 ROWS_FORMAT = 1
 ROWS_LIMIT = 64 << 20            # bytes of that member (the default spec's: about 1 MB)
 
 
-@dataclass(frozen=True)
-class StemConfig:
-    kernel: str
-    perf: tuple[str, ...]      # values in upstream's order (names in 0.13b's `perf_named`)
-    co: tuple[int, int, int]   # waves_per_eu, num_warps, num_stages
-    perf_named: tuple[tuple[str, str], ...] = ()
-
-
-def parse_stem(stem: str) -> StemConfig | None:
-    """A kernel image stem (optionally `<package>/<stem>`) -> its kernel and configuration."""
-    m13 = STEM13_RE.search(stem)
+def parse_stem(stem: str, names: Spelling) -> ImageName | None:
+    """A launched kernel as the image index names it (`<pack>/<dir>/<kernel>/<container>/<name>`,
+    codegen.ship.dispatch; or the bare name) -> its image name, spelt as `names`."""
     parts = stem.split("/")
-    if m13 and len(parts) >= 5:   # 0.13b: the kernel is the zip's name
-        named = tuple(tuple(kv.split("=", 1)) for kv in m13.group("p").split(";") if "=" in kv)
-        return StemConfig(parts[2], tuple(v for _, v in named),
-                          (int(m13.group("w")), int(m13.group("n")), int(m13.group("s"))), named)
-    m = STEM_RE.match(stem.rsplit("/", 1)[-1])
-    if not m:
-        return None
-    perf = tuple(m.group("p").split("_")) if m.group("p") else ()
-    return StemConfig(m.group("kernel"), perf, (int(m.group("w")), int(m.group("n")), int(m.group("s"))))
-
-
-def _token(v) -> str:
-    """A database value as upstream spells it in an image name (booleans as True/False)."""
-    return str(v)
-
-
-@dataclass
-class Table:
-    """One `FLASH$<family>` table: its columns, rows, and head-dim buckets (the BLOCK_DMODEL
-    values of every GPU's rows: kept apart so a table carried with one GPU's rows buckets alike)."""
-    columns: list[str]
-    rows: list[tuple]
-    head_dims: tuple[int, ...] = ()
-
-    def with_head_dims(self) -> "Table":
-        if HEAD in self.columns:
-            hi = self.columns.index(HEAD)
-            self.head_dims = tuple(sorted({r[hi] for r in self.rows if type(r[hi]) is int}))
-        return self
+    return names.parse(parts[-1], parts[2] if len(parts) >= 4 else "")
 
 
 class TuningDatabase:
@@ -114,24 +67,7 @@ class TuningDatabase:
     @classmethod
     def from_sqlite(cls, conns: list[sqlite3.Connection], *, origin: str = "",
                     sources: tuple[str, ...] = ()) -> "TuningDatabase":
-        tables: dict[str, Table] = {}
-        for c in conns:
-            for (name,) in c.execute("select name from sqlite_master where type='table' order by name"):
-                if not name.startswith(db.TABLE_PREFIX):
-                    continue
-                cols = [r[1] for r in c.execute(f'pragma table_info("{name}")')]
-                rows = c.execute(f'select * from "{name}"').fetchall()
-                have = tables.get(name)
-                if have and have.columns == cols:
-                    have.rows.extend(rows)
-                elif have and sorted(have.columns) == sorted(cols):   # a shard's own column order
-                    order = [cols.index(x) for x in have.columns]
-                    have.rows.extend(tuple(r[i] for i in order) for r in rows)
-                elif not have or not have.rows:     # a schema-only central DB beside its shards
-                    tables[name] = Table(cols, list(rows))
-                else:
-                    raise UserError(f"{name}: the tuning database's shards disagree on its columns")
-        return cls({n: t.with_head_dims() for n, t in sorted(tables.items())}, origin=origin, sources=sources)
+        return cls(db.read_tables(conns), origin=origin, sources=sources)
 
     def family(self, family: str) -> Table | None:
         return self.tables.get(db.table_of(family))
@@ -180,7 +116,7 @@ Cell = Annotated[object, PlainValidator(_cell)]
 Column = Annotated[str, Field(pattern=r"^[A-Za-z0-9_$]{1,100}$")]
 TableName = Annotated[str, Field(pattern=r"^FLASH\$[A-Za-z0-9_]{1,100}$")]
 Source = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,300}$")]
-INT_COLUMNS = (HEAD,) + CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
+INT_COLUMNS = (db.HEAD_DIM,) + db.CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
 
 
 class CarriedTable(BaseModel):
@@ -232,7 +168,7 @@ def _carried_tables(tdb: TuningDatabase, gpus: list[str] | tuple[str, ...]) -> d
     columns), with the rows of `gpus` only, and its head-dim buckets over every GPU."""
     out = {}
     for name, t in sorted(tdb.tables.items()):
-        if not all(c in t.columns for c in (db.GPU, HEAD) + CO_COLUMNS):
+        if not all(c in t.columns for c in (db.GPU,) + INT_COLUMNS):
             continue
         gi = t.columns.index(db.GPU)
         out[name] = Table(t.columns, [r for r in t.rows if r[gi] in gpus], t.head_dims)
@@ -317,23 +253,6 @@ def read_rows(*, tree: Path | None = None, carried: bytes | None = None, name: s
     return RowsSource(tree_db, kept is not None, tuple(differences(tree_db, kept)) if kept else ())
 
 
-def _bin(values: set[int], n: int) -> int:
-    """BinningLessOrEqual: the smallest bin >= n, else the largest."""
-    ok = [v for v in values if v >= n]
-    return min(ok) if ok else max(values)
-
-
-@dataclass(frozen=True)
-class Inputs:
-    dtype: str
-    head_dim: int
-    causal: bool
-    dropout: bool
-    bias: bool
-    seqlen_q: int
-    seqlen_k: int
-
-
 @dataclass
 class RowMatch:
     case: str
@@ -361,64 +280,36 @@ class RowMatch:
 
 
 def _spell(cols: list[str], row: tuple) -> str:
-    perf = "_".join(_token(row[i]) for i, c in enumerate(cols) if c.startswith(TUNED))
-    w, n, s = (row[cols.index(c)] for c in CO_COLUMNS)
+    perf = "_".join(str(row[i]) for i, c in enumerate(cols) if c.startswith(db.TUNED_PREFIX))
+    w, n, s = (row[cols.index(c)] for c in db.CO_COLUMNS)
     return f"{perf}|wave{w}_warp{n}_stg{s}"
 
 
-def _stem_spelling(cfg: StemConfig, cols: list[str]) -> str:
+def _stem_spelling(cfg: ImageName, cols: list[str]) -> str:
     # PRE_LOAD_V is stored 0/1 but named False/True: normalise the stem's booleans to the DB's ints
-    if cfg.perf_named:   # 0.13b names its perf fields: take the table's, in its column order
-        named = dict(cfg.perf_named)
-        perf = [named.get(c[len(TUNED):], "?") for c in cols if c.startswith(TUNED)]
+    if cfg.perf_names:   # 0.13b names its perf fields: take the table's, in its column order
+        named = cfg.named_perf
+        perf = [named.get(c[len(db.TUNED_PREFIX):], "?") for c in cols if c.startswith(db.TUNED_PREFIX)]
     else:
         perf = list(cfg.perf)
     perf = [{"False": "0", "True": "1"}.get(t, t) for t in perf]
-    return f"{'_'.join(perf)}|wave{cfg.co[0]}_warp{cfg.co[1]}_stg{cfg.co[2]}"
+    return f"{'_'.join(perf)}|wave{cfg.waves_per_eu}_warp{cfg.num_warps}_stg{cfg.num_stages}"
 
 
-def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: str = "", phase: str = "") -> RowMatch | None:
-    """The row `gpu` defines for `inp` in the table of the stem's kernel, against the stem's config.
-    None when the kernel has no tuning table (e.g. bwd_preprocess: one kernel per functional)."""
-    cfg = parse_stem(stem)
+def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Functional, names: Spelling, *, case: str = "",
+              phase: str = "") -> RowMatch | None:
+    """The row `gpu` defines for `inp` in the table of the stem's kernel, against the stem's config
+    (`names`: how the bundle's release names images). None when the kernel has no tuning table
+    (e.g. bwd_preprocess: one kernel per functional)."""
+    cfg = parse_stem(stem, names)
     if cfg is None:
         return None
     table = tdb.family(cfg.kernel)
     if table is None:
         return None
-    cols, rows = table.columns, table.rows
+    cols = table.columns
     m = RowMatch(case, phase, stem, cfg.kernel, gpu, got=_stem_spelling(cfg, cols))
-    sq = db.column(cols, db.SEQLEN_Q)
-    sk = db.column(cols, db.SEQLEN_K)
-    # the head dim's bucket: the smallest BLOCK_DMODEL of the table at least the head dim; the
-    # rows read are the PADDED_HEAD=False ones for a padded head too (upstream's rules list
-    # PADDED_HEAD among PARTIALLY_TUNED_FUNCTIONALS, looked up as False)
-    dims = [d for d in table.head_dims if d >= inp.head_dim]
-    bucket = dims[0] if dims else inp.head_dim
-    fixed = {db.DTYPE: DTYPE_INFO[inp.dtype].db_value, db.HEAD_DIM: bucket,
-             "inputs$CAUSAL_TYPE": db.CAUSAL_TYPE_CAUSAL if inp.causal else 0,
-             "inputs$ENABLE_DROPOUT": int(inp.dropout), "inputs$PADDED_HEAD": 0,
-             "inputs$BIAS_TYPE": int(inp.bias)}
-    # features the cases never use: 0, or NULL where the table keeps the column unset (bwd_kernel_fuse)
-    unused = [cols.index(c) for c in ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
-              if c in cols]
-    idx = {c: cols.index(c) for c in fixed}
-    gi = cols.index(db.GPU)
-
-    def rows_of(g: str) -> list[tuple]:
-        return [r for r in rows if r[gi] == g and all(r[i] == fixed[c] for c, i in idx.items())
-                and all(r[i] in (0, None) for i in unused)]
-
-    def pick(cands: list[tuple]) -> tuple | None:
-        if not cands or sq is None or sk is None:
-            return None
-        qi, ki = cols.index(sq), cols.index(sk)
-        bq = _bin({r[qi] for r in cands}, inp.seqlen_q)
-        bk = _bin({r[ki] for r in cands if r[qi] == bq}, inp.seqlen_k)
-        hits = [r for r in cands if r[qi] == bq and r[ki] == bk]
-        return hits[-1] if hits else None   # duplicate keys: upstream's LUT keeps the last row
-
-    row = pick(rows_of(gpu))
+    row = table.lookup(gpu, inp)
     if row is None:
         m.note = f"no {gpu} row for these inputs in {db.table_of(cfg.kernel)}"
         return m
@@ -426,20 +317,21 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Inputs, *, case: st
     m.row_id = row[cols.index("id")] if "id" in cols else None
     m.key = {c: row[cols.index(c)] for c in cols if c.startswith(db.INPUT_PREFIX) or c == db.GPU}
     m.want = _spell(cols, row)
-    for g in sorted({r[gi] for r in rows} - {gpu}):
-        other = pick(rows_of(g))
+    gi = cols.index(db.GPU)
+    for g in sorted({r[gi] for r in table.rows} - {gpu}):
+        other = table.lookup(g, inp)
         if other is not None and _spell(cols, other) == m.want:
             m.same_config_gpus.append(g)
     return m
 
 
-def case_inputs(case) -> Inputs:
-    """A dispatch.DispatchCase -> the inputs the LUT is indexed by."""
+def case_inputs(case) -> Functional:
+    """A dispatch.DispatchCase -> the functional the LUT is indexed by."""
     s = case.shape
-    return Inputs(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
+    return Functional(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
 
 
-def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list) -> list[RowMatch]:
+def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, names: Spelling) -> list[RowMatch]:
     """Every launched kernel of every case (dispatch.DispatchCase / CaseResult pairs, by name)
     that has a tuning table, matched to the row `gpu` defines."""
     by_name = {c.name: c for c in cases}
@@ -450,7 +342,7 @@ def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list) -> l
             continue
         for phase in ("fwd", "bwd"):
             for stem in res.kernels[phase]:
-                m = match_row(tdb, gpu, stem, case_inputs(case), case=res.case, phase=phase)
+                m = match_row(tdb, gpu, stem, case_inputs(case), names, case=res.case, phase=phase)
                 if m is not None:
                     out.append(m)
     return out
@@ -475,6 +367,6 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
     return bool(matches) and not bad, line
 
 
-__all__ = ["CarriedRows", "Inputs", "ROWS", "RowMatch", "RowsSource", "StemConfig", "Table", "TuningDatabase",
+__all__ = ["CarriedRows", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
            "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
            "read_rows", "summary", "tree_database"]

@@ -30,6 +30,7 @@ Stable API (other stages call it; keep it compatible):
                                     # '.' (central), 'database' (sharded), 'flash/database' (main)
     adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate
     adapter.image_format            # 'aks2' or 'zip' (0.13b+)
+    adapter.image_names             # how its images are named (codegen.models.image_name: SIG, ENTRY 0.13b+)
     adapter.shipped_archs, .torch_lines, .triton, .library, .commit_ids
     adapter.required_files, .foreign_paths, .markers, .foreign_markers   # what identifies the layout
 

@@ -7,7 +7,7 @@ it pins and its library file name. Stages receive the record (`detect(tree)` ret
 the "adapter"), never a release name to look up again.
 
 Adding a release whose layout matches an existing one is one `Release(...)` line in `RELEASES`
-(plus its tests: docs/how-to/add-a-release.md). A new layout is one more `_traits` preset.
+(plus its tests: docs/howto/add-release.md). A new layout is one more `_traits` preset.
 
 Releases known only because a PyTorch line links them (0.9.2b for 2.7) have a record with
 `supported=False`: no layout traits, refused by `detect`, listed by the torch-lines table.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from codegen.models.image_name import ENTRY, SIG, Spelling
 from codegen.upstream.knobs import COMMIT_ENV, TREE_SHA_ENV
 
 Version = tuple[int, int, int]
@@ -100,6 +101,22 @@ class TorchLine:
 
 
 @dataclass(frozen=True)
+class BuildCost:
+    """A cold kernel compile (empty kernel cache) of a release for one shipped spec, in CPU-seconds
+    (user+sys): the dated entry "image-build cost per release and target" of docs/measurements.md,
+    which tests/test_owner_cost.py checks the records against (codegen.imagebuild.cost estimates a
+    local bundle build from them)."""
+
+    spec: str       # the shipped spec's name: 'mi100'
+    kernels: int
+    cpu_s: int
+
+
+def _costs(**by_spec: tuple[int, int]) -> tuple[BuildCost, ...]:
+    return tuple(BuildCost(spec, kernels, cpu_s) for spec, (kernels, cpu_s) in by_spec.items())
+
+
+@dataclass(frozen=True)
 class Release:
     # --- identity -------------------------------------------------------------------------------
     release: str                     # the name users see: '0.13b', or '0.14.0-dev' for a snapshot
@@ -113,6 +130,9 @@ class Release:
     shipped_archs: tuple[str, ...] = ()   # keys of AOTRITON_ARCH_TO_PACK at the tag
     torch_lines: tuple[TorchLine, ...] = ()
     triton: str = ROCM_TRITON_FORK
+    # --- what building it costs (measured; a release without a row takes its line's) ---------------
+    build_costs: tuple[BuildCost, ...] = ()
+    same_kernels_as: str | None = None    # a release whose plans are exactly this other's kernels
     # --- layout traits (the adapter) ------------------------------------------------------------
     id: str = ""                     # layout family id: 'v3python-central-db', 'aotriton-modular', …
     layout: str = ""                 # edit-path family (codegen.upstream.layouts)
@@ -149,6 +169,7 @@ class Release:
     package_dir: str | None = None        # tree folder imported as the generator package ('python')
     kernel_dir: str = "tritonsrc"         # the Triton kernels (tune, validate --kernels)
     image_format: str = "aks2"            # 'aks2' or 'zip' (0.13b+)
+    image_names: Spelling = SIG           # how its images are named (codegen.models.image_name; 0.13b+: ENTRY)
 
     @property
     def commit_ids(self) -> tuple[str, str | None] | None:
@@ -247,7 +268,7 @@ def _traits(family: str, version: Version) -> dict:
                     generator_module="aotriton.generate", db_compose_module="aotriton.database_compose",
                     build_db_dir="flash/database" if modular else "database",
                     required_files=PYTHON_FILES + (tdb, odb) + own, package_dir="python",
-                    kernel_dir="modules/flash/kernel", image_format="zip", exports_v2_attn=False,
+                    kernel_dir="modules/flash/kernel", image_format="zip", image_names=ENTRY, exports_v2_attn=False,
                     foreign_paths=("v3python/generate.py",)
                     + (("modules/database", "tritonsrc") if modular else ("modules/flash/database",)),
                     clones_aiter=True, min_clang=16, aiter_archs=AITER_ARCHS)
@@ -273,14 +294,16 @@ RELEASES: tuple[Release, ...] = (
     Release("0.9.2b", (0, 9, 2), supported=False, torch_lines=_torch(("2.7", "release/2.7", "", ("6.2.4", "6.3")))),
     _release("0.10b", (0, 10, 0), "v3python-central-db",
              commit="6fca155f4deeb8d9529326f7b69f350aeeb93477", tree="f2c099e3dc10d6458c7c74c9e272541632743439",
-             date="2025-06-17", shipped_archs=_BASE, torch_lines=_torch(("2.8", "release/2.8", "", ("6.3", "6.4")))),
+             date="2025-06-17", shipped_archs=_BASE, torch_lines=_torch(("2.8", "release/2.8", "", ("6.3", "6.4"))),
+             build_costs=_costs(mi100=(2731, 4622), rdna2=(1537, 1871), mi50=(411, 252))),
     _release("0.11b", (0, 11, 0), "v3python-central-db",
              commit="972223c501ffc22068bb035ac5d64cf54318d895", tree="c0bd86c32752dadf9aa64e65a3a554b7990c3d66",
-             date="2025-08-28", shipped_archs=_BASE + ("gfx1102",), torch_lines=_torch(("2.9", "release/2.9", "", ("6.3", "6.4")))),
+             date="2025-08-28", shipped_archs=_BASE + ("gfx1102",), torch_lines=_torch(("2.9", "release/2.9", "", ("6.3", "6.4"))),
+             build_costs=_costs(mi100=(2381, 2695), rdna2=(1327, 1925), mi50=(335, 208))),
     _release("0.11.1b", (0, 11, 1), "v3python-sharded-db",
              commit="98371989e8a23267e284c94e95156a139e4b33c4", tree="0b316c47ac37c46065bb72f66e4f4b7200e29517",
              date="2025-11-11", shipped_archs=_BASE + ("gfx1102", "gfx1103"),
-             torch_lines=_torch(("2.10", "release/2.10", "", ("7.0", "7.1")))),
+             torch_lines=_torch(("2.10", "release/2.10", "", ("7.0", "7.1"))), build_costs=_costs(rdna2=(1503, 2012))),
     _release("0.11.2b", (0, 11, 2), "v3python-sharded-db",
              commit="dd1b68b604b5258ee7a9f7b66ad95e7a82c18065", tree="d4b4bf094ce2701afd1bfb099358e8103b733f1a",
              date="2026-01-28", shipped_archs=_RDNA3_PLUS,
@@ -293,17 +316,19 @@ RELEASES: tuple[Release, ...] = (
     # point release of 0.12b: same layout (docs/releases.md)
     _release("0.12.1b", (0, 12, 1), "v3python-sharded-db",
              commit="8fdb4a4353f95b88c9542f5e5637efc1e1e0e530", tree="d912dfe9683287670a30fef0ba8a72ff557c5a35",
-             date="2026-06-29", shipped_archs=_RDNA3_PLUS),
+             date="2026-06-29", shipped_archs=_RDNA3_PLUS,
+             build_costs=_costs(mi100=(3043, 4478), rdna2=(1559, 1696), mi50=(409, 253))),
     _release("0.13b", (0, 13, 0), "aotriton-python",
              commit="6e00ef3e335b45dfb49065259533b59c68995bfe", tree="0a9c220761603465c794bc6522564452d43ebc23",
              date="2026-07-07", shipped_archs=_RDNA3_PLUS,
-             torch_lines=_torch(("2.14", "main", "PyTorch main (next: 2.14)", ("7.x",)))),
+             torch_lines=_torch(("2.14", "main", "PyTorch main (next: 2.14)", ("7.x",))),
+             build_costs=_costs(mi100=(3043, 4269), rdna2=(1559, 2122), mi50=(409, 258))),
     # main, not a release: recognised by its layout and by the varlen API it still has (0.14b
     # replaces `VarlenType` by `VarlenBits`, pytorch#197747). Its tree id is not known (the
     # snapshot is a git archive): builds of an extract without .git need AOTRITON_GIT_TREESHA1.
     _release("0.14.0-dev", (0, 14, 0), "aotriton-modular",
              commit="30ae96716b3e7a1bf0d7892ce3b8288244f8ebec", date="2026-08-19", snapshot=True,
-             shipped_archs=_RDNA3_PLUS,
+             shipped_archs=_RDNA3_PLUS, same_kernels_as="0.13b",   # the reuse matrix: 100 %
              markers=(("include/aotriton/flash.h", "struct AOTRITON_API VarlenType"),),
              foreign_markers=(("include/aotriton/flash.h", "VarlenBits"),)),
 )
@@ -338,6 +363,6 @@ TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
     key=lambda t: _torch_key(t.torch)))
 
 
-__all__ = ["DB_ARCHIVE_SUFFIX", "IMAGES_DIR", "OP_DB_FILE", "RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED",
+__all__ = ["BuildCost", "DB_ARCHIVE_SUFFIX", "IMAGES_DIR", "OP_DB_FILE", "RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED",
            "SUPPORTED_RELEASES", "TORCH_LINES", "TUNING_DB_FILE", "TorchLine", "TorchLink", "by_release", "db_archive",
            "parse_tag", "release_line", "release_name", "tag_line", "version_text"]

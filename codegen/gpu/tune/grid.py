@@ -1,37 +1,34 @@
 """The tuning grid and its candidate configs (pure: no I/O, no GPU).
 
-Upstream's tuning database holds one row per *functional input*: GPU, dtype, BLOCK_DMODEL,
-CAUSAL_TYPE, ENABLE_DROPOUT, BIAS_TYPE and the (seqlen_q, seqlen_k) bins 16..8192, for each
+Upstream's tuning database holds one row per GPU and functional key (codegen.formats.tuning_db's
+`Functional`: dtype, head dim, causal, dropout, bias and the (seqlen_q, seqlen_k) bins), for each
 kernel family (`attn_fwd`, `bwd_kernel_dk_dv`, `bwd_kernel_dq`, `bwd_kernel_fuse`). A grid
-entry is one such row; `tune` measures every candidate config of the spec's space for it and
+entry is one such key of one family and arch; `tune` measures every candidate config of the spec's space for it and
 records the fastest one whose numerics pass. Listing (`--dry-run`) and running share
 `plan_tuning`, so they cannot drift.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
+from codegen.formats.tuning_db import SEQLEN_BINS, Functional
 from codegen.models import FAMILIES, KernelConfig, TargetSpec, expand_family
-
-# Upstream's seqlen bins (rows exist for each pair of them, per functional).
-SEQLEN_BINS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 @dataclass(frozen=True, order=True)
-class GridEntry:
-    """One row of upstream's tuning database for one kernel family."""
-
+class _Kernel:
     family: str
     arch: str
-    dtype: str
-    head_dim: int
-    causal: bool
-    dropout: bool
-    bias: bool
-    seqlen_q: int
-    seqlen_k: int
+
+
+@dataclass(frozen=True, order=True)
+class GridEntry(Functional, _Kernel):
+    """One row of upstream's tuning database for one kernel family: its functional key, after the
+    family and arch (fields and order: family, arch, dtype, head_dim, causal, dropout, bias,
+    seqlen_q, seqlen_k)."""
 
     @property
     def name(self) -> str:
@@ -42,16 +39,7 @@ class GridEntry:
         )
 
     def to_json(self) -> dict:
-        return {
-            "name": self.name, "family": self.family, "arch": self.arch, "dtype": self.dtype,
-            "head_dim": self.head_dim, "causal": self.causal, "dropout": self.dropout,
-            "bias": self.bias, "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict) -> "GridEntry":
-        return cls(d["family"], d["arch"], d["dtype"], int(d["head_dim"]), bool(d["causal"]),
-                   bool(d["dropout"]), bool(d["bias"]), int(d["seqlen_q"]), int(d["seqlen_k"]))
+        return {"name": self.name, **dataclasses.asdict(self)}
 
 
 @dataclass(frozen=True)
