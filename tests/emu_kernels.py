@@ -208,3 +208,14 @@ def dot(a, b, c, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
     x = tl.load(a + rm[:, None] * K + rk[None, :])
     y = tl.load(b + rk[:, None] * N + rn[None, :])
     tl.store(c + rm[:, None] * N + rn[None, :], tl.dot(x, y))
+
+
+@triton.jit
+def philox(seed, out, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK).to(tl.uint64) + 0x1_0000_0000
+    r0, r1, r2, r3 = tl.randint4x(tl.load(seed), offs)
+    o = tl.arange(0, BLOCK)
+    tl.store(out + o, r0)
+    tl.store(out + BLOCK + o, r1)
+    tl.store(out + 2 * BLOCK + o, r2)
+    tl.store(out + 3 * BLOCK + o, r3)
