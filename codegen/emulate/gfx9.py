@@ -1,34 +1,9 @@
 """Our layer over the pinned emulator for GFX9 (gfx906, gfx908, gfx90a): what it gets wrong for
 these targets, fixed as data and small handlers applied in the Machine's child at compile time
-(child-side: imports the emulator). Each fix has a name (`FIXES`); `Machine(without=(name,))`
-leaves it out, which is how the instruction-level tests show each one matters. The write-up of
-each, as a change upstream could take, is docs/emulate-patches.md.
-
-The emulator decodes CDNA from the CDNA3/4 tables and was written for RDNA3 first; GFX9 differs:
-
-- `mfma`: gfx908's matrix instructions are decoded from their own opcode table here (CDNA3 reused
-  or dropped the bf16 ones: v_mfma_f32_32x32x4bf16 reads as v_smfmac_i32_32x32x32_i8, and
-  v_mfma_f32_16x16x8bf16 is an unknown word), C and D are always AGPRs on gfx908 (bit 15 is 0 in
-  its encoding; it is acc_cd only from gfx90a), and the operands follow AMD's documented layouts
-  for every shape and block count, e.g. for a 32x32 output row = 8*(reg/4) + 4*(lane/32) + reg%4,
-  column = lane%32; f16 denormal inputs are kept (the emulator flushes them);
-- `true16`: RDNA3 names 16-bit halves v0.h as v128+ in VOP1/VOP2/VOPC fields; on GFX9 those
-  fields name v128-v255 (halves are chosen by SDWA or op_sel);
-- `dpp`: a DPP source is read from the other lanes before any lane writes (the emulator reads
-  and writes in one lane loop, so `v_add_f32_dpp v2, v2, v2 row_ror:8` reads lanes it already
-  wrote: the cross-wave reductions of 2- and 4-warp kernels came out wrong); lanes whose row or
-  bank is masked off, or whose source is out of range without bound_ctrl, are not written;
-- `pc`: s_getpc_b64, s_setpc_b64, s_swappc_b64 and s_call_b64 read and write the PC (the
-  emulator stops on "unknown variable: PC");
-- `ds_swizzle`: ds_swizzle_b32 by its documented offset modes (the emulator's pseudocode for it
-  is a table that does not parse: "unexpected token in primary: COLON");
-- `denorm`: f32 denormals are flushed only when the kernel's FLOAT_DENORM_MODE_32 asks for it
-  (the emulator flushes every kernel's; LLVM's kernels for GFX9 keep them);
-- `glc`: an atomic with glc set returns the memory's old value (the emulator looks for `glc`,
-  which the CDNA3 tables call sc0, so its atomics never returned anything on CDNA);
-- `cache`: GFX9's buffer_wbinvl1 and buffer_wbinvl1_vol (MUBUF 62, 63; after atomics and volatile
-  accesses) are no-ops in an emulator without caches (CDNA3 dropped them: unknown words).
-"""
+(child-side: imports the emulator). The emulator decodes CDNA from the CDNA3/4 tables and was
+written for RDNA3 first. Each fix has a name and a write-up (codegen.emulate.parts: where, what is
+wrong, the corrected rule); `Machine(without=(name,))` leaves it out, which is how the
+instruction-level tests show each one matters."""
 
 from __future__ import annotations
 
