@@ -344,3 +344,51 @@ def test_gfx9_cache_invalidates_are_no_ops(machines):
     assert np.array_equal(run_asm(machines(), asm_kernel(CACHE), [x], 1)[0], x)
     with pytest.raises(KernelFault, match="unknown instruction"):
         run_asm(machines(("cache",)), asm_kernel(CACHE), [x], 1)
+
+
+# --- buffer -------------------------------------------------------------------------------------
+SPILL = ld(1, 0) + """
+  buffer_store_dword v1, off, s[0:3], 0 offset:16
+  s_mov_b32 s20, 256
+  buffer_store_dword v1, off, s[0:3], s20 offset:4
+  v_mov_b32 v1, 0
+  buffer_load_dword v2, off, s[0:3], 0 offset:16
+  buffer_load_dword v3, off, s[0:3], s20 offset:4
+  buffer_load_ubyte v4, off, s[0:3], 0 offset:17
+  buffer_load_sshort v5, off, s[0:3], 0 offset:18
+  s_waitcnt vmcnt(0)
+""" + "\n".join(st(r, r - 2) for r in (2, 3, 4, 5))
+
+
+def test_a_spill_through_the_private_segment_buffer_comes_back(machines):
+    """LLVM spills through the private segment buffer (s[0:3]: a swizzled V#, one dword per lane
+    interleaved); what a lane stores it loads back, bytes and shorts included (the emulator
+    addressed it as a linear buffer at the V#'s base: outside memory)."""
+    x = (np.arange(64, dtype=np.uint32) * 0x01020304 + 0x80F0).astype(np.uint32)
+    co = asm_kernel(SPILL, scratch=64)
+    out = run_asm(machines(), co, [x], 4)
+    assert np.array_equal(out[0], x) and np.array_equal(out[1], x)
+    assert np.array_equal(out[2], (x >> 8) & 0xFF)
+    assert np.array_equal(out[3].view(np.int32), ((x >> 16) & 0xFFFF).astype(np.uint16).view(np.int16))
+    with pytest.raises(KernelFault, match="out of arena"):
+        run_asm(machines(("buffer",)), co, [x], 4)
+
+
+RAW = ld(1, 0) + """
+  s_mov_b32 s12, s8
+  s_and_b32 s13, s9, 0xffff
+  s_mov_b32 s14, 128
+  s_mov_b32 s15, 0x27000
+  buffer_load_dword v2, v250, s[12:15], 0 offen
+  v_mov_b32 v3, 7
+  buffer_store_dword v3, v250, s[12:15], 0 offen offset:256
+  s_waitcnt vmcnt(0)
+""" + st(2, 0)
+
+
+def test_a_raw_buffer_stops_at_num_records(machines):
+    """A raw V# (stride 0) of 128 bytes: lanes 0-31 load their word, the others 0 (and the
+    stores at offset 256, past the end, are dropped: no fault)."""
+    x = np.arange(64, dtype=np.uint32) + 1
+    out = run_asm(machines(), asm_kernel(RAW), [x, x], 1)
+    assert np.array_equal(out[0], np.where(np.arange(64) < 32, x, 0))

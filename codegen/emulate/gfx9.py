@@ -16,6 +16,7 @@ from tinygrad.uop.ops import UOp
 
 from test.mockgpu.amd.pcode import parse_pcode
 
+from codegen.emulate.arena import SCRATCH_APERTURE
 from codegen.emulate.parts import FIXES, GFX908_MFMA_NAMES
 
 
@@ -193,6 +194,94 @@ def cache_of(raw: bytes) -> CacheInst | None:
     return CacheInst(name) if name else None
 
 
+# --- buffer (MUBUF with swizzling: the private segment buffer) ---------------------------------
+_MUBUF_WIDTH = {"UBYTE": (1, 8, False), "SBYTE": (1, 8, True), "USHORT": (1, 16, False), "SSHORT": (1, 16, True),
+                "BYTE": (1, 8, False), "SHORT": (1, 16, False), "DWORD": (1, 32, False), "DWORDX2": (2, 32, False),
+                "DWORDX3": (3, 32, False), "DWORDX4": (4, 32, False)}
+
+
+def mubuf_width(name: str) -> tuple[int, int, bool] | None:
+    """(dwords, bits of each, sign-extended) of a plain MUBUF load or store, None for the others
+    (formats, D16, atomics, LDS)."""
+    parts = name.split("_")
+    if len(parts) != 3 or parts[0] != "BUFFER" or parts[1] not in ("LOAD", "STORE"):
+        return None
+    return _MUBUF_WIDTH.get(parts[2])
+
+
+def _u64(x: UOp) -> UOp:
+    return x if x.dtype == dtypes.uint64 else x.cast(dtypes.uint64)
+
+
+def _buffer_address(ctx, inst, lane: UOp) -> tuple[UOp, UOp]:
+    """(64-bit address, in range) of a MUBUF access by GFX9's rules: V# base, stride (word1 29:16),
+    num_records, swizzle (word3: ADD_TID_ENABLE 23, INDEX_STRIDE 22:21, ELEMENT_SIZE 20:19)."""
+    cls = type(inst)
+    f = ctx.inst_field
+    srsrc, vaddr = f(cls.srsrc) * _c(4), f(cls.vaddr)
+    w = [ctx.rsgpr_dyn(srsrc + _c(i)) for i in range(4)]
+    base = _u64(w[0]) | (_u64(w[1] & _c(0xFFFF)) << UOp.const(32, dtypes.uint64))
+    stride, records = (w[1] >> _c(16)) & _c(0x3FFF), w[2]
+    add_tid, istride = (w[3] >> _c(23)) & _c(1), _c(8) << ((w[3] >> _c(21)) & _c(3))
+    esize = _c(2) << ((w[3] >> _c(19)) & _c(3))
+    idxen, offen = f(cls.idxen), f(cls.offen)
+    index = idxen.ne(_c(0)).where(ctx.rvgpr_dyn(vaddr, lane), _c(0)) + add_tid.ne(_c(0)).where(lane.cast(dtypes.uint32), _c(0))
+    offset = offen.ne(_c(0)).where(ctx.rvgpr_dyn(vaddr + idxen, lane), _c(0)) + f(cls.offset)
+    swz = (((index // istride) * stride + (offset // esize) * esize) * istride + (index % istride) * esize
+           + offset % esize)
+    buf = add_tid.ne(_c(0)).where(swz, index * stride + offset)
+    in_range = stride.eq(_c(0)).where(offset < records, index < records)
+    soff = ctx.rsrc_dyn(f(cls.soffset), None)
+    return base + _u64(soff) + _u64(buf), in_range
+
+
+def _read(ctx, addr: UOp, bits: int, scratch: UOp, gate: UOp) -> UOp:
+    """`bits` (8, 16, 32) at byte address `addr` of device memory, or of the wave's scratch when
+    `scratch` (its bytes at addr - SCRATCH_APERTURE); 0 where `gate` is false."""
+    rel = addr - UOp.const(SCRATCH_APERTURE, dtypes.uint64)
+    sbytes = [ctx.scratch.index((rel + UOp.const(i, dtypes.uint64)).valid(gate & scratch)).load().cast(dtypes.uint32)
+              for i in range(bits // 8)]
+    sval = sbytes[0]
+    for i, b in enumerate(sbytes[1:], 1):
+        sval = sval | (b << _c(8 * i))
+    word = ctx.vmem.index((addr >> UOp.const(2, dtypes.uint64)).valid(gate & scratch.logical_not())).load()
+    if bits < 32:
+        word = (word >> ((addr & UOp.const(3, dtypes.uint64)).cast(dtypes.uint32) * _c(8))) & _c((1 << bits) - 1)
+    return scratch.where(sval, word)
+
+
+def _write(ctx, addr: UOp, val: UOp, bits: int, scratch: UOp, gate: UOp) -> list[UOp]:
+    rel = addr - UOp.const(SCRATCH_APERTURE, dtypes.uint64)
+    out = [ctx.scratch.index((rel + UOp.const(i, dtypes.uint64)).valid(gate & scratch)).store(
+        ((val >> _c(8 * i)) & _c(0xFF)).cast(dtypes.uint8)) for i in range(bits // 8)]
+    return out + emu._mem_store(ctx.vmem, addr, val, gate & scratch.logical_not(), 64, bits)
+
+
+def mubuf_sink(inst, ctx) -> UOp:
+    """A MUBUF load or store by GFX9's buffer addressing, swizzled ones included (the private
+    segment buffer LLVM spills through); a V# in the scratch aperture reaches the wave's scratch."""
+    dwords, bits, signed = mubuf_width(emu._op_name(inst))
+    store = "STORE" in emu._op_name(inst)
+    exec_mask, lane = ctx.rexec(), ctx.range()
+    addr, in_range = _buffer_address(ctx, inst, lane)
+    scratch = (addr >= UOp.const(SCRATCH_APERTURE, dtypes.uint64)) & (addr < UOp.const(SCRATCH_APERTURE + (1 << 40), dtypes.uint64))
+    gate = emu._lane_active(exec_mask, lane) & in_range
+    vdata = ctx.inst_field(type(inst).vdata)
+    acc = bool(emu._iattr(inst, "acc"))
+    read_reg, write_reg = (ctx.raccvgpr_dyn, ctx.waccvgpr_dyn) if acc else (ctx.rvgpr_dyn, ctx.wvgpr_dyn)
+    stores = []
+    for i in range(dwords):
+        a = addr + UOp.const(4 * i, dtypes.uint64)
+        if store:
+            stores += _write(ctx, a, read_reg(vdata + _c(i), lane), bits, scratch, gate)
+            continue
+        v = _read(ctx, a, bits, scratch, gate)
+        if signed:
+            v = (v ^ _c(1 << (bits - 1))) - _c(1 << (bits - 1))
+        stores.append(write_reg(vdata + _c(i), lane, v, exec_mask))
+    return UOp.sink(UOp.group(*stores).end(lane), *ctx.inc_pc())
+
+
 # --- true16 ----------------------------------------------------------------------------------
 def no_true16(inst, ctx, sink: UOp) -> UOp:
     """On GFX9 a VOP1/VOP2/VOPC field >= 128 (src0 >= 384) is v128-v255, never a high half:
@@ -325,6 +414,11 @@ class Layer:
             return pc_sink
         if "ds_swizzle" in self.on and name == "DS_SWIZZLE_B32":
             return swizzle_sink
+        if "buffer" in self.on and isinstance(inst, emu.irc.MUBUF) and not emu._iattr(inst, "lds"):
+            if mubuf_width(name) is not None:
+                return mubuf_sink
+            if "ATOMIC" in name:
+                raise NotImplementedError(f"{name.lower()}: MUBUF atomics are not modelled")
         return None
 
     def prepare(self, inst) -> None:

@@ -29,7 +29,7 @@ from codegen.core.errors import CodegenError, EXIT_UPSTREAM
 from codegen.core.fsutil import trusted_storage
 from codegen.core.resources import user_cache_dir
 from codegen.emulate import source
-from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, Arena
+from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, SCRATCH_APERTURE, Arena
 from codegen.emulate.parts import PARTS
 from codegen.emulate.child import FRAME
 from codegen.emulate.source import EmulatorMissing
@@ -89,9 +89,9 @@ class Machine:
         `cache`: keep compiled instructions in the user cache across runs (codegen.emulate.icache)."""
         if arch not in ARCHS:
             raise EmulatorMissing(f"no emulator layer for {arch} (there is one for {', '.join(sorted(ARCHS))})")
-        if arena.device_base < CODE_BASE + IMAGE_LIMIT and CODE_BASE < arena.device_base + arena.size:
-            raise ValueError(f"the arena [{arena.device_base:#x}, +{arena.size:#x}) overlaps the code's place "
-                             f"({CODE_BASE:#x})")
+        for start, n, what in ((CODE_BASE, IMAGE_LIMIT, "the code's place"), (SCRATCH_APERTURE, 1 << 40, "the scratch aperture")):
+            if arena.device_base < start + n and start < arena.device_base + arena.size:
+                raise ValueError(f"the arena [{arena.device_base:#x}, +{arena.size:#x}) overlaps {what} ({start:#x})")
         unknown = sorted(set(without) - set(PARTS))
         if unknown:
             raise ValueError(f"no part {', '.join(unknown)} in the emulator layer (its parts: {', '.join(PARTS)})")

@@ -60,6 +60,14 @@ PARTS_TABLE = (
          "GFX9's buffer_wbinvl1 and buffer_wbinvl1_vol (MUBUF 62, 63; after atomics and volatile accesses) "
          "are unknown words: CDNA3 dropped them",
          "decode them on GFX9 and execute them as no-ops (no caches are modelled)"),
+    Part("buffer", "emu.py: _compile_mubuf",
+         "a V#'s stride is read from word3 (GFX9 keeps it in word1 29:16); swizzled buffers (ADD_TID_ENABLE: "
+         "the private segment buffer every spilling kernel uses) are addressed as linear ones; byte and short "
+         "loads and stores are whole dwords; a buffer atomic is executed as a load",
+         "GFX9 buffer addressing: index = vgpr index + lane (ADD_TID_ENABLE), offset = vgpr offset + "
+         "inst_offset; swizzled: ((index/istride)*stride + (offset/esize)*esize)*istride + (index%istride)*esize "
+         "+ offset%esize; range: offset < num_records (stride 0) else index < num_records; sub-dword widths "
+         "as such; atomics refused until modelled"),
     Part("glc", "emu.py: _compile_mem_op (writes_return_data)",
          "an atomic returns the old value only when the instruction has `glc`; the CDNA tables call that bit "
          "sc0, so no atomic returns anything (Triton's atomic tile counters never advance)",
