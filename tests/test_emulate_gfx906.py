@@ -26,7 +26,7 @@ def machine(tmp_path_factory):
         yield m
 
 
-@pytest.mark.parametrize("warps", [1, 4])
+@pytest.mark.parametrize("warps", [pytest.param(1, marks=pytest.mark.slow), 4])
 def test_reductions_are_exact(machine, warps):
     n = 64 * warps
     co, name, lds = compile_kernel("block_sum", ARCH, (("x", "*fp32"), ("out", "*fp32"), ("BLOCK", "constexpr")),
@@ -38,7 +38,8 @@ def test_reductions_are_exact(machine, warps):
     assert np.frombuffer(machine.arena.read(po, 4), np.float32)[0] == x.sum()
 
 
-@pytest.mark.parametrize("dt,op", [("fp16", "v_dot2_f32_f16"), ("bf16", "v_fmac_f32_e32"), ("fp32", "v_fmac_f32_e32")])
+@pytest.mark.parametrize("dt,op", [("fp16", "v_dot2_f32_f16"), pytest.param("bf16", "v_fmac_f32_e32", marks=pytest.mark.slow),
+                                   pytest.param("fp32", "v_fmac_f32_e32", marks=pytest.mark.slow)])
 def test_tl_dot_is_exact(machine, dt, op):
     co, name, lds = compile_kernel("dot", ARCH, (("a", f"*{dt}"), ("b", f"*{dt}"), ("c", "*fp32"), ("M", "constexpr"),
                                                  ("N", "constexpr"), ("K", "constexpr")),
