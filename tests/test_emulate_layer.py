@@ -89,3 +89,8 @@ def test_the_patch_notes_name_every_part():
     for name in PARTS:
         assert f"## {name}\n" in out
     assert "emu.py:" in out   # line numbers found in the pinned tree
+
+
+def test_an_arch_without_a_layer_is_refused(tmp_path):
+    with Arena.create(tmp_path / "a", 1 << 20) as arena, pytest.raises(EmulatorMissing, match="no emulator layer for gfx90a"):
+        Machine("gfx90a", arena)

@@ -1,4 +1,4 @@
-"""Our layer over the pinned emulator for GFX9 (gfx906, gfx908, gfx90a): what it gets wrong for
+"""Our layer over the pinned emulator for GFX9 (gfx906, gfx908): what it gets wrong for
 these targets, fixed as data and small handlers applied in the Machine's child at compile time
 (child-side: imports the emulator). The emulator decodes CDNA from the CDNA3/4 tables and was
 written for RDNA3 first. Each fix has a name and a write-up (codegen.emulate.parts: where, what is

@@ -36,10 +36,12 @@ from codegen.emulate.source import EmulatorMissing
 from codegen.formats.elf import IMAGE_LIMIT, ElfError, kernel_descriptor, loaded_image, read_code_object
 from codegen.models.emulate import Execution, Fault, Launch
 
-DEFAULT_BUDGET = 50_000_000     # wave instructions per launch (AOTriton's d64 forward on 96x80: ~10^4)
+DEFAULT_BUDGET = 50_000_000     # wave instructions per launch, far above what AOTriton's kernels take on small problems
 DEFAULT_TIMEOUT_S = 3600.0      # wall clock per launch, compiles included
 ANSWER_LIMIT = 16 << 20         # bytes of one answer from the child
-ARCHS = {"gfx908": 65536, "gfx90a": 65536, "gfx906": 65536}   # arch -> LDS bytes a workgroup may have
+# arch -> LDS bytes a workgroup may have: the archs our layer covers (gfx90a and later are not:
+# their MFMA encodings and packed work-item ids differ, and nothing here checks them)
+ARCHS = {"gfx908": 65536, "gfx906": 65536}
 # the launch area at the start of the arena (codegen.emulate.arena.LAUNCH_BYTES)
 DISPATCH_OFF, QUEUE_OFF, KERNARG_OFF = 0, 256, 4096
 HIDDEN = {  # hidden kernel argument -> what the runtime puts there (launch -> int); others are 0
