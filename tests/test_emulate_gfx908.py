@@ -419,3 +419,17 @@ def test_a_raw_buffer_stops_at_num_records(machines):
     x = np.arange(64, dtype=np.uint32) + 1
     out = run_asm(machines(), asm_kernel(RAW), [x, x], 1)
     assert np.array_equal(out[0], np.where(np.arange(64) < 32, x, 0))
+
+
+# --- hwreg --------------------------------------------------------------------------------------
+GETREG = "  s_getreg_b32 s20, hwreg(HW_REG_HW_ID)\n  v_mov_b32 v1, s20\n" + st(1, 0)
+
+
+@PROOF
+def test_a_hardware_register_read_is_refused_not_guessed(machines, proof):
+    """s_getreg_b32 HW_ID: no hardware registers are modelled, so a fault; the emulator returned
+    the inline constant 1/(2*pi) stored where it keeps them."""
+    with pytest.raises(KernelFault, match="hardware registers are not modelled"):
+        run_asm(machines(), asm_kernel(GETREG), [], 1)
+    if proof:
+        assert run_asm(machines(("hwreg",)), asm_kernel(GETREG), [], 1)[0][0] == 0x3E22F983

@@ -414,6 +414,8 @@ class Layer:
             return pc_sink
         if "ds_swizzle" in self.on and name == "DS_SWIZZLE_B32":
             return swizzle_sink
+        if "hwreg" in self.on and name in ("S_GETREG_B32", "S_SETREG_B32", "S_SETREG_IMM32_B32"):
+            raise NotImplementedError(f"{name.lower()}: hardware registers are not modelled")
         if "buffer" in self.on and isinstance(inst, emu.irc.MUBUF) and not emu._iattr(inst, "lds"):
             if mubuf_width(name) is not None:
                 return mubuf_sink

@@ -68,6 +68,11 @@ PARTS_TABLE = (
          "inst_offset; swizzled: ((index/istride)*stride + (offset/esize)*esize)*istride + (index%istride)*esize "
          "+ offset%esize; range: offset < num_records (stride 0) else index < num_records; sub-dword widths "
          "as such; atomics refused until modelled"),
+    Part("hwreg", "emu.py: _compile_sop (S_GETREG_B32), _init_wave",
+         "s_getreg_b32 reads its hardware register from SGPR slots 244-259 of the wave, which hold the inline "
+         "constants 2.0 ... 1/(2*pi): HW_ID reads as 0x3e22f983; s_setreg does not compile (WAVE_STATUS)",
+         "keep hardware registers apart from the inline constants; until they are modelled, refuse "
+         "s_getreg/s_setreg with a fault rather than return a constant"),
     Part("glc", "emu.py: _compile_mem_op (writes_return_data)",
          "an atomic returns the old value only when the instruction has `glc`; the CDNA tables call that bit "
          "sc0, so no atomic returns anything (Triton's atomic tile counters never advance)",
