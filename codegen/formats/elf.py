@@ -434,6 +434,74 @@ def elf_extent(image: bytes) -> int:
     return end
 
 
-__all__ = ["AMDGPU_MACH", "AMDHSA_TRIPLE", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
-           "loaded_sections",
+# --- what a loader places in device memory (the emulator's loader, codegen.emulate) --------------
+IMAGE_LIMIT = 256 << 20   # bytes: the loaded extent of one code object (AOTriton's largest is ~2 MB)
+KD_SIZE = 64              # an AMDHSA kernel descriptor (llvm/Support/AMDHSAKernelDescriptor.h)
+
+
+@dataclass(frozen=True)
+class KernelDescriptor:
+    """The fields of an AMDHSA kernel descriptor (`<kernel>.kd`) a dispatch reads, and where the
+    kernel lies in the loaded image (virtual addresses: the image's first byte is 0)."""
+
+    name: str
+    entry: int                       # the first instruction
+    text: tuple[int, int]            # [start, end) of the executable segment holding `entry`
+    group_segment_fixed_size: int    # static LDS bytes
+    private_segment_fixed_size: int  # scratch bytes per work-item
+    kernarg_size: int
+    rsrc1: int
+    rsrc2: int
+    rsrc3: int
+    properties: int                  # kernel_code_properties (which user SGPRs are set up)
+
+
+def loaded_image(image: bytes, what: str = "code object") -> bytes:
+    """The code object as a loader lays it out: every PT_LOAD segment's file bytes at its virtual
+    address, zeros elsewhere (the extent bounded by IMAGE_LIMIT)."""
+    elf = _open(image, what)
+    with _reading(what):
+        segs = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        end = max((int(s["p_vaddr"]) + int(s["p_memsz"]) for s in segs), default=0)
+        if not segs or end > IMAGE_LIMIT or any(s["p_filesz"] > s["p_memsz"] for s in segs):
+            raise ElfError(f"{what}: no loadable segments, or they reach past {IMAGE_LIMIT >> 20} MiB")
+        out = bytearray(end)
+        for s in segs:
+            data = s.data()
+            if len(data) != s["p_filesz"]:
+                raise ElfError(f"{what}: truncated or corrupt ELF file (a segment ends past the file)")
+            out[int(s["p_vaddr"]):int(s["p_vaddr"]) + len(data)] = data
+    return bytes(out)
+
+
+def kernel_descriptor(image: bytes, loaded: bytes, name: str, what: str = "code object") -> KernelDescriptor:
+    """Kernel `name`'s descriptor, read from `loaded` (`loaded_image(image)`) where the symbol
+    `<name>.kd` points; ElfError when it is missing, or when the entry it names is not inside an
+    executable segment."""
+    elf = _open(image, what)
+    with _reading(what):
+        sym = None
+        for sec in elf.iter_sections():
+            if sec.header.sh_type in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                sym = next((s for s in sec.iter_symbols() if s.name == f"{name}.kd"), sym)
+        execs = [(int(s["p_vaddr"]), int(s["p_vaddr"]) + int(s["p_filesz"])) for s in elf.iter_segments()
+                 if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1]
+    if sym is None:
+        raise ElfError(f"{what}: no kernel descriptor {name}.kd")
+    kd = int(sym["st_value"])
+    if kd < 0 or kd + KD_SIZE > len(loaded):
+        raise ElfError(f"{what}: {name}.kd lies outside the loaded image")
+    (group, private, kernarg, _pad, entry_off) = struct.unpack_from("<IIIIq", loaded, kd)
+    rsrc3, rsrc1, rsrc2, props = struct.unpack_from("<IIIH", loaded, kd + 44)
+    entry = kd + entry_off
+    text = next(((lo, hi) for lo, hi in execs if lo <= entry < hi), None)
+    if text is None or entry % 4:
+        raise ElfError(f"{what}: {name}'s entry {entry:#x} is not an instruction of an executable segment")
+    return KernelDescriptor(name=name, entry=entry, text=text, group_segment_fixed_size=group,
+                            private_segment_fixed_size=private, kernarg_size=kernarg, rsrc1=rsrc1,
+                            rsrc2=rsrc2, rsrc3=rsrc3, properties=props)
+
+
+__all__ = ["AMDGPU_MACH", "AMDHSA_TRIPLE", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent",
+           "KernelDescriptor", "kernel_descriptor", "loaded_digest", "loaded_image", "loaded_sections",
            "parse_dynamic", "parse_target_id", "read_code_object", "read_dynamic", "text_size", "version_key"]
