@@ -159,7 +159,7 @@ class _Session:
         self.images: dict[str, bytes] = {}      # fnv1a64 -> code object
         self.names: dict[str, str] = {}         # fnv1a64 -> the stem it was packed under
         self.opcodes: dict[str, dict[str, int]] = {}   # kernel -> executed opcode -> count
-        self.loaded: dict[str, str] = {}        # kernel -> fnv1a64 of its code object
+        self.loaded: dict[str, tuple[str, str]] = {}   # kernel -> (fnv1a64 of its code object, its symbol)
         self.cur: _Case | None = None
         self.done: list[ExecutedCase] = []
         self.problems: list[str] = []
@@ -191,7 +191,7 @@ class _Session:
         self.names[fnv] = self.index.find(len(image), fnv) or ""
 
     def on_launch(self, body: bytes) -> int:
-        from codegen.emulate import KernelFault
+        from codegen.emulate.machine import KernelFault
         from codegen.models.emulate import Launch
 
         (h, name_len), pos = struct.unpack_from("<QI", body), 12
@@ -217,7 +217,7 @@ class _Session:
         if image is None:
             c.fault = CaseFault(kernel=stem, phase=c.phase, message="launched from a code object never loaded")
             return HIP_ERROR_LAUNCH_FAILURE
-        self.loaded[stem] = fnv
+        self.loaded[stem] = (fnv, kernel)
         launch = Launch(kernel=kernel, grid=dims[0:3], block=dims[3:6], dynamic_lds=dims[6], kernarg=kernarg)
         t0 = time.monotonic()
         try:
@@ -293,11 +293,18 @@ class _Session:
         return out
 
 
-def _disassembled(images: dict[str, bytes], arch: str) -> dict[str, list[str]]:
-    """kernel -> the distinct opcodes of its code object (codegen.emulate's decoder)."""
-    from codegen.emulate import opcodes_of
+def _present(session: _Session) -> dict[str, list[str]]:
+    """kernel that ran -> the distinct opcodes of its code (the emulator's decoder); [] where it
+    cannot decode them (the kernel's fault says why)."""
+    from codegen.emulate.machine import KernelFault
 
-    return {k: sorted(opcodes_of(img, arch)) for k, img in images.items()}
+    out = {}
+    for stem, (fnv, symbol) in session.loaded.items():
+        try:
+            out[stem] = sorted(session.machine.opcodes(session.images[fnv], symbol))
+        except KernelFault:
+            out[stem] = []
+    return out
 
 
 def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stub: Stub, arch: str, target: str,
@@ -305,7 +312,8 @@ def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stu
                 timeout: float = 3600, progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
     """Execute `cases` through the library at `lib` (module doc) on an emulated `arch`, the stub
     reporting one device of `target` (the spec's target string)."""
-    from codegen.emulate import Arena, Machine
+    from codegen.emulate.arena import Arena
+    from codegen.emulate.machine import Machine
 
     if arch not in AMDGPU_MACH:
         raise UserError(f"{arch}: no EF_AMDGPU_MACH value known for this arch")
@@ -317,11 +325,15 @@ def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stu
         arena = Arena.create(Path(td) / "arena", ARENA_BYTES)
         region = arena.alloc(DRIVER_BYTES)
         kw = {} if budget is None else {"budget": budget}
-        with Machine(arch, arena, **kw) as machine:   # its child starts before the pipes exist
-            session = _Session(arena=arena, machine=machine, index=index, cases=cases, ref=ref, progress=progress)
-            rc, stderr = _drive(driver, session, td=Path(td), arena=arena, region=region, stub=stub, lib=lib,
-                                arch=arch, target=target, wave=wave, cases=cases, timeout=timeout)
-        coverage = _disassembled({k: session.images[h] for k, h in session.loaded.items()}, arch)
+        try:
+            with Machine(arch, arena, **kw) as machine:   # its child starts before the pipes exist
+                session = _Session(arena=arena, machine=machine, index=index, cases=cases, ref=ref,
+                                   progress=progress)
+                rc, stderr = _drive(driver, session, td=Path(td), arena=arena, region=region, stub=stub, lib=lib,
+                                    arch=arch, target=target, wave=wave, cases=cases, timeout=timeout)
+                coverage = _present(session)
+        finally:
+            arena.close()
     missing = [c.name for c in cases if c.name not in {r.case for r in session.done}]
     problems = list(session.problems)
     if missing:
