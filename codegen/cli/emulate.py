@@ -22,6 +22,13 @@ def _say(msg: str) -> None:
     stderr.print(ui.printable(msg), markup=False)
 
 
+def short(stem: str) -> str:
+    """A packed kernel's stem as the table shows it: `attn_fwd F <functional> P <perf> CO <options>`
+    (the JSON report keeps the whole stem)."""
+    last = stem.rsplit("/", 1)[-1].split("--Arch_", 1)[0]
+    return last.replace("-Sig-F__", " F ").replace("__P__", " P ").replace("__CO__", " CO ")
+
+
 def print_executed(rep) -> None:
     """The coverage table of an ExecuteReport (codegen.models.execute): each case's largest error
     of each tensor against its tolerance, the kernels that ran, the opcodes they executed out of
@@ -33,7 +40,7 @@ def print_executed(rep) -> None:
         cells = {t.name: f"{t.error:.1e}{'<=' if t.ok else '> '}{t.tolerance:.1e}" for t in c.tensors}
         why = ""
         if c.fault is not None:
-            why = f"  {c.fault.phase} {c.fault.kernel}: {c.fault.message}"
+            why = f"  {c.fault.phase} {short(c.fault.kernel)}: {c.fault.message}"
         elif not c.tensors:
             why = f"  fwd {c.fwd} bwd {c.bwd}" + (f" mask {c.mask}" if c.mask is not None else "")
         _say(f"{'ok  ' if c.ok else 'FAIL'} {c.case:44} {c.instructions:>12,} {c.seconds:>6.1f}  "
@@ -50,7 +57,7 @@ def print_executed(rep) -> None:
         o = ops.get(name)
         cover = f"{len(o.executed)} of {len(o.present)} opcodes executed" if o and o.present else "opcodes not read"
         rate = f"{instructions / seconds:,.0f}/s" if seconds > 0 else "-"
-        _say(f"     {name}: {launches} launch(es), {instructions:,} instructions ({rate}), {cover}")
+        _say(f"     {short(name)}: {launches} launch(es), {instructions:,} instructions ({rate}), {cover}")
     for p in rep.problems:
         _say(f"FAIL {p}")
     if rep.stderr_tail and not rep.ok:

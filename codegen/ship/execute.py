@@ -211,13 +211,13 @@ class _Session:
         run = c.runs.setdefault(key, {"phase": c.phase, "kernel": stem, "launches": 0, "waves": 0,
                                       "instructions": 0, "seconds": 0.0})
         run["launches"] += 1
-        if c.fault is not None:      # after a fault the case's tensors are garbage: nothing more runs
-            return HIP_ERROR_LAUNCH_FAILURE
         image = self.images.get(fnv)
         if image is None:
-            c.fault = CaseFault(kernel=stem, phase=c.phase, message="launched from a code object never loaded")
+            c.fault = c.fault or CaseFault(kernel=stem, phase=c.phase, message="launched from a code object never loaded")
             return HIP_ERROR_LAUNCH_FAILURE
         self.loaded[stem] = (fnv, kernel)
+        if c.fault is not None:      # after a fault the case's tensors are garbage: nothing more runs
+            return HIP_ERROR_LAUNCH_FAILURE
         launch = Launch(kernel=kernel, grid=dims[0:3], block=dims[3:6], dynamic_lds=dims[6], kernarg=kernarg)
         t0 = time.monotonic()
         try:
@@ -225,7 +225,6 @@ class _Session:
         except KernelFault as exc:
             run["seconds"] += time.monotonic() - t0
             c.fault = CaseFault(kernel=stem, phase=c.phase, message=str(exc))
-            self.progress(f"     {c.case.name}: {c.phase} {stem}: {exc}")
             return HIP_ERROR_LAUNCH_FAILURE
         run["seconds"] += ex.seconds
         run["waves"] += ex.waves
