@@ -8,12 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codegen.emulate.arena import Arena
-from codegen.emulate.machine import Machine
-from codegen.emulate.source import EmulatorMissing
 from codegen.models.emulate import Launch
 
-from emu_kernels import compile_kernel, kernarg
+from emu_kernels import compile_kernel, kernarg, open_machine, put
 
 pytestmark = pytest.mark.triton
 ARCH = "gfx908"
@@ -22,21 +19,9 @@ ARCH = "gfx908"
 @pytest.fixture(scope="module")
 def machine(tmp_path_factory):
     """One Machine (one child, its compiled instructions kept) for the module's tests."""
-    arena = Arena.create(tmp_path_factory.mktemp("arena") / "arena", 64 << 20)
-    try:
-        m = Machine(ARCH, arena)
-    except EmulatorMissing as exc:
-        arena.close()
-        pytest.skip(f"emulator: {exc}")
-    with m:
+    arena, m = open_machine(tmp_path_factory.mktemp("arena"), ARCH)
+    with arena, m:
         yield m
-    arena.close()
-
-
-def put(arena: Arena, array: np.ndarray) -> int:
-    addr = arena.alloc(array.nbytes)
-    arena.write(addr, array.tobytes())
-    return addr
 
 
 def test_vector_add_is_exact(machine):

@@ -53,14 +53,14 @@ class Group:
 class Dispatch:
     """The launch `req` (see codegen.emulate.machine) as workgroups of initialised waves."""
 
-    def __init__(self, req: dict, emu, entry: int, vmem_base: int):
+    def __init__(self, req: dict, emu, entry: int, bufs: dict[int, int]):
         self.req, self.emu, self.entry = req, emu, entry
         self.grid, self.block = tuple(req["grid"]), tuple(req["block"])
         self.rsrc2, self.props = int(req["rsrc2"]), int(req["properties"])
-        self.lds_bytes = int(req["lds_bytes"])
-        self.vmem_base = vmem_base
-        self.lds = (ctypes.c_uint32 * max(1, (self.lds_bytes + 3) // 4))()
-        self.scratch = None
+        self.lds = (ctypes.c_uint32 * ((int(req["lds_bytes"]) + 3) // 4))()
+        self.private = int(req["private_bytes"])   # scratch bytes per lane
+        self.scratch_bytes = self.private * 64
+        self.bufs = dict(bufs)
 
     def user_sgprs(self) -> list[int]:
         vals = {"kernarg_segment_ptr": int(self.req["kernarg"]), "dispatch_ptr": int(self.req["dispatch"]),
@@ -80,14 +80,17 @@ class Dispatch:
         user = self.user_sgprs()
         count = (self.rsrc2 >> RSRC2_USER_SGPR_SHIFT) & RSRC2_USER_SGPR_MASK
         tidig = (self.rsrc2 >> RSRC2_TIDIG_SHIFT) & RSRC2_TIDIG_MASK
-        bufs = {2: 0, 3: ctypes.addressof(self.lds), 4: 0}
+        bufs = dict(self.bufs)
+        bufs[3] = ctypes.addressof(self.lds)
+        scratch = [(ctypes.c_uint8 * max(1, self.scratch_bytes))() for _ in range(nwaves)]
         for gz, gy, gx in itertools.product(range(self.grid[2]), range(self.grid[1]), range(self.grid[0])):
             ctypes.memset(self.lds, 0, ctypes.sizeof(self.lds))
             waves = []
             for w in range(nwaves):
                 lanes = min(64, threads - 64 * w)
-                wave = Wave(self.emu, lanes, bufs)
+                wave = Wave(self.emu, lanes, {**bufs, 4: ctypes.addressof(scratch[w])})
                 st = wave.st
+                st._write_sgpr(self.emu.SCRATCH_STRIDE_IDX, self.private)
                 st.pc = self.entry
                 for i, v in enumerate(user[:count]):
                     st._write_sgpr(i, v)

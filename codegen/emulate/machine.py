@@ -27,10 +27,11 @@ from pydantic import ValidationError
 from codegen.core import processes
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM
 from codegen.emulate import source
-from codegen.emulate.arena import LAUNCH_BYTES, Arena
+from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, Arena
+from codegen.emulate.parts import PARTS
 from codegen.emulate.child import FRAME
 from codegen.emulate.source import EmulatorMissing
-from codegen.formats.elf import ElfError, kernel_descriptor, loaded_image, read_code_object
+from codegen.formats.elf import IMAGE_LIMIT, ElfError, kernel_descriptor, loaded_image, read_code_object
 from codegen.models.emulate import Execution, Fault, Launch
 
 DEFAULT_BUDGET = 50_000_000     # wave instructions per launch (AOTriton's d64 forward on 96x80: ~10^4)
@@ -68,10 +69,18 @@ class Machine:
     """`with Machine(arch, arena, budget=...) as m: m.execute(code_object, launch)`."""
 
     def __init__(self, arch: str, arena: Arena, budget: int = DEFAULT_BUDGET, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S):
+                 timeout_s: float = DEFAULT_TIMEOUT_S, without: tuple[str, ...] = ()):
+        """`without`: parts of the arch layer to leave out (the tests that show each fix matters)."""
         if arch not in ARCHS:
             raise EmulatorMissing(f"no emulator layer for {arch} (there is one for {', '.join(sorted(ARCHS))})")
+        if arena.device_base < CODE_BASE + IMAGE_LIMIT and CODE_BASE < arena.device_base + arena.size:
+            raise ValueError(f"the arena [{arena.device_base:#x}, +{arena.size:#x}) overlaps the code's place "
+                             f"({CODE_BASE:#x})")
+        unknown = sorted(set(without) - set(PARTS))
+        if unknown:
+            raise ValueError(f"no part {', '.join(unknown)} in the emulator layer (its parts: {', '.join(PARTS)})")
         self.arch, self.arena, self.budget, self.timeout_s = arch, arena, budget, timeout_s
+        self.without = tuple(without)
         self.root = source.emulator_root()
         self.clang = source.clang_path()
         self.proc: subprocess.Popen | None = None
@@ -85,7 +94,7 @@ class Machine:
         env = dict(os.environ, PYTHONPATH=pkg_parent, CACHELEVEL="0", CC=self.clang, DEBUG="0")
         self._stderr = tempfile.TemporaryFile()
         cmd = [sys.executable, "-P", "-m", "codegen.emulate.child", str(self.root), self.arch,
-               str(self.arena.fd), str(self.arena.size), str(self.arena.device_base)]
+               str(self.arena.fd), str(self.arena.size), str(self.arena.device_base), ",".join(self.without)]
         self.proc = processes.start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                     pass_fds=(self.arena.fd,), env=env, cwd=str(self.root))
 
@@ -161,7 +170,7 @@ class Machine:
         return json.loads(raw)
 
     # --- launches ----------------------------------------------------------------------------
-    def _prepare(self, code_object: bytes, launch: Launch) -> tuple[dict, bytes]:
+    def _prepare(self, code_object: bytes, launch: Launch, budget: int) -> tuple[dict, bytes]:
         """The request for the child and the loaded image; writes the dispatch packet and the
         kernarg segment into the arena's launch area. KernelFault for a code object or launch the
         card would refuse."""
@@ -171,7 +180,7 @@ class Machine:
             loaded = loaded_image(code_object, "code object")
             kd = kernel_descriptor(code_object, loaded, name, "code object")
         except ElfError as exc:
-            raise _fault(name, f"code object: {exc}") from None
+            raise _fault(name, str(exc)) from None
         if co.arch != self.arch:
             raise _fault(name, f"code object for {co.arch or hex(co.mach)}, the machine is {self.arch}")
         meta = co.kernels.get(name)
@@ -191,7 +200,7 @@ class Machine:
                "rsrc2": kd.rsrc2, "rsrc3": kd.rsrc3, "properties": kd.properties,
                "private_bytes": kd.private_segment_fixed_size, "lds_bytes": lds, "grid": list(launch.grid),
                "block": list(launch.block), "kernarg": base + KERNARG_OFF, "dispatch": base + DISPATCH_OFF,
-               "queue": base + QUEUE_OFF, "budget": self.budget, "image_len": len(loaded)}
+               "queue": base + QUEUE_OFF, "budget": budget, "image_len": len(loaded)}
         return req, loaded
 
     def _kernarg(self, meta: dict, launch: Launch, size: int) -> bytes:
@@ -222,9 +231,10 @@ class Machine:
         return struct.pack("<HHHHHHIIIIIQQQQ", 2, dims, *launch.block, 0, *(min(g, 0xFFFFFFFF) for g in grid),
                            kd.private_segment_fixed_size, lds, 0, kernarg, 0, 0)
 
-    def execute(self, code_object: bytes, launch: Launch) -> Execution:
-        """Run `launch` of `code_object` to its end; KernelFault when it does not get there."""
-        req, image = self._prepare(code_object, launch)
+    def execute(self, code_object: bytes, launch: Launch, *, budget: int | None = None) -> Execution:
+        """Run `launch` of `code_object` to its end; KernelFault when it does not get there
+        (`budget`: this launch's instruction budget instead of the Machine's)."""
+        req, image = self._prepare(code_object, launch, self.budget if budget is None else budget)
         answer = self._ask(req, image, launch.kernel)
         return self._result(answer, launch.kernel)
 
@@ -235,7 +245,7 @@ class Machine:
             loaded = loaded_image(code_object, "code object")
             kd = kernel_descriptor(code_object, loaded, kernel, "code object")
         except ElfError as exc:
-            raise _fault(kernel, f"code object: {exc}") from None
+            raise _fault(kernel, str(exc)) from None
         answer = self._ask({"op": "opcodes", "kernel": kernel, "entry": kd.entry, "text": list(kd.text),
                             "image_len": len(loaded)}, loaded, kernel)
         ops = answer.get("opcodes")
