@@ -19,15 +19,16 @@ def vector_add(x, y, out, n, BLOCK: tl.constexpr):
 
 @functools.lru_cache(maxsize=None)
 def compile_kernel(fn_name: str, arch: str, signature: tuple, constexprs: tuple = (), num_warps: int = 4,
-                   num_stages: int = 1) -> tuple[bytes, str, int]:
-    """(code object, kernel name, dynamic LDS bytes) of the kernel `fn_name` of this module."""
+                   num_stages: int = 1, **options) -> tuple[bytes, str, int]:
+    """(code object, kernel name, dynamic LDS bytes) of the kernel `fn_name` of this module
+    (`options`: more of Triton's AMD options, e.g. matrix_instr_nonkdim)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = globals()[fn_name]
     src = ASTSource(fn=fn, signature=dict(signature), constexprs=dict(constexprs))
     k = triton.compile(src, target=GPUTarget("hip", arch, 64),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
+                       options={"num_warps": num_warps, "num_stages": num_stages, **options})
     return k.asm["hsaco"], k.metadata.name, k.metadata.shared
 
 
@@ -104,3 +105,104 @@ def put(arena, array) -> int:
     addr = arena.alloc(array.nbytes)
     arena.write(addr, array.tobytes())
     return addr
+
+
+# --- hand-written kernels: one instruction under AMD's documented semantics -----------------------
+_ASM = """.amdgcn_target "amdgcn-amd-amdhsa--{arch}"
+.text
+.globl k
+.p2align 8
+.type k,@function
+k:
+  s_load_dwordx4 s[8:11], s[4:5], 0x0
+  v_lshlrev_b32 v250, 2, v0
+  s_waitcnt lgkmcnt(0)
+{body}
+  s_endpgm
+.Lend:
+.size k, .Lend-k
+.rodata
+.p2align 6
+.amdhsa_kernel k
+  .amdhsa_user_sgpr_private_segment_buffer 1
+  .amdhsa_user_sgpr_kernarg_segment_ptr 1
+  .amdhsa_system_sgpr_workgroup_id_x 1
+  .amdhsa_next_free_vgpr 256
+  .amdhsa_next_free_sgpr 96
+  .amdhsa_float_denorm_mode_32 {denorm}
+  .amdhsa_group_segment_fixed_size {lds}
+{extra}
+.end_amdhsa_kernel
+.amdgpu_metadata
+---
+amdhsa.version: [ 1, 2 ]
+amdhsa.kernels:
+  - .name: k
+    .symbol: k.kd
+    .kernarg_segment_size: 16
+    .kernarg_segment_align: 8
+    .group_segment_fixed_size: {lds}
+    .private_segment_fixed_size: 0
+    .wavefront_size: 64
+    .sgpr_count: 96
+    .vgpr_count: 256
+    .max_flat_workgroup_size: 256
+    .args:
+      - {{ .offset: 0, .size: 8, .value_kind: global_buffer, .address_space: global }}
+      - {{ .offset: 8, .size: 8, .value_kind: global_buffer, .address_space: global }}
+...
+.end_amdgpu_metadata
+"""
+
+
+def ld(vreg: int, slot: int) -> str:
+    """Load v`vreg` of every lane from input slot `slot` (64 dwords, one per lane)."""
+    return (f"  v_add_u32 v251, {slot * 256}, v250\n  global_load_dword v{vreg}, v251, s[8:9]\n"
+            "  s_waitcnt vmcnt(0)")
+
+
+def st(vreg: int, slot: int) -> str:
+    """Store v`vreg` of every lane to output slot `slot`."""
+    return f"  v_add_u32 v251, {slot * 256}, v250\n  global_store_dword v251, v{vreg}, s[10:11]\n  s_waitcnt vmcnt(0)"
+
+
+@functools.lru_cache(maxsize=None)
+def asm_kernel(body: str, arch: str = "gfx908", denorm: int = 3, lds: int = 0, extra: str = "") -> bytes:
+    """A code object of kernel `k(in, out)` running `body` (see ld/st) on one wave, assembled and
+    linked by pip Triton's LLVM."""
+    import tempfile
+
+    from triton._C.libtriton import amd, llvm
+
+    llvm.init_targets()
+    obj = amd.assemble_amdgcn(_ASM.format(arch=arch, body=body, denorm=denorm, lds=lds, extra=extra), arch, "")
+    with tempfile.NamedTemporaryFile() as src, tempfile.NamedTemporaryFile() as out:
+        with open(src.name, "wb") as fh:
+            fh.write(obj)
+        amd.link_hsaco(src.name, out.name)
+        with open(out.name, "rb") as fh:
+            return fh.read()
+
+
+def run_asm(machine, co: bytes, inputs, n_out: int, lanes: int = 64):
+    """Run `k` with input slots `inputs` (each 64 uint32/float32 values); the `n_out` output slots
+    as a uint32 array (n_out, 64)."""
+    import numpy as np
+
+    from codegen.models.emulate import Launch
+
+    a = machine.arena
+    data = np.concatenate([np.asarray(x).view(np.uint32).reshape(64) for x in inputs]) if inputs else np.zeros(64, np.uint32)
+    src, out = put(a, data), a.alloc(256 * n_out)
+    a.write(out, bytes(256 * n_out))
+    machine.execute(co, Launch(kernel="k", grid=(1, 1, 1), block=(lanes, 1, 1),
+                               kernarg=src.to_bytes(8, "little") + out.to_bytes(8, "little")), budget=10_000)
+    return np.frombuffer(a.read(out, 256 * n_out), np.uint32).reshape(n_out, 64)
+
+
+@triton.jit
+def dot(a, b, c, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    x = tl.load(a + rm[:, None] * K + rk[None, :])
+    y = tl.load(b + rk[:, None] * N + rn[None, :])
+    tl.store(c + rm[:, None] * N + rn[None, :], tl.dot(x, y))

@@ -6,8 +6,9 @@ Frames both ways: 8 bytes little-endian length, then a JSON object; a `run` requ
 the loaded code image (`image_len` bytes). The answer is `{"execution": {...}}` or
 `{"fault": {...}}` (codegen.models.emulate), read by the parent as untrusted input.
 
-Started as `python -P -m codegen.emulate.child ROOT ARCH ARENA_FD ARENA_SIZE DEVICE_BASE [WITHOUT]`
-(WITHOUT: comma-separated parts of the layer left out, for the tests that show each one matters)."""
+Started as `python -P -m codegen.emulate.child ROOT ARCH ARENA_FD ARENA_SIZE DEVICE_BASE WITHOUT CACHE`
+(WITHOUT: comma-separated parts of the layer left out, for the tests that show each one matters;
+CACHE: the folder of compiled instructions, codegen.emulate.icache, or "" for none)."""
 
 from __future__ import annotations
 
@@ -42,14 +43,15 @@ def write_frame(stream, obj: dict) -> None:
 
 def main(argv: list[str]) -> int:
     root, arch, fd, size, base = argv[0], argv[1], int(argv[2]), int(argv[3]), int(argv[4])
-    without = frozenset(x for x in (argv[5] if len(argv) > 5 else "").split(",") if x)
+    without = frozenset(x for x in argv[5].split(",") if x)
+    cache = argv[6] or None
     sys.path.insert(0, root)
     # the pinned emulator's own import (tinygrad, its CPU backend): only in this process
     from codegen.emulate.runner import Runner  # import-time dependency: needs ROOT on sys.path first
 
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr   # a print anywhere below must not corrupt the frames
-    runner = Runner(arch, fd, size, base, without)
+    runner = Runner(arch, fd, size, base, without, cache)
     while True:
         raw = read_frame(stdin)
         if raw is None:

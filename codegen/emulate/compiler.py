@@ -13,7 +13,7 @@ from typing import Callable
 
 from test.mockgpu.amd import emu                     # the pinned emulator (on the child's sys.path)
 from tinygrad.codegen import to_program
-from tinygrad.device import Device
+from tinygrad.device import Device, TinyELF
 from tinygrad.dtype import dtypes
 from tinygrad.engine.realize import get_runtime
 from tinygrad.helpers import Context
@@ -22,6 +22,7 @@ from tinygrad.uop.ops import KernelInfo, UOp
 
 from codegen.emulate import guard
 from codegen.emulate.gfx9 import Layer
+from codegen.emulate.icache import InstructionCache
 
 REG_WORDS = {guard.SGPR: emu.SGPR_COUNT, guard.VGPR: 256 * 64, guard.ACC: 256 * 64}
 
@@ -53,9 +54,12 @@ class _MaskedCtx(emu._Ctx):
 class Compiler:
     """Decoded and compiled instructions of one child, shared by every kernel it runs."""
 
-    def __init__(self, layer: Layer, isa: str = "cdna", bounded: bool = True):
-        self.layer, self.isa, self.bounded = layer, isa, bounded
-        self._shared: dict[tuple, list[tuple[int, int, tuple]]] = {}   # (kind, size) -> [(base, mask, entry)]
+    def __init__(self, layer: Layer, isa: str = "cdna", bounded: bool = True, cache: InstructionCache | None = None):
+        self.layer, self.isa, self.bounded, self.cache = layer, isa, bounded, cache
+        self._shared: dict[str, list[tuple[int, int, tuple]]] = {}   # kind -> [(base, mask, entry)]
+        self._disk = cache.index() if cache is not None else {}
+        self._keep: list = []        # the loaded objects' owners (their code is unmapped when they go)
+        self.compiled = self.loaded = 0
         layer.install()
 
     def decode(self, raw: bytes):
@@ -65,9 +69,17 @@ class Compiler:
     def compile(self, raw: bytes, inst) -> Compiled:
         size = inst.size()
         word = int.from_bytes(raw[:size], "little")
-        kind = (type(inst).__name__, getattr(getattr(inst, "op", None), "name", ""), size)
+        kind = f"{type(inst).__name__}:{getattr(getattr(inst, 'op', None), 'name', '')}:{size}"
         for base, mask, entry in self._shared.get(kind, ()):
             if word & mask == base:
+                return Compiled(*entry, text=repr(inst), size=size)
+        for base, mask, globs, barrier, name in self._disk.get(kind, ()):
+            if word & mask == base and (lib := self.cache.lib(kind, base, mask)) is not None:
+                runtime = Device["CPU"].runtime(TinyELF(lib, f"{name}_{base:0{2 * size}x}", Device["CPU"].renderer.target, ()))
+                self._keep.append(runtime)
+                entry = (runtime.fxn, globs, barrier, name)
+                self._shared.setdefault(kind, []).append((base, mask, entry))
+                self.loaded += 1
                 return Compiled(*entry, text=repr(inst), size=size)
         handler = self.layer.handler(inst)
         if handler is None:
@@ -91,6 +103,9 @@ class Compiler:
         is_barrier = isinstance(inst, emu.irc.SOPP) and inst.op in emu._BARRIER_OPS
         entry = (runtime.fxn, tuple(prg.arg.globals), is_barrier, name)
         self._shared.setdefault(kind, []).append((base, mask, entry))
+        self.compiled += 1
+        if self.cache is not None:
+            self.cache.put(kind, base, mask, entry[1], is_barrier, name, prg.to_elf().lib)
         return Compiled(*entry, text=repr(inst), size=size)
 
 

@@ -28,6 +28,7 @@ The emulator decodes CDNA from the CDNA3/4 tables and was written for RDNA3 firs
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from test.mockgpu.amd import emu                     # the pinned emulator (on the child's sys.path)
@@ -36,7 +37,7 @@ from tinygrad.uop.ops import UOp
 
 from test.mockgpu.amd.pcode import parse_pcode
 
-from codegen.emulate.parts import FIXES
+from codegen.emulate.parts import FIXES, GFX908_MFMA_NAMES
 
 
 def _c(v: int, dt=dtypes.uint32) -> UOp:
@@ -71,19 +72,19 @@ class Mfma:
 
 
 def _mfma_table() -> dict[int, Mfma]:
-    rows = [(0x40, 32, 1, 2, "f32"), (0x41, 16, 1, 4, "f32"), (0x42, 4, 1, 16, "f32"), (0x44, 32, 2, 1, "f32"),
-            (0x45, 16, 4, 1, "f32"), (0x48, 32, 4, 2, "f16"), (0x49, 16, 4, 4, "f16"), (0x4A, 4, 4, 16, "f16"),
-            (0x4C, 32, 8, 1, "f16"), (0x4D, 16, 16, 1, "f16"), (0x50, 32, 4, 2, "i8"), (0x51, 16, 4, 4, "i8"),
-            (0x52, 4, 4, 16, "i8"), (0x54, 32, 8, 1, "i8"), (0x55, 16, 16, 1, "i8"), (0x68, 32, 2, 2, "bf16"),
-            (0x69, 16, 2, 4, "bf16"), (0x6B, 4, 2, 16, "bf16"), (0x6C, 32, 4, 1, "bf16"), (0x6D, 16, 8, 1, "bf16")]
+    """Each gfx908 MFMA's shape, read from its mnemonic (v_mfma_<out>_<m>x<n>x<k><src>): a lane holds
+    `per_lane` elements, so 64/m lane groups split K (one block) unless K is one lane's worth
+    (then each group is a block of its own)."""
     out = {}
-    for op, m, k, b, src in rows:
-        kind = "i32" if src == "i8" else "f32"
-        out[op] = Mfma(f"v_mfma_{kind}_{m}x{m}x{k}{src}", m, k, b, src)
+    for op, name in GFX908_MFMA_NAMES.items():
+        m_, _n, k_, src = re.match(r"v_mfma_[fi]32_(\d+)x(\d+)x(\d+)(f32|f16|bf16|i8)$", name).groups()
+        shape = Mfma(name, int(m_), int(k_), 1, src)
+        blocks = 64 // shape.m if shape.k == shape.per_lane else 1
+        out[op] = Mfma(name, shape.m, shape.k, blocks, src)
     return out
 
 
-GFX908_MFMA = _mfma_table()          # VOP3P opcode (bits 22:16) -> shape, from LLVM's gfx908 MAI table
+GFX908_MFMA = _mfma_table()          # VOP3P opcode (bits 22:16) -> shape
 VOP3P_ENC, MFMA_VDST, MFMA_SRC0, MFMA_SRC1, MFMA_SRC2 = 0x1A7, Field(0, 7), Field(32, 40), Field(41, 49), Field(50, 58)
 MFMA_CBSZ, MFMA_ABID, MFMA_ACC_CD, MFMA_BLGP = Field(8, 10), Field(11, 14), Field(15, 15), Field(61, 63)
 

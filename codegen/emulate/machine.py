@@ -26,6 +26,8 @@ from pydantic import ValidationError
 
 from codegen.core import processes
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM
+from codegen.core.fsutil import trusted_storage
+from codegen.core.resources import user_cache_dir
 from codegen.emulate import source
 from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, Arena
 from codegen.emulate.parts import PARTS
@@ -61,6 +63,19 @@ class KernelFault(CodegenError):
         self.fault = fault
 
 
+def _instruction_cache() -> Path | None:
+    """The folder of compiled instructions (user cache), made if need be and checked as trusted
+    storage (its objects are executed); None when it cannot be made (work without it)."""
+    folder = user_cache_dir("emulator") / "instructions"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        return None
+    trusted_storage(folder.parent, what="emulator cache folder")
+    trusted_storage(folder, what="folder of compiled instructions")
+    return folder
+
+
 def _fault(kernel: str, reason: str) -> KernelFault:
     return KernelFault(Fault(kernel=kernel[:4096], pc=-1, reason=reason[:4096]))
 
@@ -69,8 +84,9 @@ class Machine:
     """`with Machine(arch, arena, budget=...) as m: m.execute(code_object, launch)`."""
 
     def __init__(self, arch: str, arena: Arena, budget: int = DEFAULT_BUDGET, *,
-                 timeout_s: float = DEFAULT_TIMEOUT_S, without: tuple[str, ...] = ()):
-        """`without`: parts of the arch layer to leave out (the tests that show each fix matters)."""
+                 timeout_s: float = DEFAULT_TIMEOUT_S, without: tuple[str, ...] = (), cache: bool = True):
+        """`without`: parts of the arch layer to leave out (the tests that show each fix matters);
+        `cache`: keep compiled instructions in the user cache across runs (codegen.emulate.icache)."""
         if arch not in ARCHS:
             raise EmulatorMissing(f"no emulator layer for {arch} (there is one for {', '.join(sorted(ARCHS))})")
         if arena.device_base < CODE_BASE + IMAGE_LIMIT and CODE_BASE < arena.device_base + arena.size:
@@ -83,6 +99,7 @@ class Machine:
         self.without = tuple(without)
         self.root = source.emulator_root()
         self.clang = source.clang_path()
+        self.cache_dir = _instruction_cache() if cache else None
         self.proc: subprocess.Popen | None = None
         self._stderr = None
 
@@ -94,7 +111,8 @@ class Machine:
         env = dict(os.environ, PYTHONPATH=pkg_parent, CACHELEVEL="0", CC=self.clang, DEBUG="0")
         self._stderr = tempfile.TemporaryFile()
         cmd = [sys.executable, "-P", "-m", "codegen.emulate.child", str(self.root), self.arch,
-               str(self.arena.fd), str(self.arena.size), str(self.arena.device_base), ",".join(self.without)]
+               str(self.arena.fd), str(self.arena.size), str(self.arena.device_base), ",".join(self.without),
+               str(self.cache_dir or "")]
         self.proc = processes.start(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
                                     pass_fds=(self.arena.fd,), env=env, cwd=str(self.root))
 

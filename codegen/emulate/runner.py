@@ -14,6 +14,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
+import sqlite3
+import sys
 import time
 from collections import Counter
 
@@ -23,7 +26,9 @@ from tinygrad.uop.ops import UOp
 
 from codegen.emulate import dispatch, guard
 from codegen.emulate.arena import CODE_BASE
+from codegen.emulate import icache
 from codegen.emulate.compiler import Compiler
+from codegen.emulate.icache import InstructionCache
 from codegen.emulate.gfx9 import Layer
 
 ENDPGM_PC = emu.ENDPGM_PC
@@ -128,7 +133,8 @@ class Program:
 class Runner:
     """The child's state across launches: the arena mapping, compiled instructions."""
 
-    def __init__(self, arch: str, fd: int, size: int, base: int, without: frozenset[str] = frozenset()):
+    def __init__(self, arch: str, fd: int, size: int, base: int, without: frozenset[str] = frozenset(),
+                 cache: str | None = None):
         self.arch, self.isa = arch, "cdna"
         self.size, self.base = size, base
         self.canaries = _Canaries(fd, size)
@@ -137,7 +143,14 @@ class Runner:
         self.trace = None   # debugging: called as trace(wave index, wave, pc, entry) after each instruction
         emu._Ctx.inst_word = _inst_word
         self.layer = Layer(arch, without)
-        self.compiler = Compiler(self.layer, self.isa, bounded="guard" not in without)
+        bounded = "guard" not in without
+        store = None
+        if cache:
+            try:
+                store = InstructionCache(cache, icache.version(self.layer.version, bounded, os.environ.get("CC", "clang")))
+            except (OSError, sqlite3.Error) as exc:
+                print(f"emulator: no instruction cache ({exc})", file=sys.stderr)
+        self.compiler = Compiler(self.layer, self.isa, bounded=bounded, cache=store)
 
     def run(self, req: dict, image: bytes) -> dict:
         prog = Program(req, image)
