@@ -176,6 +176,8 @@ def asm_kernel(body: str, arch: str = "gfx908", denorm: int = 3, lds: int = 0, e
 
     llvm.init_targets()
     obj = amd.assemble_amdgcn(_ASM.format(arch=arch, body=body, denorm=denorm, lds=lds, extra=extra), arch, "")
+    if not obj:
+        raise ValueError(f"LLVM did not assemble this kernel body (its error is on stderr):\n{body}")
     with tempfile.NamedTemporaryFile() as src, tempfile.NamedTemporaryFile() as out:
         with open(src.name, "wb") as fh:
             fh.write(obj)

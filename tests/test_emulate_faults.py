@@ -126,3 +126,30 @@ def test_without_the_bounds_the_canaries_catch_the_wild_stores_and_a_crash_is_a_
         assert f.reason.startswith("the emulator process died (signal 11")
         _add(m, x, y, out)
         assert np.array_equal(np.frombuffer(arena.read(out, 1024), np.float32), np.full(256, 2, np.float32))
+
+
+INACTIVE = """  v_mov_b32 v1, 0
+  v_cmp_eq_u32 vcc, 63, v0
+  v_mov_b32 v4, 0x7ffff000
+  v_cndmask_b32 v1, 0, v4, vcc
+  v_cmp_ne_u32 vcc, 63, v0
+  s_and_saveexec_b64 s[20:21], vcc
+  ds_read_b32 v2, v1
+  global_load_dword v3, v1, s[8:9]
+  s_waitcnt vmcnt(0) lgkmcnt(0)
+  s_or_b64 exec, exec, s[20:21]
+  ds_read_b32 v2, v1
+  s_waitcnt lgkmcnt(0)
+"""
+
+
+def test_an_inactive_lane_s_address_is_no_access(machine):
+    """Lane 63 holds a wild address but EXEC leaves it out: its LDS and global reads are not
+    made (the emulator computes every lane's address); once active, the same read is a fault."""
+    from emu_kernels import asm_kernel, run_asm
+
+    with pytest.raises(KernelFault) as info:
+        run_asm(machine, asm_kernel(INACTIVE, lds=256), [], 1)
+    f = info.value.fault
+    assert f.reason == "out of LDS" and f.lane == 63 and f.address == 0x7FFFF000
+    assert f.pc == 68 and f.instruction.startswith("ds_read_b32")   # the second one

@@ -315,3 +315,32 @@ def test_the_gfx908_mfma_opcodes_are_llvm_s():
         obj = amd.assemble_amdgcn(src, "gfx908", "")
         words = [int.from_bytes(obj[i:i + 4], "little") for i in range(0, len(obj) - 3, 4)]
         assert any(w >> 23 == 0x1A7 and (w >> 16) & 0x7F == op for w in words), name
+
+
+# --- glc, cache ---------------------------------------------------------------------------------
+ATOMIC = ld(1, 0) + """
+  v_mov_b32 v2, 0
+  v_mov_b32 v3, 5
+  global_atomic_add v4, v2, v3, s[8:9] glc
+  s_waitcnt vmcnt(0)
+""" + st(4, 0)
+
+
+def test_an_atomic_with_glc_returns_the_old_value(machines):
+    """global_atomic_add ... glc: each lane gets the value before its own add (GFX9's glc is
+    CDNA3's sc0; the emulator looked for `glc` and returned nothing). All 64 lanes add 5 to word
+    0 in lane order."""
+    x = np.arange(64, dtype=np.uint32) + 100
+    got = run_asm(machines(), asm_kernel(ATOMIC), [x], 1)[0]
+    assert np.array_equal(got, 100 + 5 * np.arange(64, dtype=np.uint32))
+    assert not np.array_equal(run_asm(machines(("glc",)), asm_kernel(ATOMIC), [x], 1)[0], got)
+
+
+CACHE = ld(1, 0) + "\n  buffer_wbinvl1_vol\n  buffer_wbinvl1\n" + st(1, 0)
+
+
+def test_gfx9_cache_invalidates_are_no_ops(machines):
+    x = np.arange(64, dtype=np.uint32)
+    assert np.array_equal(run_asm(machines(), asm_kernel(CACHE), [x], 1)[0], x)
+    with pytest.raises(KernelFault, match="unknown instruction"):
+        run_asm(machines(("cache",)), asm_kernel(CACHE), [x], 1)

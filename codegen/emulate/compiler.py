@@ -81,6 +81,7 @@ class Compiler:
                 self._shared.setdefault(kind, []).append((base, mask, entry))
                 self.loaded += 1
                 return Compiled(*entry, text=repr(inst), size=size)
+        self.layer.prepare(inst)
         handler = self.layer.handler(inst)
         if handler is None:
             handler = emu._INST_HANDLERS.get(type(inst)) or next(

@@ -23,7 +23,11 @@ The emulator decodes CDNA from the CDNA3/4 tables and was written for RDNA3 firs
 - `ds_swizzle`: ds_swizzle_b32 by its documented offset modes (the emulator's pseudocode for it
   is a table that does not parse: "unexpected token in primary: COLON");
 - `denorm`: f32 denormals are flushed only when the kernel's FLOAT_DENORM_MODE_32 asks for it
-  (the emulator flushes every kernel's; LLVM's kernels for GFX9 keep them).
+  (the emulator flushes every kernel's; LLVM's kernels for GFX9 keep them);
+- `glc`: an atomic with glc set returns the memory's old value (the emulator looks for `glc`,
+  which the CDNA3 tables call sc0, so its atomics never returned anything on CDNA);
+- `cache`: GFX9's buffer_wbinvl1 and buffer_wbinvl1_vol (MUBUF 62, 63; after atomics and volatile
+  accesses) are no-ops in an emulator without caches (CDNA3 dropped them: unknown words).
 """
 
 from __future__ import annotations
@@ -191,6 +195,29 @@ def _mfma_unsupported(raw: bytes) -> str | None:
     return None
 
 
+# --- cache ------------------------------------------------------------------------------------
+GFX9_CACHE_OPS = {62: "buffer_wbinvl1", 63: "buffer_wbinvl1_vol"}   # MUBUF opcodes (bits 24:18) CDNA3 dropped
+
+
+class CacheInst:
+    """A GFX9 L1 cache write-back/invalidate: nothing to do in an emulator without caches."""
+
+    def __init__(self, name: str):
+        self.op = type("Op", (), {"name": name.upper()})()
+
+    def size(self) -> int:
+        return 8
+
+    def __repr__(self) -> str:
+        return self.op.name.lower()
+
+
+def cache_of(raw: bytes) -> CacheInst | None:
+    w = int.from_bytes(raw[:4], "little")
+    name = GFX9_CACHE_OPS.get((w >> 18) & 0x7F) if w >> 26 == 0x38 else None
+    return CacheInst(name) if name else None
+
+
 # --- true16 ----------------------------------------------------------------------------------
 def no_true16(inst, ctx, sink: UOp) -> UOp:
     """On GFX9 a VOP1/VOP2/VOPC field >= 128 (src0 >= 384) is v128-v255, never a high half:
@@ -301,7 +328,9 @@ class Layer:
         self.version = f"{arch}:{','.join(sorted(self.on))}"
 
     def decode(self, raw: bytes):
-        """Our decoding of `raw` when the layer owns it (a gfx908 MFMA), else None."""
+        """Our decoding of `raw` when the layer owns it (a gfx908 MFMA, a GFX9 cache op), else None."""
+        if "cache" in self.on and (inst := cache_of(raw)) is not None:
+            return inst
         if "mfma" not in self.on or self.arch != "gfx908":
             return None
         op = mfma_of(raw)
@@ -309,6 +338,8 @@ class Layer:
 
     def handler(self, inst):
         """A compile function (inst, ctx) -> sink replacing the emulator's, or None."""
+        if isinstance(inst, CacheInst):
+            return lambda i, ctx: UOp.sink(*ctx.inc_pc())
         if isinstance(inst, MfmaInst):
             why = _mfma_unsupported(inst.raw)
             if why:
@@ -320,6 +351,13 @@ class Layer:
         if "ds_swizzle" in self.on and name == "DS_SWIZZLE_B32":
             return swizzle_sink
         return None
+
+    def prepare(self, inst) -> None:
+        """Attributes the emulator's handlers read under RDNA's names: GFX9's glc (bit 16 of
+        FLAT/GLOBAL, bit 14 of MUBUF) is CDNA3's sc0, and the emulator's atomics return the
+        pre-op value only when they find `glc` (Triton's atomic counters loop forever without)."""
+        if "glc" in self.on and hasattr(inst, "sc0") and "ATOMIC" in emu._op_name(inst):
+            inst.glc = inst.sc0
 
     def rewrite(self, inst, ctx, sink: UOp) -> UOp:
         if "true16" in self.on and is_16bit_vop(inst):

@@ -13,9 +13,9 @@ the scratch. `guard(sink)` rewrites that kernel before it is compiled so that:
   access is made by one lane of a lane loop or by the instruction itself, a fault record (kind,
   lane, address) is stored in the control buffer, which the runner checks after each instruction.
 
-Accesses made only for lanes a WHERE leaves unused (the emulator's read-modify-write of inactive
-lanes, a buffer access out of its range) take that condition as their gate, so an inactive lane's
-garbage address is no fault. An access in a loop closed by a REDUCE (a compare's lane mask) is
+An access is made only under the condition its value is used (`_demands`: the emulator computes
+addresses and reads memory for every lane, then drops what inactive lanes read or writes their
+old value back), so an inactive lane's garbage address is no fault. An access in a loop closed by a REDUCE (a compare's lane mask) is
 made safe but not reported: those read registers at static indices (checked at decode)."""
 
 from __future__ import annotations
@@ -63,32 +63,66 @@ def _consumers(nodes: list[UOp]) -> dict[UOp, list[UOp]]:
     return out
 
 
-def _use_gate(x: UOp, users: dict[UOp, list[UOp]]) -> UOp | None:
-    """A condition every use of the access `x` is under (None: some use is unconditional): a
-    WHERE branch reads it only under its condition; `STORE(x, WHERE(c, v, x))` writes only under c."""
-    views = (x, *[u for u in users.get(x, []) if u.op is Ops.LOAD and u.src[0] is x])
-    gates: list[UOp] = []
-    for view in views:
-        for u in users.get(view, []):
-            if u.op is Ops.LOAD and view is x:
-                continue
-            if u.op is Ops.STORE and u.src[0] is x:
-                val = u.src[1] if len(u.src) == 2 else None
-                if val is None or val.op is not Ops.WHERE or val.src[2] not in views:
-                    return None
-                gates.append(val.src[0])
-            elif u.op is Ops.WHERE and u.src[0] is not view and (u.src[1] is view) != (u.src[2] is view):
-                if u.src[2] is view and any(w.op is Ops.STORE and w.src[0] is x for w in users.get(u, [])):
-                    continue   # the write-back of a conditional store: the store's own gate
-                gates.append(u.src[0] if u.src[1] is view else u.src[0].logical_not())
-            else:
-                return None
-    if not gates:
+_ALWAYS = None          # a demand: the condition under which a node's value is used (None: always)
+_MAX_TERMS = 8          # a demand of more OR'ed conditions counts as always
+
+
+def _and(a: UOp | None, b: UOp | None) -> UOp | None:
+    return b if a is None else a if b is None else a & b
+
+
+def _or(terms: list[UOp]) -> UOp | None:
+    if not terms or len(terms) > _MAX_TERMS:
         return None
-    g = gates[0]
-    for more in gates[1:]:
-        g = g | more
-    return g
+    out = terms[0]
+    for t in terms[1:]:
+        out = out | t
+    return out
+
+
+def _index_gate(x: UOp) -> UOp | None:
+    v = x.src[1] if x.op is Ops.INDEX and len(x.src) == 2 else None
+    return v.src[0] if v is not None and v.op is Ops.WHERE and v.src[2].is_invalid else None
+
+
+def _write_back(store: UOp, users: dict[UOp, list[UOp]]) -> UOp | None:
+    """c of `STORE(x, WHERE(c, v, x))` (x or a load of x in the else branch): the emulator writes
+    the old value back for the lanes c leaves out, a store that changes nothing there."""
+    x, val = store.src[0], store.src[1] if len(store.src) == 2 else None
+    if val is None or val.op is not Ops.WHERE:
+        return None
+    old = val.src[2]
+    return val.src[0] if old is x or (old.op is Ops.LOAD and old.src[0] is x) else None
+
+
+def _demands(nodes: list[UOp], users: dict[UOp, list[UOp]]) -> dict[UOp, UOp | None]:
+    """For each node, the condition under which its value is used (last node first): a WHERE
+    branch under its condition, a stored value under its store's gate, anything else under what
+    its users are. An access may then be made only under its demand: the emulator computes
+    every lane's address, active or not, and reads memory for lanes whose value it then drops."""
+    dem: dict[UOp, UOp | None] = {}
+    for n in reversed(nodes):
+        terms: list[UOp] = []
+        always = not users.get(n)
+        for c in users.get(n, []):
+            if c.op is Ops.WHERE and c.src[0] is not n and (c.src[1] is n) != (c.src[2] is n):
+                cond = c.src[0] if c.src[1] is n else c.src[0].logical_not()
+                if c.src[2] is n and any(w.op is Ops.STORE and _write_back(w, users) is not None for w in users.get(c, [])):
+                    cond = c.src[0]   # the old value of a write-back: needed where the store writes
+                g = _and(dem.get(c), cond)
+            elif c.op is Ops.STORE and len(c.src) > 1 and c.src[1] is n and c.src[0] is not n:
+                wb = _write_back(c, users)
+                g = wb if wb is not None else _index_gate(c.src[0])
+            elif c.op in (Ops.SINK, Ops.GROUP, Ops.END, Ops.STORE, Ops.RANGE, Ops.AFTER, Ops.BARRIER):
+                g = None
+            else:
+                g = dem.get(c)
+            if g is None:
+                always = True
+                break
+            terms.append(g)
+        dem[n] = None if always else _or(terms)
+    return dem
 
 
 def _check(slot: int, idx: UOp, sizes: dict[int, int]) -> tuple[UOp, UOp, UOp] | None:
@@ -124,6 +158,7 @@ class _Rebuild:
         self.sizes, self.bounded = sizes, bounded
         nodes = list(sink.toposort())
         self.users = _consumers(nodes)
+        self.demand = _demands(nodes, self.users)
         self.ends = {n.src[1]: n for n in nodes if n.op is Ops.END and len(n.src) == 2}
         self.new: dict[UOp, UOp] = {}
         self.busy: set[UOp] = set()
@@ -148,6 +183,13 @@ class _Rebuild:
         self.new[n] = out
         return out
 
+    def _store_gate(self, x: UOp) -> UOp | None:
+        """The write-back condition when `x` is the target of the emulator's read-modify-write
+        store (`STORE(x, WHERE(c, v, x))`), and all of x's stores are such."""
+        stores = [u for u in self.users.get(x, []) if u.op is Ops.STORE and u.src[0] is x]
+        gates = [_write_back(s, self.users) for s in stores]
+        return _or(gates) if stores and all(g is not None for g in gates) else None
+
     def _index(self, n: UOp, srcs: tuple[UOp, ...]) -> UOp | None:
         slot = _slot(n)
         gate, idx = srcs[1].get_valid(), srcs[1].get_idx()
@@ -156,8 +198,11 @@ class _Rebuild:
             return None
         if not self.bounded:   # device addresses translated, nothing checked
             return n.replace(src=(srcs[0], checked[0].valid(gate))) if slot == VMEM else None
-        extra = _use_gate(n, self.users)
-        if extra is not None and not (set(extra.toposort()) & self.busy):
+        extra = self._store_gate(n)
+        extra = _and(self.demand.get(n), extra) if extra is not None or self.demand.get(n) is not None else None
+        if extra is not None and (set(extra.ranges) - set(n.ranges) or set(extra.toposort()) & self.busy):
+            extra = None      # a condition of other loops, or one made of this access itself: none
+        if extra is not None:
             extra = self(extra)
             gate = extra if gate.op is Ops.CONST and gate.arg is True else gate & extra
         rel, inb, addr = checked
