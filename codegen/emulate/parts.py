@@ -2,7 +2,7 @@
 out, which only the tests that show each part matters do (codegen.emulate.gfx9 holds the fixes,
 codegen.emulate.guard the bounds)."""
 
-FIXES = ("mfma", "true16", "dpp", "pc", "ds_swizzle", "denorm", "cache", "glc")
+FIXES = ("mfma", "true16", "dpp", "pc", "ds_swizzle", "denorm", "cache", "glc", "permute", "mix")
 PARTS = ("guard", *FIXES)
 
 # gfx908's matrix instructions: VOP3P opcode (bits 22:16) -> mnemonic (LLVM's gfx908 MAI table; the
