@@ -344,6 +344,9 @@ def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stu
             arena.close()
     missing = [c.name for c in cases if c.name not in {r.case for r in session.done}]
     problems = list(session.problems)
+    if rc < 0 and session.cur is not None:   # a crash in the library or the stub, before the launch left
+        problems.append(f"the dispatch driver died (signal {-rc}) in case {session.cur.case.name}, "
+                        f"phase {session.cur.phase}")
     if missing:
         problems.append(f"{len(missing)} case(s) never finished: {', '.join(missing[:4])}"
                         + (f" (driver: {stderr.strip().splitlines()[-1]})" if stderr.strip() else ""))
