@@ -6,18 +6,21 @@ faults that the dispatch check passes and execution catches (tests/plant.py).
     pytest -m "build and slow" -s tests/test_execute_real.py
 
 The whole executed matrix of the smoke spec (fp16 and bf16 × head dim 64 × full, causal, bias,
-dropout, causal+dropout, bias+dropout) runs in `bundle check --execute`; the planted faults run
-one case each (`emulate --case`). Needs what tests/test_bundle_real.py needs, clang and the
-pinned emulator; the faults also llvm-objdump."""
+dropout, causal+dropout, bias+dropout) runs in `bundle check --execute`, and that of the smoke spec
+with head dims 32 and 64 (built here from rules/examples/smoke.yaml, or MI100_TEST_BUNDLE_D32) in
+`emulate`; the planted faults run one case each (`emulate --case`). Needs what
+tests/test_bundle_real.py needs, clang and the pinned emulator; the faults also llvm-objdump."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-from test_bundle_real import _cli, applied_tree, bundle  # noqa: F401  (fixtures)
+from test_bundle_real import SMOKE, _cli, _python, applied_tree, bundle  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.build, pytest.mark.slow, pytest.mark.aotriton]
 ONE = "fp16.d64.full.b1h2k1.*"     # the one case each planted fault runs (EXEC_SHAPE's)
@@ -139,3 +142,38 @@ def test_bias_with_grouped_heads_is_0_11b_s_caveat(bundle):  # noqa: F811
     for c in rep.cases:
         ok = {t.name: t.ok for t in c.tensors}
         assert c.fault is None and ok == {"out": True, "lse": True, "dq": True, "db": True, "dk": False, "dv": False}, c
+
+
+@pytest.fixture(scope="module")
+def bundle_d32(tmp_path_factory, pristine_tree) -> Path:
+    """A smoke bundle with head dims 32 and 64 (the smoke spec's other axes): MI100_TEST_BUNDLE_D32,
+    else built here (the kernel cache holds the head-dim-64 kernels after the smoke build)."""
+    cached = os.environ.get("MI100_TEST_BUNDLE_D32")
+    if cached:
+        return Path(cached)
+    if shutil.which("cmake") is None or shutil.which("ninja") is None:
+        pytest.skip("needs cmake and ninja (see tests/test_build_real.py)")
+    work = tmp_path_factory.mktemp("d32")
+    spec = work / "smoke-d32.yaml"
+    text = SMOKE.read_text()
+    assert "\nhead_dims: [64]\n" in text
+    spec.write_text(text.replace("\nhead_dims: [64]\n", "\nhead_dims: [32, 64]\n"))
+    tree = work / "tree"
+    shutil.copytree(pristine_tree("0.11b"), tree, symlinks=True)
+    assert _cli("apply", str(tree), "--spec", str(spec)).returncode == 0
+    r = _cli("bundle", "build", str(tree), "--hip", "6", "--spec", str(spec), "--out", str(work / "out"), "--json",
+             *_python())
+    assert r.returncode == 0, r.stderr[-4000:]
+    return Path(json.loads(r.stdout)["bundle"])
+
+
+@pytest.mark.timeout(1800)   # issue 35 item 6: the whole gfx908 matrix under 30 minutes
+def test_head_dims_32_and_64_execute_the_whole_matrix(bundle_d32):
+    r = _cli("emulate", str(bundle_d32), "--json", timeout=1800)
+    print("\n" + r.stderr[-5000:])
+    rep = json.loads(r.stdout)
+    assert r.returncode == 0 and rep["ok"], r.stderr[-4000:]
+    cases = rep["cases"]
+    assert len(cases) == 24 and {c["head_dim"] for c in cases} == {32, 64} and {c["dtype"] for c in cases} == {
+        "fp16", "bf16"}
+    assert all(c["ok"] and c["tensors"] for c in cases)
