@@ -2,12 +2,14 @@
 the emulated GPU, per case: wall time, emulated instructions and instructions per second, and
 per kernel. docs/measurements.md holds dated figures (say where they ran and under what load).
 
-    PYTHONPATH=$PWD python scripts/bench_emulate.py BUNDLE [--case GLOB]... [--json FILE]
+    PYTHONPATH=$PWD python scripts/bench_emulate.py BUNDLE [--case GLOB]... [--cold] [--json FILE]
 
 Without --case: one case, the fp16 forward and backward of the spec's largest head dim, no
 variant (the issue's "d64 fp16 fwd+bwd" target). `--case '*'` runs the whole executed matrix.
-The first launches of a run pay for compiling each new instruction (the emulator caches them
-per run): the table says which cases came first."""
+The emulator compiles each new instruction once and keeps it in the user cache across runs
+(codegen.emulate.icache); `--cold` leaves that cache out (every instruction compiled again, as on a
+machine's first run). Within a run the first cases pay for compiling: the table lists cases in
+the order they ran."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--case", action="append", default=[], metavar="GLOB", help="cases to run (default: one)")
+    ap.add_argument("--cold", action="store_true", help="without the emulator's cache of compiled instructions")
     ap.add_argument("--json", type=Path, help="also write the report here")
     args = ap.parse_args(argv)
 
@@ -35,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         return [c for c in cases if c.dtype == "fp16" and c.head_dim == top and not (c.causal or c.bias or c.dropout)][:1]
 
     try:
-        rep = execute_bundle(args.bundle, pick=pick, progress=lambda s: print(s, file=sys.stderr))
+        rep = execute_bundle(args.bundle, pick=pick, icache=not args.cold, progress=lambda s: print(s, file=sys.stderr))
     except CodegenError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     if args.json:
         args.json.write_text(json.dumps(rep.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
-    print(f"{rep.label}; {len(rep.cases)} case(s), {rep.seconds:.1f} s in all\n")
+    print(f"{rep.label}; {len(rep.cases)} case(s), {rep.seconds:.1f} s in all, "
+          f"instruction cache {'off' if args.cold else 'on'}\n")
     print(f"{'case':48} {'ok':>4} {'wall s':>8} {'instructions':>13} {'emulated s':>11} {'instr/s':>9}")
     for c in rep.cases:
         emu = sum(k.seconds for k in c.kernels)

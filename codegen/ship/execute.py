@@ -315,10 +315,12 @@ def _present(session: _Session) -> dict[str, list[str]]:
 
 def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stub: Stub, arch: str, target: str,
                 cases: list[DispatchCase], cache: Path, wave: int = 64, budget: int | None = None,
-                timeout: float | None = None, progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
+                timeout: float | None = None, icache: bool = True,
+                progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
     """Execute `cases` through the library at `lib` (module doc) on an emulated `arch`, the stub
     reporting one device of `target` (the spec's target string). `timeout`: for the whole run
-    (default CASE_TIMEOUT_S per case)."""
+    (default CASE_TIMEOUT_S per case); `icache`: the emulator's cache of compiled instructions
+    across runs (off: every instruction compiled again, as on a first run)."""
     timeout = CASE_TIMEOUT_S * max(1, len(cases)) if timeout is None else timeout
     from codegen.emulate.arena import Arena
     from codegen.emulate.machine import Machine
@@ -332,7 +334,7 @@ def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stu
     with tempfile.TemporaryDirectory(prefix="mi100-execute-") as td:
         arena = Arena.create(Path(td) / "arena", ARENA_BYTES)
         region = arena.alloc(DRIVER_BYTES)
-        kw = {} if budget is None else {"budget": budget}
+        kw = {"cache": icache} if budget is None else {"budget": budget, "cache": icache}
         try:
             with Machine(arch, arena, **kw) as machine:   # its child starts before the pipes exist
                 session = _Session(arena=arena, machine=machine, index=index, cases=cases, ref=ref,
@@ -412,7 +414,8 @@ def _drive(driver: Path, session: _Session, *, td: Path, arena, region: int, stu
 
 
 def execute_extracted(root: Path, manifest: BundleManifest, *, cases: list[DispatchCase] | None = None,
-                      budget: int | None = None, progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
+                      budget: int | None = None, icache: bool = True,
+                      progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
     """Execute `cases` (default: `execute_cases` of the bundle's spec) through the library of an
     extracted bundle, against the stub of its HIP major."""
     spec = load_spec(root / SPEC).spec
@@ -424,11 +427,13 @@ def execute_extracted(root: Path, manifest: BundleManifest, *, cases: list[Dispa
              f"{manifest.hip_major}")
     return run_execute(lib=root / manifest.library.file, prefix=root, images=root / "lib" / IMAGES_DIR,
                        hip_include=sysroot.include, stub=stub, arch=manifest.arch, target=spec.target_string,
-                       wave=spec.warp_size, cases=cases, cache=cache / "driver", budget=budget, progress=progress)
+                       wave=spec.warp_size, cases=cases, cache=cache / "driver", budget=budget, icache=icache,
+                       progress=progress)
 
 
 def execute_bundle(path: Path, *, pick: Callable[[list[DispatchCase]], list[DispatchCase]] | None = None,
-                   budget: int | None = None, progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
+                   budget: int | None = None, icache: bool = True,
+                   progress: Callable[[str], None] = lambda s: None) -> ExecuteReport:
     """`execute_extracted` of a bundle file (every member verified first); `pick` chooses among
     the spec's executed matrix (a pick that leaves none is a UserError)."""
     b = open_bundle(path)
@@ -441,7 +446,7 @@ def execute_bundle(path: Path, *, pick: Callable[[list[DispatchCase]], list[Disp
                 raise UserError(f"no case of {path.name}'s executed matrix is chosen; its cases: "
                                 + ", ".join(c.name for c in cases))
             cases = chosen
-        return execute_extracted(root, b.manifest, cases=cases, budget=budget, progress=progress)
+        return execute_extracted(root, b.manifest, cases=cases, budget=budget, icache=icache, progress=progress)
 
 
 __all__ = ["ARENA_BYTES", "EXEC_SHAPE", "EXEC_SHAPE_BIAS", "execute_bundle", "execute_cases", "execute_extracted", "label",
