@@ -41,6 +41,8 @@ from typing import Callable
 from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing, UserError
 from codegen.core.resources import user_cache_dir
+from codegen.emulate.arena import Arena
+from codegen.emulate.machine import KernelFault, Machine
 from codegen.formats.bundle_zip import SPEC, extract, open_bundle
 from codegen.formats.elf import AMDGPU_MACH
 from codegen.formats.spec import load_spec
@@ -48,6 +50,7 @@ from codegen.models import TargetSpec
 from codegen.models.bundle import BundleManifest
 from codegen.models.cases import Shape
 from codegen.models.dtypes import served_dtypes
+from codegen.models.emulate import Launch
 from codegen.models.execute import CaseFault, ExecuteReport, ExecutedCase, KernelRun, OpcodeCoverage, TensorCheck
 from codegen.ship.dispatch import DispatchCase, ImageIndex, compile_driver, fnv1a64, variants
 from codegen.ship.stub import Stub, build_stub
@@ -96,11 +99,11 @@ def execute_cases(spec: TargetSpec) -> list[DispatchCase]:
 
 def _numpy():
     try:
-        import numpy  # noqa: F401  (the reference's: codegen.ship.reference)
+        import numpy  # noqa: F401  import-time dependency: numpy, of the `upstream` extra, not a base install
     except ImportError:
         raise EnvironmentMissing("executing kernels needs numpy for the fp64 reference",
                                  hint="pip install numpy (or mi100-codegen's 'upstream' extra)") from None
-    from codegen.ship import reference
+    from codegen.ship import reference  # import-time dependency: numpy, checked above
     return reference
 
 
@@ -198,9 +201,6 @@ class _Session:
         self.names[fnv] = self.index.find(len(image), fnv) or ""
 
     def on_launch(self, body: bytes) -> int:
-        from codegen.emulate.machine import KernelFault
-        from codegen.models.emulate import Launch
-
         (h, name_len), pos = struct.unpack_from("<QI", body), 12
         kernel = body[pos:pos + name_len].decode("utf-8", "replace")
         pos += name_len
@@ -302,8 +302,6 @@ class _Session:
 def _present(session: _Session) -> dict[str, list[str]]:
     """kernel that ran -> the distinct opcodes of its code (the emulator's decoder); [] where it
     cannot decode them (the kernel's fault says why)."""
-    from codegen.emulate.machine import KernelFault
-
     out = {}
     for stem, (fnv, symbol) in session.loaded.items():
         try:
@@ -322,9 +320,6 @@ def run_execute(*, lib: Path, prefix: Path, images: Path, hip_include: Path, stu
     (default CASE_TIMEOUT_S per case); `icache`: the emulator's cache of compiled instructions
     across runs (off: every instruction compiled again, as on a first run)."""
     timeout = CASE_TIMEOUT_S * max(1, len(cases)) if timeout is None else timeout
-    from codegen.emulate.arena import Arena
-    from codegen.emulate.machine import Machine
-
     if arch not in AMDGPU_MACH:
         raise UserError(f"{arch}: no EF_AMDGPU_MACH value known for this arch")
     ref = _numpy()
