@@ -82,7 +82,10 @@ class Problem:
     seqlen_k: int = 80
     causal: bool = False
     bias: bool = False
+    dropout: float = 0.0
     seed: int = 0
+    philox_seed: int = 0x1234_5678_9ABC_DEF0
+    philox_offset: tuple[int, int] = (0x1_0000_0010, 7)   # *philox_offset1, philox_offset2
     t: dict = field(default_factory=dict)     # name -> (words, fp64)
 
     def __post_init__(self):
@@ -96,6 +99,22 @@ class Problem:
     def sm_scale(self) -> float:
         return 1 / math.sqrt(self.head_dim)
 
+    def keep(self) -> np.ndarray:
+        """The dropout mask AOTriton's kernels draw (tritonsrc/dropout.py): element (i, j) of head
+        zh keeps when int32(r) > int32((p - 0.5) * 2**32), r an output of Triton's Philox 4x32-10
+        at offset base + (zh*seqlen_q + i)*ceil(seqlen_k/4) + j/4: r0, r2, r1, r3 for j % 4 = 0..3
+        (tl.join(tl.join(r0, r1), tl.join(r2, r3)) flattened)."""
+        b, h, m, n = self.batch, self.heads, self.seqlen_q, self.seqlen_k
+        stride = -(-n // 4)
+        zh, i, j = np.meshgrid(np.arange(b * h, dtype=np.uint64), np.arange(m, dtype=np.uint64),
+                               np.arange(n, dtype=np.uint64), indexing="ij")
+        off = np.uint64(sum(self.philox_offset)) + (zh * np.uint64(m) + i) * np.uint64(stride) + j // np.uint64(4)
+        r0, r1, r2, r3 = philox4x32(self.philox_seed, off)
+        r = [r0, r2, r1, r3]
+        pick = np.choose((j % np.uint64(4)).astype(np.int64), r)
+        idp = np.int32(np.float32(np.float32(self.dropout) - np.float32(0.5)) * np.float32(4294967295.0))
+        return (pick.astype(np.uint32).view(np.int32) > idp).reshape(b, h, m, n)
+
     def reference(self) -> dict[str, np.ndarray]:
         """fp64: out, lse (natural log), delta, dq, dk, dv, db."""
         q, k, v, do = (self.t[n][1] for n in ("q", "k", "v", "do"))
@@ -106,11 +125,14 @@ class Problem:
         p = np.exp(s - mx)
         l_ = p.sum(-1, keepdims=True)
         p /= l_
-        out = np.einsum("bhmn,bhnd->bhmd", p, v)
+        kept = p * self.keep() / (1 - self.dropout) if self.dropout else p
+        out = np.einsum("bhmn,bhnd->bhmd", kept, v)
         dp = np.einsum("bhmd,bhnd->bhmn", do, v)
+        if self.dropout:
+            dp = dp * self.keep() / (1 - self.dropout)
         delta = (do * out).sum(-1)
         ds = p * (dp - delta[..., None])
-        return {"out": out, "lse": (mx + np.log(l_))[..., 0], "delta": delta, "dv": np.einsum("bhmn,bhmd->bhnd", p, do),
+        return {"out": out, "lse": (mx + np.log(l_))[..., 0], "delta": delta, "dv": np.einsum("bhmn,bhmd->bhnd", kept, do),
                 "dq": np.einsum("bhmn,bhnd->bhmd", ds, k) * self.sm_scale,
                 "dk": np.einsum("bhmn,bhmd->bhnd", ds, q) * self.sm_scale, "db": ds}
 
@@ -134,9 +156,12 @@ class Session:
         md, nd = (p.batch, p.heads, p.seqlen_q, p.head_dim), (p.batch, p.heads, p.seqlen_k, p.head_dim)
         for name, shape, size in (("out", md, 2), ("dq", md, 2), ("dk", nd, 2), ("dv", nd, 2),
                                   ("db", (p.batch, p.heads, p.seqlen_q, p.seqlen_k), 2),
-                                  ("lse", md[:3], 4), ("delta", md[:3], 4), ("counter", (1,), 4)):
+                                  ("lse", md[:3], 4), ("delta", md[:3], 4), ("counter", (1,), 4),
+                                  ("seed", (1,), 8), ("offset1", (1,), 8)):
             self.ptr[name] = a.alloc(int(np.prod(shape)) * size)
             a.write(self.ptr[name], bytes(int(np.prod(shape)) * size))
+        a.write(self.ptr["seed"], p.philox_seed.to_bytes(8, "little"))
+        a.write(self.ptr["offset1"], p.philox_offset[0].to_bytes(8, "little"))
         q, k, b = md, nd, (p.batch, p.heads, p.seqlen_q, p.seqlen_k)
         self.values = {
             "Q": self.ptr["q"], "K": self.ptr["k"], "V": self.ptr["v"], "B": self.ptr["b"] if p.bias else 0,
@@ -148,7 +173,9 @@ class Session:
             "num_head_k": p.heads, "Max_seqlen_q": p.seqlen_q, "Max_seqlen_k": p.seqlen_k,
             "max_seqlen_q": p.seqlen_q, "max_seqlen_k": p.seqlen_k, "seqlen_q": p.seqlen_q,
             "Head_dim": p.head_dim, "head_dim": p.head_dim,
-            "Window_left": p.seqlen_q if p.causal else 0, "Window_right": 0,
+            "Window_left": p.seqlen_q if p.causal else 0, "Window_right": 0, "dropout_p": p.dropout,
+            "philox_seed_ptr": self.ptr["seed"], "philox_offset1": self.ptr["offset1"],
+            "philox_offset2": p.philox_offset[1],
             **_strides("q", q), **_strides("k", k, "zhn"), **_strides("v", k, "zhk"), **_strides("o", q),
             **_strides("do", q), **_strides("dq", q), **_strides("dk", k, "zhn"), **_strides("dv", k, "zhk"),
             **_strides("b", b), **_strides("db", b)}
@@ -198,6 +225,21 @@ class Session:
     def fused(self, kernel: Kernel):
         p, bn = self.p, kernel.entry.config.block_n
         return self.launch(kernel, (math.ceil(p.seqlen_k / bn) + math.ceil(p.seqlen_q / bn), p.heads, p.batch))
+
+
+def philox4x32(seed: int, offsets: np.ndarray) -> list[np.ndarray]:
+    """Triton's tl.randint4x(seed, offsets) (triton/language/random.py): Philox 4x32, 10 rounds,
+    counter (offset low, offset high, 0, 0), key (seed low, seed high)."""
+    m32 = np.uint64(0xFFFFFFFF)
+    c0, c1 = offsets & m32, offsets >> np.uint64(32)
+    c2 = c3 = np.zeros_like(offsets)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    a_, b_ = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+    for _ in range(10):
+        pa, pb = a_ * c0, b_ * c2
+        c0, c2, c1, c3 = (pb >> np.uint64(32)) ^ c1 ^ k0, (pa >> np.uint64(32)) ^ c3 ^ k1, pb & m32, pa & m32
+        k0, k1 = (k0 + np.uint64(0x9E3779B9)) & m32, (k1 + np.uint64(0xBB67AE85)) & m32
+    return [c0, c1, c2, c3]
 
 
 _CONSTS: dict[str, dict] = {}

@@ -131,6 +131,7 @@ k:
   .amdhsa_next_free_sgpr 96
   .amdhsa_float_denorm_mode_32 {denorm}
   .amdhsa_group_segment_fixed_size {lds}
+  .amdhsa_private_segment_fixed_size {scratch}
 {extra}
 .end_amdhsa_kernel
 .amdgpu_metadata
@@ -142,7 +143,7 @@ amdhsa.kernels:
     .kernarg_segment_size: 16
     .kernarg_segment_align: 8
     .group_segment_fixed_size: {lds}
-    .private_segment_fixed_size: 0
+    .private_segment_fixed_size: {scratch}
     .wavefront_size: 64
     .sgpr_count: 96
     .vgpr_count: 256
@@ -167,7 +168,7 @@ def st(vreg: int, slot: int) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def asm_kernel(body: str, arch: str = "gfx908", denorm: int = 3, lds: int = 0, extra: str = "") -> bytes:
+def asm_kernel(body: str, arch: str = "gfx908", denorm: int = 3, lds: int = 0, extra: str = "", scratch: int = 0) -> bytes:
     """A code object of kernel `k(in, out)` running `body` (see ld/st) on one wave, assembled and
     linked by pip Triton's LLVM."""
     import tempfile
@@ -175,7 +176,8 @@ def asm_kernel(body: str, arch: str = "gfx908", denorm: int = 3, lds: int = 0, e
     from triton._C.libtriton import amd, llvm
 
     llvm.init_targets()
-    obj = amd.assemble_amdgcn(_ASM.format(arch=arch, body=body, denorm=denorm, lds=lds, extra=extra), arch, "")
+    obj = amd.assemble_amdgcn(_ASM.format(arch=arch, body=body, denorm=denorm, lds=lds, extra=extra, scratch=scratch),
+                              arch, "")
     if not obj:
         raise ValueError(f"LLVM did not assemble this kernel body (its error is on stderr):\n{body}")
     with tempfile.NamedTemporaryFile() as src, tempfile.NamedTemporaryFile() as out:
@@ -208,3 +210,14 @@ def dot(a, b, c, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
     x = tl.load(a + rm[:, None] * K + rk[None, :])
     y = tl.load(b + rk[:, None] * N + rn[None, :])
     tl.store(c + rm[:, None] * N + rn[None, :], tl.dot(x, y))
+
+
+@triton.jit
+def philox(seed, out, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK).to(tl.uint64) + 0x1_0000_0000
+    r0, r1, r2, r3 = tl.randint4x(tl.load(seed), offs)
+    o = tl.arange(0, BLOCK)
+    tl.store(out + o, r0)
+    tl.store(out + BLOCK + o, r1)
+    tl.store(out + 2 * BLOCK + o, r2)
+    tl.store(out + 3 * BLOCK + o, r3)

@@ -38,3 +38,17 @@ def test_vector_add_is_exact(machine):
     assert np.array_equal(out, x + y)
     assert ex.waves == 16 and ex.opcodes["global_store_dword"] == 16
     assert set(ex.opcodes) <= set(machine.opcodes(co, name))
+
+
+def test_philox_is_triton_s(machine):
+    """tl.randint4x (Philox 4x32-10: 32-bit high/low products, xors) against an independent numpy
+    Philox; AOTriton's dropout masks are drawn by it."""
+    from emu_attention import philox4x32
+
+    co, name, _ = compile_kernel("philox", ARCH, (("seed", "*u64"), ("out", "*u32"), ("BLOCK", "constexpr")),
+                                 (("BLOCK", 64),), num_warps=1)
+    seed, a = 0x1234_5678_9ABC_DEF0, machine.arena
+    ps, po = put(a, np.array([seed], np.uint64)), a.alloc(4 * 256)
+    machine.execute(co, Launch(kernel=name, grid=(1, 1, 1), block=(64, 1, 1), kernarg=kernarg(co, name, ps, po)))
+    want = np.array(philox4x32(seed, np.arange(64, dtype=np.uint64) + np.uint64(1 << 32)), np.uint32)
+    assert np.array_equal(np.frombuffer(a.read(po, 1024), np.uint32).reshape(4, 64), want)

@@ -110,6 +110,7 @@ def test_a_jump_out_of_the_code_an_unknown_word_and_a_truncated_code_object_are_
     assert f.reason.startswith("code object: truncated or corrupt") and f.pc == -1
 
 
+@pytest.mark.slow
 def test_without_the_bounds_the_canaries_catch_the_wild_stores_and_a_crash_is_a_report(tmp_path):
     """The planted fault for the bounds themselves: the same wild stores, unchecked, land on the
     canaries next to the arena (reported); one far away kills the child, which is a report too,

@@ -18,6 +18,7 @@ from codegen.core.errors import UserError
 
 DEFAULT_DEVICE_BASE = 0x2000_0000_0000   # 32 TiB: free in a Linux process's address space, 2 MiB aligned
 CODE_BASE = 0x1000_0000_0000             # where kernels see their code object's image (no arena may overlap it)
+SCRATCH_APERTURE = 0x7000_0000_0000      # the private segment buffer's base: [this, +2**40) is the wave's scratch
 LAUNCH_BYTES = 128 << 10                 # the Machine's launch area at the start of the block
 MAX_BYTES = 64 << 30                     # the file is sparse: only what is written takes disk
 PAGE = mmap.PAGESIZE

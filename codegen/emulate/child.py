@@ -46,6 +46,7 @@ def main(argv: list[str]) -> int:
     without = frozenset(x for x in argv[5].split(",") if x)
     cache = argv[6] or None
     sys.path.insert(0, root)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 20000))   # guard.py walks instruction graphs depth first
     # the pinned emulator's own import (tinygrad, its CPU backend): only in this process
     from codegen.emulate.runner import Runner  # import-time dependency: needs ROOT on sys.path first
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 
+from codegen.emulate.arena import SCRATCH_APERTURE
+
 # kernel_code_properties bits -> user SGPRs they take, in order
 USER_SGPRS = ((0, "private_segment_buffer", 4), (1, "dispatch_ptr", 2), (2, "queue_ptr", 2),
               (3, "kernarg_segment_ptr", 2), (4, "dispatch_id", 2), (5, "flat_scratch_init", 2),
@@ -21,6 +23,9 @@ RSRC2_TG_SIZE = 1 << 10
 RSRC2_TIDIG_SHIFT, RSRC2_TIDIG_MASK = 11, 0x3
 RSRC2_LDS_SHIFT, RSRC2_LDS_MASK = 15, 0x1FF
 MASK32 = 0xFFFFFFFF
+# the V# of the private segment buffer: base SCRATCH_APERTURE (each wave's own scratch: the wave
+# offset SGPR is 0), num_records all ones, swizzled: ADD_TID_ENABLE, index stride 64, element 4 bytes
+PRIVATE_SEGMENT_BUFFER = SCRATCH_APERTURE | (MASK32 << 64) | (((1 << 23) | (3 << 21) | (1 << 19)) << 96)
 
 
 class Wave:
@@ -65,7 +70,7 @@ class Dispatch:
     def user_sgprs(self) -> list[int]:
         vals = {"kernarg_segment_ptr": int(self.req["kernarg"]), "dispatch_ptr": int(self.req["dispatch"]),
                 "queue_ptr": int(self.req["queue"]), "dispatch_id": 0, "flat_scratch_init": 0,
-                "private_segment_buffer": 0, "private_segment_size": int(self.req["private_bytes"])}
+                "private_segment_buffer": PRIVATE_SEGMENT_BUFFER, "private_segment_size": int(self.req["private_bytes"])}
         out: list[int] = []
         for bit, name, n in USER_SGPRS:
             if self.props >> bit & 1:

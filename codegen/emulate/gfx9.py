@@ -1,34 +1,9 @@
-"""Our layer over the pinned emulator for GFX9 (gfx906, gfx908, gfx90a): what it gets wrong for
+"""Our layer over the pinned emulator for GFX9 (gfx906, gfx908): what it gets wrong for
 these targets, fixed as data and small handlers applied in the Machine's child at compile time
-(child-side: imports the emulator). Each fix has a name (`FIXES`); `Machine(without=(name,))`
-leaves it out, which is how the instruction-level tests show each one matters. The write-up of
-each, as a change upstream could take, is docs/emulate-patches.md.
-
-The emulator decodes CDNA from the CDNA3/4 tables and was written for RDNA3 first; GFX9 differs:
-
-- `mfma`: gfx908's matrix instructions are decoded from their own opcode table here (CDNA3 reused
-  or dropped the bf16 ones: v_mfma_f32_32x32x4bf16 reads as v_smfmac_i32_32x32x32_i8, and
-  v_mfma_f32_16x16x8bf16 is an unknown word), C and D are always AGPRs on gfx908 (bit 15 is 0 in
-  its encoding; it is acc_cd only from gfx90a), and the operands follow AMD's documented layouts
-  for every shape and block count, e.g. for a 32x32 output row = 8*(reg/4) + 4*(lane/32) + reg%4,
-  column = lane%32; f16 denormal inputs are kept (the emulator flushes them);
-- `true16`: RDNA3 names 16-bit halves v0.h as v128+ in VOP1/VOP2/VOPC fields; on GFX9 those
-  fields name v128-v255 (halves are chosen by SDWA or op_sel);
-- `dpp`: a DPP source is read from the other lanes before any lane writes (the emulator reads
-  and writes in one lane loop, so `v_add_f32_dpp v2, v2, v2 row_ror:8` reads lanes it already
-  wrote: the cross-wave reductions of 2- and 4-warp kernels came out wrong); lanes whose row or
-  bank is masked off, or whose source is out of range without bound_ctrl, are not written;
-- `pc`: s_getpc_b64, s_setpc_b64, s_swappc_b64 and s_call_b64 read and write the PC (the
-  emulator stops on "unknown variable: PC");
-- `ds_swizzle`: ds_swizzle_b32 by its documented offset modes (the emulator's pseudocode for it
-  is a table that does not parse: "unexpected token in primary: COLON");
-- `denorm`: f32 denormals are flushed only when the kernel's FLOAT_DENORM_MODE_32 asks for it
-  (the emulator flushes every kernel's; LLVM's kernels for GFX9 keep them);
-- `glc`: an atomic with glc set returns the memory's old value (the emulator looks for `glc`,
-  which the CDNA3 tables call sc0, so its atomics never returned anything on CDNA);
-- `cache`: GFX9's buffer_wbinvl1 and buffer_wbinvl1_vol (MUBUF 62, 63; after atomics and volatile
-  accesses) are no-ops in an emulator without caches (CDNA3 dropped them: unknown words).
-"""
+(child-side: imports the emulator). The emulator decodes CDNA from the CDNA3/4 tables and was
+written for RDNA3 first. Each fix has a name and a write-up (codegen.emulate.parts: where, what is
+wrong, the corrected rule); `Machine(without=(name,))` leaves it out, which is how the
+instruction-level tests show each one matters."""
 
 from __future__ import annotations
 
@@ -41,6 +16,7 @@ from tinygrad.uop.ops import UOp
 
 from test.mockgpu.amd.pcode import parse_pcode
 
+from codegen.emulate.arena import SCRATCH_APERTURE
 from codegen.emulate.parts import FIXES, GFX908_MFMA_NAMES
 
 
@@ -218,6 +194,94 @@ def cache_of(raw: bytes) -> CacheInst | None:
     return CacheInst(name) if name else None
 
 
+# --- buffer (MUBUF with swizzling: the private segment buffer) ---------------------------------
+_MUBUF_WIDTH = {"UBYTE": (1, 8, False), "SBYTE": (1, 8, True), "USHORT": (1, 16, False), "SSHORT": (1, 16, True),
+                "BYTE": (1, 8, False), "SHORT": (1, 16, False), "DWORD": (1, 32, False), "DWORDX2": (2, 32, False),
+                "DWORDX3": (3, 32, False), "DWORDX4": (4, 32, False)}
+
+
+def mubuf_width(name: str) -> tuple[int, int, bool] | None:
+    """(dwords, bits of each, sign-extended) of a plain MUBUF load or store, None for the others
+    (formats, D16, atomics, LDS)."""
+    parts = name.split("_")
+    if len(parts) != 3 or parts[0] != "BUFFER" or parts[1] not in ("LOAD", "STORE"):
+        return None
+    return _MUBUF_WIDTH.get(parts[2])
+
+
+def _u64(x: UOp) -> UOp:
+    return x if x.dtype == dtypes.uint64 else x.cast(dtypes.uint64)
+
+
+def _buffer_address(ctx, inst, lane: UOp) -> tuple[UOp, UOp]:
+    """(64-bit address, in range) of a MUBUF access by GFX9's rules: V# base, stride (word1 29:16),
+    num_records, swizzle (word3: ADD_TID_ENABLE 23, INDEX_STRIDE 22:21, ELEMENT_SIZE 20:19)."""
+    cls = type(inst)
+    f = ctx.inst_field
+    srsrc, vaddr = f(cls.srsrc) * _c(4), f(cls.vaddr)
+    w = [ctx.rsgpr_dyn(srsrc + _c(i)) for i in range(4)]
+    base = _u64(w[0]) | (_u64(w[1] & _c(0xFFFF)) << UOp.const(32, dtypes.uint64))
+    stride, records = (w[1] >> _c(16)) & _c(0x3FFF), w[2]
+    add_tid, istride = (w[3] >> _c(23)) & _c(1), _c(8) << ((w[3] >> _c(21)) & _c(3))
+    esize = _c(2) << ((w[3] >> _c(19)) & _c(3))
+    idxen, offen = f(cls.idxen), f(cls.offen)
+    index = idxen.ne(_c(0)).where(ctx.rvgpr_dyn(vaddr, lane), _c(0)) + add_tid.ne(_c(0)).where(lane.cast(dtypes.uint32), _c(0))
+    offset = offen.ne(_c(0)).where(ctx.rvgpr_dyn(vaddr + idxen, lane), _c(0)) + f(cls.offset)
+    swz = (((index // istride) * stride + (offset // esize) * esize) * istride + (index % istride) * esize
+           + offset % esize)
+    buf = add_tid.ne(_c(0)).where(swz, index * stride + offset)
+    in_range = stride.eq(_c(0)).where(offset < records, index < records)
+    soff = ctx.rsrc_dyn(f(cls.soffset), None)
+    return base + _u64(soff) + _u64(buf), in_range
+
+
+def _read(ctx, addr: UOp, bits: int, scratch: UOp, gate: UOp) -> UOp:
+    """`bits` (8, 16, 32) at byte address `addr` of device memory, or of the wave's scratch when
+    `scratch` (its bytes at addr - SCRATCH_APERTURE); 0 where `gate` is false."""
+    rel = addr - UOp.const(SCRATCH_APERTURE, dtypes.uint64)
+    sbytes = [ctx.scratch.index((rel + UOp.const(i, dtypes.uint64)).valid(gate & scratch)).load().cast(dtypes.uint32)
+              for i in range(bits // 8)]
+    sval = sbytes[0]
+    for i, b in enumerate(sbytes[1:], 1):
+        sval = sval | (b << _c(8 * i))
+    word = ctx.vmem.index((addr >> UOp.const(2, dtypes.uint64)).valid(gate & scratch.logical_not())).load()
+    if bits < 32:
+        word = (word >> ((addr & UOp.const(3, dtypes.uint64)).cast(dtypes.uint32) * _c(8))) & _c((1 << bits) - 1)
+    return scratch.where(sval, word)
+
+
+def _write(ctx, addr: UOp, val: UOp, bits: int, scratch: UOp, gate: UOp) -> list[UOp]:
+    rel = addr - UOp.const(SCRATCH_APERTURE, dtypes.uint64)
+    out = [ctx.scratch.index((rel + UOp.const(i, dtypes.uint64)).valid(gate & scratch)).store(
+        ((val >> _c(8 * i)) & _c(0xFF)).cast(dtypes.uint8)) for i in range(bits // 8)]
+    return out + emu._mem_store(ctx.vmem, addr, val, gate & scratch.logical_not(), 64, bits)
+
+
+def mubuf_sink(inst, ctx) -> UOp:
+    """A MUBUF load or store by GFX9's buffer addressing, swizzled ones included (the private
+    segment buffer LLVM spills through); a V# in the scratch aperture reaches the wave's scratch."""
+    dwords, bits, signed = mubuf_width(emu._op_name(inst))
+    store = "STORE" in emu._op_name(inst)
+    exec_mask, lane = ctx.rexec(), ctx.range()
+    addr, in_range = _buffer_address(ctx, inst, lane)
+    scratch = (addr >= UOp.const(SCRATCH_APERTURE, dtypes.uint64)) & (addr < UOp.const(SCRATCH_APERTURE + (1 << 40), dtypes.uint64))
+    gate = emu._lane_active(exec_mask, lane) & in_range
+    vdata = ctx.inst_field(type(inst).vdata)
+    acc = bool(emu._iattr(inst, "acc"))
+    read_reg, write_reg = (ctx.raccvgpr_dyn, ctx.waccvgpr_dyn) if acc else (ctx.rvgpr_dyn, ctx.wvgpr_dyn)
+    stores = []
+    for i in range(dwords):
+        a = addr + UOp.const(4 * i, dtypes.uint64)
+        if store:
+            stores += _write(ctx, a, read_reg(vdata + _c(i), lane), bits, scratch, gate)
+            continue
+        v = _read(ctx, a, bits, scratch, gate)
+        if signed:
+            v = (v ^ _c(1 << (bits - 1))) - _c(1 << (bits - 1))
+        stores.append(write_reg(vdata + _c(i), lane, v, exec_mask))
+    return UOp.sink(UOp.group(*stores).end(lane), *ctx.inc_pc())
+
+
 # --- true16 ----------------------------------------------------------------------------------
 def no_true16(inst, ctx, sink: UOp) -> UOp:
     """On GFX9 a VOP1/VOP2/VOPC field >= 128 (src0 >= 384) is v128-v255, never a high half:
@@ -319,7 +383,7 @@ def swizzle_sink(inst, ctx) -> UOp:
     return UOp.sink(ctx.wvgpr_dyn(vdst, lane, val, exec_mask).end(lane), *ctx.inc_pc())
 
 
-# --- permute (helper run, issue 35 item 1: the library's own kernels) ---------------------------
+# --- permute -----------------------------------------------------------------------------------
 def bpermute_sink(inst, ctx) -> UOp:
     """ds_bpermute_b32 (GFX9 ISA): lane i takes DATA0 of lane ((ADDR[i] + offset) / 4) % 64, the
     address's bits above 7 ignored; 0 where that lane is off in EXEC. The emulator's pseudocode
@@ -339,7 +403,7 @@ def bpermute_sink(inst, ctx) -> UOp:
     return UOp.sink(ctx.wvgpr_dyn(vdst, lane, val, exec_mask).end(lane), *ctx.inc_pc())
 
 
-# --- mix (helper run) ---------------------------------------------------------------------------
+# --- mix ---------------------------------------------------------------------------------------
 MIX_OPS = ("V_MAD_MIX_F32", "V_MAD_MIXLO_F16", "V_MAD_MIXHI_F16")
 
 
@@ -398,6 +462,11 @@ class Layer:
             return pc_sink
         if "ds_swizzle" in self.on and name == "DS_SWIZZLE_B32":
             return swizzle_sink
+        if "buffer" in self.on and isinstance(inst, emu.irc.MUBUF) and not emu._iattr(inst, "lds"):
+            if mubuf_width(name) is not None:
+                return mubuf_sink
+            if "ATOMIC" in name:
+                raise NotImplementedError(f"{name.lower()}: MUBUF atomics are not modelled")
         if "permute" in self.on and name == "DS_BPERMUTE_B32":
             return bpermute_sink
         if "mix" in self.on and name in MIX_OPS:

@@ -29,17 +29,19 @@ from codegen.core.errors import CodegenError, EXIT_UPSTREAM
 from codegen.core.fsutil import trusted_storage
 from codegen.core.resources import user_cache_dir
 from codegen.emulate import source
-from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, Arena
+from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, SCRATCH_APERTURE, Arena
 from codegen.emulate.parts import PARTS
 from codegen.emulate.child import FRAME
 from codegen.emulate.source import EmulatorMissing
 from codegen.formats.elf import IMAGE_LIMIT, ElfError, kernel_descriptor, loaded_image, read_code_object
 from codegen.models.emulate import Execution, Fault, Launch
 
-DEFAULT_BUDGET = 50_000_000     # wave instructions per launch (AOTriton's d64 forward on 96x80: ~10^4)
+DEFAULT_BUDGET = 50_000_000     # wave instructions per launch, far above what AOTriton's kernels take on small problems
 DEFAULT_TIMEOUT_S = 3600.0      # wall clock per launch, compiles included
 ANSWER_LIMIT = 16 << 20         # bytes of one answer from the child
-ARCHS = {"gfx908": 65536, "gfx90a": 65536, "gfx906": 65536}   # arch -> LDS bytes a workgroup may have
+# arch -> LDS bytes a workgroup may have: the archs our layer covers (gfx90a and later are not:
+# their MFMA encodings and packed work-item ids differ, and nothing here checks them)
+ARCHS = {"gfx908": 65536, "gfx906": 65536}
 # the launch area at the start of the arena (codegen.emulate.arena.LAUNCH_BYTES)
 DISPATCH_OFF, QUEUE_OFF, KERNARG_OFF = 0, 256, 4096
 HIDDEN = {  # hidden kernel argument -> what the runtime puts there (launch -> int); others are 0
@@ -89,9 +91,9 @@ class Machine:
         `cache`: keep compiled instructions in the user cache across runs (codegen.emulate.icache)."""
         if arch not in ARCHS:
             raise EmulatorMissing(f"no emulator layer for {arch} (there is one for {', '.join(sorted(ARCHS))})")
-        if arena.device_base < CODE_BASE + IMAGE_LIMIT and CODE_BASE < arena.device_base + arena.size:
-            raise ValueError(f"the arena [{arena.device_base:#x}, +{arena.size:#x}) overlaps the code's place "
-                             f"({CODE_BASE:#x})")
+        for start, n, what in ((CODE_BASE, IMAGE_LIMIT, "the code's place"), (SCRATCH_APERTURE, 1 << 40, "the scratch aperture")):
+            if arena.device_base < start + n and start < arena.device_base + arena.size:
+                raise ValueError(f"the arena [{arena.device_base:#x}, +{arena.size:#x}) overlaps {what} ({start:#x})")
         unknown = sorted(set(without) - set(PARTS))
         if unknown:
             raise ValueError(f"no part {', '.join(unknown)} in the emulator layer (its parts: {', '.join(PARTS)})")

@@ -132,8 +132,20 @@ def _from_archive(archive: Path, root: Path) -> Path:
 
     def fill(tmp: Path) -> None:   # the bytes are the pinned archive's: every member is known
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:xz") as tar:
-            tar.extractall(tmp, filter="data")
+            _extract(tar, tmp)
     return _install(root, fill)
+
+
+def _extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Every member into `dest`, through tarfile's "data" filter where this Python has it (no
+    links out, no devices, no absolute names)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    for m in tar.getmembers():
+        if m.name.startswith(("/", "..")) or ".." in Path(m.name).parts or not (m.isfile() or m.isdir()):
+            raise EmulatorMissing(f"the emulator's archive holds {m.name!r}, which is not a plain file or folder")
+    tar.extractall(dest)
 
 
 def _from_git(git_dir: str, root: Path) -> Path:
@@ -148,7 +160,7 @@ def _from_git(git_dir: str, root: Path) -> Path:
             raise EmulatorMissing(f"{GIT_ENV}={git_dir}: git archive {SHORT} failed: {tail[-1] if tail else ''}",
                                   hint=_fix())
         with tarfile.open(fileobj=io.BytesIO(proc.stdout), mode="r:") as tar:
-            tar.extractall(tmp, filter="data")
+            _extract(tar, tmp)
     return _install(root, fill)
 
 
