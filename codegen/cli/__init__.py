@@ -43,6 +43,7 @@ STAGE_COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("codegen.cli.build", "Configure, build and install AOTriton for the spec's GPU; verify the install."),
     "tune": ("codegen.cli.tune", "Tune the spec's kernel configs on a GPU (tune AOTRITON_DIR ...) or import upstream's tuning logs (tune import FILE). Results: tuning/<arch>/ beside the spec, where render reads them."),
     "bundle": ("codegen.cli.bundle", "Drop-in bundles: the runtime built against a HIP major's headers, its images and a manifest, checked on a CPU (link identity, emulated dispatch); never run on a card."),
+    "emulate": ("codegen.cli.emulate", "Execute the bundle's flash attention forward and backward on an emulated GPU and compare with fp64."),
     "torch": ("codegen.cli.torch", "Drop our AOTriton build into an installed PyTorch (checks, backup, restore), or print the from-source PyTorch rebuild recipe."),
     "validate": ("codegen.cli.validate", "On the current GPU: prove AOTriton's flash attention runs and is correct (exit 3 on failure)."),
     "report": ("codegen.cli.report", "On a card: collect the environment, torch status and validate's results into one file to send back."),

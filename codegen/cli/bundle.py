@@ -106,19 +106,26 @@ def check(
     tree: Optional[Path] = typer.Option(None, "--tree", help="The applied tree it was built from: check "
                                         "each tuned launch against its tuning database (default: the rows the "
                                         "bundle carries) and name other GPUs' rows with the same configuration."),
+    execute: bool = typer.Option(False, "--execute", help="Also execute the library's forward and backward of "
+                                 "every dtype, head dim and variant on an emulated GPU and compare with fp64 "
+                                 "(minutes per case: `mi100-codegen emulate` runs chosen cases)."),
 ) -> None:
     """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
     # CLI start-up: the check loads when a bundle is checked, not for `bundle build`
+    from codegen.cli.emulate import print_executed
     from codegen.ship.bundle import BundleBuildError
     from codegen.ship.check import check_bundle
 
-    rep = check_bundle(file, progress=_say, tree=tree)
+    rep = check_bundle(file, progress=_say, tree=tree, execute=execute)
     if as_json:
         sys.stdout.write(json.dumps(rep.as_json(), indent=2, sort_keys=True) + "\n")
     _print_check(rep)
+    if rep.executed is not None:
+        print_executed(rep.executed)
     if not rep.ok:
         raise BundleBuildError(f"{file}: the bundle fails its checks (see above)")
-    stderr.print("[green]ok:[/] every check passed (CPU-built, dispatch emulated; never run on a card)")
+    ran = f", kernels executed on an emulated {rep.executed.arch} ISA" if rep.executed is not None else ""
+    stderr.print(f"[green]ok:[/] every check passed (CPU-built, dispatch emulated{ran}; never run on a card)")
 
 
 @bundle_app.command("verify")

@@ -383,6 +383,54 @@ def swizzle_sink(inst, ctx) -> UOp:
     return UOp.sink(ctx.wvgpr_dyn(vdst, lane, val, exec_mask).end(lane), *ctx.inc_pc())
 
 
+# --- permute -----------------------------------------------------------------------------------
+def bpermute_sink(inst, ctx) -> UOp:
+    """ds_bpermute_b32 (GFX9 ISA): lane i takes DATA0 of lane ((ADDR[i] + offset) / 4) % 64, the
+    address's bits above 7 ignored; 0 where that lane is off in EXEC. The emulator's pseudocode
+    says `% 64U` but its evaluation reads lanes past 63 (another register's lanes), and the kernels
+    Triton 3.5.1 builds pass workgroup-wide byte offsets (thread id * 4 ^ 128): their reductions
+    over 2 and 4 waves came out wrong."""
+    offset = emu._iattr(inst, "offset0") | (emu._iattr(inst, "offset1") << 8)
+    exec_mask = ctx.rexec()
+    vdst, addr, data0 = (ctx.inst_field(type(inst).vdst), ctx.inst_field(type(inst).addr),
+                         ctx.inst_field(type(inst).data0))
+    snap = UOp.placeholder((64,), dtypes.uint32, slot=1, addrspace=AddrSpace.LOCAL)
+    rl = ctx.range()
+    staged = snap.after(snap.index(rl).store(ctx.rvgpr_dyn(data0, rl)).end(rl))
+    lane = ctx.range()
+    src = (((ctx.rvgpr_dyn(addr, lane) + _c(offset)) >> _c(2)) & _c(63)).cast(dtypes.int)
+    val = emu._lane_active(exec_mask, src).where(staged.index(src), _c(0))
+    return UOp.sink(ctx.wvgpr_dyn(vdst, lane, val, exec_mask).end(lane), *ctx.inc_pc())
+
+
+# --- mix ---------------------------------------------------------------------------------------
+MIX_OPS = ("V_MAD_MIX_F32", "V_MAD_MIXLO_F16", "V_MAD_MIXHI_F16")
+
+
+def mix_sink(inst, ctx) -> UOp:
+    """v_fma_mix_f32, v_fma_mixlo_f16, v_fma_mixhi_f16 (GFX9; decoded by CDNA3's names v_mad_mix*):
+    an inline float constant is read as f32 where the operand's op_sel_hi bit takes it as f32 (bit
+    clear) and as f16 where it is set. The emulator reads every VOP3P constant as f16, so
+    `v_fma_mixlo_f16 v1, v0, 1.0, 0` (how Triton converts f32 to f16) gave +-0. Otherwise the
+    emulator's own handling: neg negates, neg_hi takes the absolute value, of the selected half."""
+    lane = ctx.range()
+    exec_mask = ctx.rexec()
+    opsel, neg, neg_hi = emu._iattr(inst, "opsel"), emu._iattr(inst, "neg"), emu._iattr(inst, "neg_hi")
+    hi = (emu._iattr(inst, "opsel_hi", 3) & 3) | ((emu._iattr(inst, "opsel_hi2", 1) & 1) << 2)
+    srcs: dict = {}
+    for i, field in enumerate(("src0", "src1", "src2")):
+        bit = 1 << i
+        v = ctx.rsrc_dyn(ctx.inst_field(getattr(type(inst), field)), lane, 16 if hi & bit else 32, do_cast=True)
+        sign = 0x80000000 if not hi & bit or opsel & bit else 0x8000   # of the f32, or of the f16 half used
+        if neg_hi & bit:
+            v = v & _c(0xFFFFFFFF ^ sign)
+        if neg & bit:
+            v = v ^ _c(sign)
+        srcs[f"S@{i}"] = v
+    srcs.update(OPSEL_HI=_c(hi), OPSEL=_c(opsel))
+    return ctx.compile_vop_pcode(inst.op, srcs, lane, ctx.inst_field(type(inst).vdst), exec_mask)
+
+
 # --- the layer ---------------------------------------------------------------------------------
 class Layer:
     """The fixes of one arch, minus those `without` names, as the runner asks for them."""
@@ -421,6 +469,10 @@ class Layer:
                 return mubuf_sink
             if "ATOMIC" in name:
                 raise NotImplementedError(f"{name.lower()}: MUBUF atomics are not modelled")
+        if "permute" in self.on and name == "DS_BPERMUTE_B32":
+            return bpermute_sink
+        if "mix" in self.on and name in MIX_OPS:
+            return mix_sink
         return None
 
     def prepare(self, inst) -> None:

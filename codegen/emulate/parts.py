@@ -77,6 +77,17 @@ PARTS_TABLE = (
          "an atomic returns the old value only when the instruction has `glc`; the CDNA tables call that bit "
          "sc0, so no atomic returns anything (Triton's atomic tile counters never advance)",
          "read CDNA's sc0 (GFX9's glc) as glc"),
+    Part("permute", "emu.py: _compile_mem_op (DS_PERMUTE/DS_BPERMUTE via parse_pcode)",
+         "ds_bpermute_b32 reads lane (addr + offset)/4 without the pseudocode's % 64: an address above 255 "
+         "reads past lane 63 (another register's lanes); Triton 3.5.1's cross-wave reductions pass "
+         "workgroup-wide byte offsets (thread id * 4 ^ 128)",
+         "source lane = ((addr + offset) >> 2) & 63, the address's bits above 7 ignored; 0 from a lane EXEC "
+         "leaves out"),
+    Part("mix", "emu.py: _compile_vop3p (rsrc_dyn with bits=16 for every source)",
+         "v_fma_mix_f32/_mixlo_f16/_mixhi_f16 (CDNA3's v_mad_mix*) read every inline float constant as f16, "
+         "also where op_sel_hi takes the operand as f32: Triton's f32->f16 conversion v_fma_mixlo_f16 v1, "
+         "v0, 1.0, 0 gives +-0",
+         "an inline constant is f32 where the operand's op_sel_hi bit is clear, f16 where it is set"),
 )
 PARTS = tuple(p.name for p in PARTS_TABLE)
 FIXES = tuple(p for p in PARTS if p != "guard")

@@ -24,7 +24,10 @@
 5. Coverage (coverage.py): every dtype, head dim and variant the spec declares dispatched (the
    cases are made from those axes: dispatch.check_cases), every packed package loaded by some
    case (or said why PyTorch's calls may not reach it with the cases' inputs).
-6. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
+6. Executed (only with `execute`): the library's own forward and backward of the spec's executed
+   matrix run through the same dispatch with every kernel executed on an emulated GPU and the
+   results compared with an fp64 reference (execute.py).
+7. Negative controls that must fail, each named: a missing image (the .aks2 package, or 0.13b's
    image-zip member, of one kernel the cases used removed), a code object of another arch (the stub's device mach value set to another
    arch's), a library linked against another HIP major (the stub of the other major in its place).
 """
@@ -47,8 +50,10 @@ from codegen.formats.op_table import FUSED_BACKEND_INDEX, FUSED_FAMILY
 from codegen.models.cases import SHAPES
 from codegen.ship.coverage import Coverage, coverage
 from codegen.ship.identity import Claim
+from codegen.models.execute import ExecuteReport
 from codegen.ship.dispatch import (LABEL, HIP_SUCCESS, DispatchCase, DispatchReport, check_cases, dispatch_cases,
                                    remove_image, run_dispatch)
+from codegen.ship.execute import execute_extracted
 from codegen.ship.rows import (ROWS, RowMatch, RowsSource, TuningDatabase, match_report, read_rows, summary,
                                tree_database)
 from codegen.ship.stub import build_stub
@@ -71,10 +76,12 @@ class CheckReport:
     rows_note: str = ""
     forced: Claim | None = None                          # None: the bundle left nothing out
     coverage: Coverage | None = None
+    executed: ExecuteReport | None = None                # None: not asked for (--execute)
 
     @property
     def ok(self) -> bool:
         return (all(c.ok for c in self.claims) and self.dispatch is not None and self.dispatch.ok
+                and (self.executed is None or self.executed.ok)
                 and self.coverage is not None and self.coverage.ok
                 and bool(self.controls) and all(c.ok for c in self.controls)
                 and (self.rows_claim is None or self.rows_claim.ok) and (self.forced is None or self.forced.ok))
@@ -97,6 +104,7 @@ class CheckReport:
             "tuning_rows": None if self.rows_claim is None else self.rows_claim.as_json(),
             "forced_fused": None if self.forced is None else self.forced.as_json(),
             "tuning_rows_note": self.rows_note or None,
+            "executed": None if self.executed is None else self.executed.model_dump(mode="json"),
         }
 
 
@@ -201,10 +209,10 @@ def check_rows(rep: CheckReport, root: Path, source: RowsSource) -> None:
 
 def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[[str], None] = lambda s: None,
                     controls: bool = True, name: str = "", tree: Path | None = None,
-                    rows: RowsSource | None = None) -> CheckReport:
+                    rows: RowsSource | None = None, execute: bool = False) -> CheckReport:
     """Check an extracted bundle folder (also what `bundle build` runs before it writes the file).
     `tree`: the applied tree it was built from, for the tuning-row check; without it the rows the
-    bundle carries are read (`rows`: read already)."""
+    bundle carries are read (`rows`: read already). `execute`: item 6 of the module doc too."""
     if rows is None:   # a bad tree or bad carried rows: refused before the work
         carried = root / ROWS
         rows = read_rows(tree=tree, carried=carried.read_bytes() if carried.is_file() else None,
@@ -229,6 +237,8 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
                             list(reach.left_out) if reach else [])
     check_rows(rep, root, rows)
     check_forced(rep, root, manifest, hip, cache, progress)
+    if execute:
+        rep.executed = execute_extracted(root, manifest, progress=progress)
     if not controls:
         return rep
     # 1. a missing image: remove the container (an .aks2 package, or 0.13b: the member of an image
@@ -261,19 +271,19 @@ def check_extracted(root: Path, manifest: BundleManifest, *, progress: Callable[
 
 
 def check_bundle(path: Path, *, progress: Callable[[str], None] = lambda s: None,
-                 tree: Path | None = None) -> CheckReport:
+                 tree: Path | None = None, execute: bool = False) -> CheckReport:
     tdb = tree_database(Path(tree)) if tree is not None else None   # a bad tree: refused first
-    return check_opened(open_bundle(path), progress=progress, tree_db=tdb)
+    return check_opened(open_bundle(path), progress=progress, tree_db=tdb, execute=execute)
 
 
 def check_opened(b: Bundle, *, progress: Callable[[str], None] = lambda s: None,
-                 tree_db: TuningDatabase | None = None) -> CheckReport:
+                 tree_db: TuningDatabase | None = None, execute: bool = False) -> CheckReport:
     """`check_bundle` of a bundle already opened (`open_bundle`: every member verified), so that a
     caller which goes on to install it checks and installs the same bytes, read once."""
     rows = read_rows(tree_db=tree_db, carried=b.members.get(ROWS), name=f"{b.path}: {ROWS}")   # then bad rows
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
-        return check_extracted(root, b.manifest, progress=progress, name=str(b.path), rows=rows)
+        return check_extracted(root, b.manifest, progress=progress, name=str(b.path), rows=rows, execute=execute)
 
 
 __all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_opened", "check_rows"]

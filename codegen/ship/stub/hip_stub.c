@@ -15,6 +15,12 @@
  *   MI100_STUB_WAVE    wavefront size of the device (64, or 32 on RDNA) (default 64)
  *   MI100_STUB_CUS     compute units reported (default 120)
  *   MI100_STUB_LOG     file the JSON lines are appended to (default: stderr)
+ *   MI100_STUB_EXEC    "REQ,REP": execute mode (codegen/ship/execute.py). Each loaded code object
+ *                      is sent on file descriptor REQ, and each valid launch with its explicit
+ *                      kernel arguments laid out as the code object's metadata places them; the
+ *                      launch waits for the 4-byte answer on REP (0, or the HIP error it returns),
+ *                      so the kernels run, one at a time, in the library's order. Frames: a u32
+ *                      type (EXEC_LOAD 2, EXEC_LAUNCH 3), a u32 length, the payload.
  */
 #include <hip/hip_runtime_api.h>
 #if HIP_VERSION_MAJOR >= 6
@@ -25,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -68,6 +75,60 @@ static hipError_t violation(hipError_t err, const char *kernel, const char *fmt,
   if (f != stderr) fprintf(stderr, "mi100-codegen HIP stub: violation: %s (%s)\n", msg, kernel ? kernel : "");
   last_error = err;
   return err;
+}
+
+
+/* --- execute mode: the channel to the parent (MI100_STUB_EXEC) -------------------------------- */
+enum { EXEC_LOAD = 2, EXEC_LAUNCH = 3 };
+static int exec_req = -2, exec_rep = -2;   /* -2: not read yet; -1: not in execute mode */
+
+static int exec_on(void) {
+  if (exec_req == -2) {
+    const char *v = getenv("MI100_STUB_EXEC");
+    int a = -1, b = -1;
+    char tail;
+    if (v && *v && sscanf(v, "%d,%d%c", &a, &b, &tail) == 2 && a > 2 && b > 2) {
+      exec_req = a;
+      exec_rep = b;
+    } else {
+      exec_req = exec_rep = -1;
+    }
+  }
+  return exec_req >= 0;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+  const char *c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w <= 0) return 0;
+    c += w;
+    n -= (size_t)w;
+  }
+  return 1;
+}
+
+static int read_all(int fd, void *p, size_t n) {
+  char *c = p;
+  while (n) {
+    ssize_t r = read(fd, c, n);
+    if (r <= 0) return 0;
+    c += r;
+    n -= (size_t)r;
+  }
+  return 1;
+}
+
+/* one frame: type, length, then the parts' bytes */
+static int exec_send(uint32_t type, const void *const *parts, const size_t *lens, int n) {
+  uint64_t total = 0;
+  for (int i = 0; i < n; i++) total += lens[i];
+  if (total > 0xffffffffu) return 0;
+  uint32_t head[2] = {type, (uint32_t)total};
+  if (!write_all(exec_req, head, sizeof head)) return 0;
+  for (int i = 0; i < n; i++)
+    if (!write_all(exec_req, parts[i], lens[i])) return 0;
+  return 1;
 }
 
 /* --- the device ------------------------------------------------------------------------------- */
@@ -248,10 +309,13 @@ static int mp_is(mpv v, const char *s) {
   return v.kind == MP_STR && v.len == strlen(s) && memcmp(v.str, s, v.len) == 0;
 }
 
+#define MAX_ARGS 256   /* explicit arguments placed for execute mode (AOTriton's kernels take < 100) */
+
 typedef struct {
   int found;
   int64_t kernarg_segment_size, max_flat_workgroup_size, wavefront_size;
   int64_t explicit_args, explicit_bytes;   /* non-hidden .args: count, end of the last one */
+  int32_t arg_offset[MAX_ARGS], arg_size[MAX_ARGS];   /* of the first MAX_ARGS explicit ones, in order */
 } kmeta;
 
 /* the amdhsa.kernels entry of `name` in a metadata note */
@@ -265,7 +329,7 @@ static void meta_for(span desc, const char *name, kmeta *k) {
     for (size_t j = 0; j < val.len && m.ok; j++) {
       mpv km = mp_next(&m);
       if (km.kind != MP_MAP) { mp_skip(&m, km, 0); continue; }
-      kmeta cur = {0, -1, -1, -1, 0, 0};
+      kmeta cur = {0, -1, -1, -1, 0, 0, {0}, {0}};
       int match = 0;
       for (size_t f = 0; f < km.len && m.ok; f++) {
         mpv fk = mp_next(&m), fv = mp_next(&m);
@@ -287,6 +351,10 @@ static void meta_for(span desc, const char *name, kmeta *k) {
               else mp_skip(&m, av, 0);
             }
             if (!hidden && off >= 0 && size >= 0) {
+              if (cur.explicit_args < MAX_ARGS && off < (1 << 20) && size < (1 << 20)) {
+                cur.arg_offset[cur.explicit_args] = (int32_t)off;
+                cur.arg_size[cur.explicit_args] = (int32_t)size;
+              }
               cur.explicit_args++;
               if (off + size > cur.explicit_bytes) cur.explicit_bytes = off + size;
             }
@@ -385,6 +453,14 @@ EXPORT hipError_t hipModuleLoadDataEx(hipModule_t *module, const void *image, un
   json_str(f, m->target);
   fprintf(f, "}\n");
   fflush(f);
+  if (exec_on()) {   /* the parent keeps the image: the library may free its copy after the load */
+    const void *parts[] = {&m->hash, p};
+    size_t lens[] = {sizeof m->hash, n};
+    if (!exec_send(EXEC_LOAD, parts, lens, 2)) {
+      free(m);
+      return violation(hipErrorInvalidImage, NULL, "execute mode: the parent does not take the code object");
+    }
+  }
   *module = (hipModule_t)m;
   return hipSuccess;
 }
@@ -533,6 +609,47 @@ EXPORT hipError_t hipModuleGetFunction(hipFunction_t *function, hipModule_t modu
   return hipSuccess;
 }
 
+/* execute mode: the launch (checked above) goes to the parent with its explicit kernel arguments
+   as HIP lays them out (the `extra` buffer as passed; kernelParams placed at the metadata's
+   offsets), and returns what the parent answers */
+static hipError_t execute(function_t *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned shared, void **kernelParams, void **extra) {
+  const char *k = fn->name;
+  unsigned char *args;
+  size_t nargs;
+  if (extra) {
+    void *buf = NULL;
+    size_t *size = NULL;
+    for (int i = 0; i < 16 && extra[i] != HIP_LAUNCH_PARAM_END; i++) {
+      if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[++i];
+      else if (extra[i] == HIP_LAUNCH_PARAM_BUFFER_SIZE) size = (size_t *)extra[++i];
+    }
+    nargs = *size;
+    args = malloc(nargs ? nargs : 1);
+    if (!args) return hipErrorOutOfMemory;
+    memcpy(args, buf, nargs);
+  } else {
+    if (fn->meta.explicit_args > MAX_ARGS)
+      return violation(hipErrorInvalidValue, k, "execute mode: %lld explicit arguments, more than the %d placed",
+                       (long long)fn->meta.explicit_args, MAX_ARGS);
+    nargs = (size_t)fn->meta.explicit_bytes;
+    args = calloc(nargs ? nargs : 1, 1);
+    if (!args) return hipErrorOutOfMemory;
+    for (long long i = 0; i < fn->meta.explicit_args; i++)
+      memcpy(args + fn->meta.arg_offset[i], kernelParams[i], (size_t)fn->meta.arg_size[i]);
+  }
+  uint32_t name_len = (uint32_t)strlen(k), dims[7] = {gx, gy, gz, bx, by, bz, shared}, arg_len = (uint32_t)nargs;
+  const void *parts[] = {&fn->mod->hash, &name_len, k, dims, &arg_len, args};
+  size_t lens[] = {sizeof fn->mod->hash, sizeof name_len, name_len, sizeof dims, sizeof arg_len, nargs};
+  int sent = exec_send(EXEC_LAUNCH, parts, lens, 6);
+  free(args);
+  int32_t answer;
+  if (!sent || !read_all(exec_rep, &answer, sizeof answer))
+    return violation(hipErrorLaunchFailure, k, "execute mode: no answer from the parent for the launch");
+  if (answer != 0) last_error = (hipError_t)answer;
+  return (hipError_t)answer;
+}
+
 EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gx, unsigned int gy, unsigned int gz,
                                         unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
                                         hipStream_t stream, void **kernelParams, void **extra) {
@@ -581,7 +698,7 @@ EXPORT hipError_t hipModuleLaunchKernel(hipFunction_t f, unsigned int gx, unsign
   fprintf(o, ",\"grid\":[%u,%u,%u],\"block\":[%u,%u,%u],\"shared\":%u,\"args\":\"%s\",\"arg_bytes\":%lld}\n",
           gx, gy, gz, bx, by, bz, shared, style, passed);
   fflush(o);
-  return hipSuccess;
+  return exec_on() ? execute(fn, gx, gy, gz, bx, by, bz, shared, kernelParams, extra) : hipSuccess;
 }
 
 EXPORT hipError_t hipModuleUnload(hipModule_t module) {
