@@ -132,6 +132,7 @@ def guarded(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        _state["interrupt_reported"] = False   # once per command: a process may run several (tests)
         try:
             _check_cwd()
             result = fn(*args, **kwargs)
