@@ -1,6 +1,7 @@
 """GPU side of `tune`: measure grid entries in worker processes (one per GPU, each candidate
-under a deadline: `codegen.gpu.tune.workers`), compile Triton's cache in parallel first. Imports
-torch/triton lazily (through `.kernels`), in the workers."""
+under a deadline: the one pool, `codegen.core.pool`), handed out by measured device speed
+(`estimate.Dispatch`); Triton's cache is compiled in parallel first, while the measuring workers
+start. Imports torch/triton lazily (through `.kernels`), in the workers."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from codegen.core.pool import Job, Lost, Pool, SlotStats, short
 from codegen.models import KernelConfig
+from codegen.gpu.tune.estimate import Dispatch
 from codegen.gpu.tune.grid import GridEntry, group_effective
 from codegen.gpu.tune.store import Provenance, config_columns, entry_columns
-from codegen.gpu.tune.workers import Job, Lost, SlotStats, Supervisor, short
 
 
 @dataclass(frozen=True)
@@ -180,11 +182,12 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
         for name, e in results or [(job.key, err)]:
             on_done(name, e or err)
 
-    sup = Supervisor(list(range(min(workers, len(jobs)))), warm_init, warm_handle, (str(aotriton_dir),),
-                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
+    pool = Pool(list(range(min(workers, len(jobs)))), warm_init, warm_handle, (str(aotriton_dir),),
+                step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s, label="tune-compile",
+                who=lambda slot: f"tune compile worker {slot}")
     named = ((like, cfg, cfg.name if cfg is not None else f"{like.name} (inputs)") for like, cfg in jobs)
-    sup.run((Job(name, (like, cfg, s), (name,)) for like, cfg, name in named), done,
-            lambda job, lost, info: [(lost.names[0], f"{lost.why}: {lost.detail}")])
+    pool.run((Job(name, (like, cfg, s), (name,)) for like, cfg, name in named), done,
+             lambda job, lost, info: [(lost.names[0], f"{lost.why}: {lost.detail}")])
 
 
 def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
@@ -223,15 +226,18 @@ def visible_gpus() -> int:
 
 def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
                 work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, devices: list[int],
-                on_result: Callable[[GridEntry, list[dict], str, object], None],
-                init: Callable = measure_init, handle: Callable = measure_handle) -> list[SlotStats]:
-    """Measure each (entry, configs) of `work` on one worker per device of `devices` (the same
-    index twice: two workers share that GPU). `work` is consumed lazily, one entry per idle
-    worker (a budget check inside the iterator stops handing out work; hand it out longest
-    first and every entry goes to the device that frees first). on_result(entry, rows, error,
-    device) runs in this process as each entry finishes, so results are flushed one at a time.
-    A candidate that hangs or kills its worker gets a `timeout`/`crash` row; the worker is
-    replaced and the entry goes on. Returns what each device did."""
+                on_result: Callable[[GridEntry, list[dict], str, object], None], *,
+                init: Callable = measure_init, handle: Callable = measure_handle,
+                cost: Callable[[GridEntry], float] | None = None, stop: Callable[[], bool] | None = None,
+                meanwhile: Callable[[Pool], None] | None = None) -> list[SlotStats]:
+    """Measure each (entry, configs) of `work` on one worker per device of `devices`;
+    meanwhile(pool) runs in this process while they start (the compile warm-up). Entries go out longest
+    first by cost(entry), their estimated seconds (None: all equal, in order), each to a device
+    that would finish it soonest by its measured speed (`estimate.Dispatch`); once stop()
+    says so (a budget) no more are handed out. on_result(entry, rows, error, device) runs in
+    this process as each entry finishes, so results are flushed one at a time. A candidate
+    that hangs or kills its worker gets a `timeout`/`crash` row; the worker is replaced and the
+    entry goes on. Returns what each device did."""
 
     def done(job, results, err, stats):
         entry = job.payload[0]
@@ -241,10 +247,15 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
         entry, configs, gpu_, _ = job.payload
         return [lost_rows(entry, configs, lost_step, gpu_, info["prov"])]
 
-    sup = Supervisor(list(devices), init, handle, (str(aotriton_dir), target_arch),
-                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
-    jobs = (Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs)) for e, configs in work)
-    return sup.run(jobs, done, lost)
+    jobs = [Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs), cost(e) if cost else 1.0)
+            for e, configs in work]
+    with Pool(list(devices), init, handle, (str(aotriton_dir), target_arch), step_timeout_s=s.timeout_s,
+              setup_timeout_s=s.setup_timeout_s, label="tune",
+              who=lambda slot: f"tune worker for device {slot}") as pool:
+        pool.start()
+        if meanwhile is not None:
+            meanwhile(pool)
+        return pool.run(Dispatch(jobs, len(devices), stop=stop), done, lost)
 
 
 def default_compile_workers() -> int:
