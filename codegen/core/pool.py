@@ -209,18 +209,18 @@ class Pool:
 
     def _start(self, w: _Worker) -> None:
         parent, child = self._ctx.Pipe()
-        w.proc = self._ctx.Process(target=serve, args=(child, w.slot, self.init, self.handle, self.args),
-                                   daemon=True, name=f"mi100-codegen-{self.label}-{w.slot}")
+        proc = self._ctx.Process(target=serve, args=(child, w.slot, self.init, self.handle, self.args),
+                                 daemon=True, name=f"mi100-codegen-{self.label}-{w.slot}")
         with _SPAWN_LOCK:
             if self.python is not None:
                 spawn.set_executable(self.python)
             try:
-                w.proc.start()
+                proc.start()
             finally:
                 if self.python is not None:
                     spawn.set_executable(_DEFAULT_EXECUTABLE)
-        child.close()
-        w.conn, w.ready, w.step = parent, False, None
+                child.close()
+        w.proc, w.conn, w.ready, w.step = proc, parent, False, None
         w.spawned = w.started = time.monotonic()
 
     def _stop(self, w: _Worker) -> None:

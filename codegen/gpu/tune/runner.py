@@ -9,6 +9,7 @@ import datetime
 import importlib.util
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -63,32 +64,68 @@ def _row(entry: GridEntry, gpu: str, cfg: KernelConfig, rep: str, prov: Provenan
             "same_kernel_as": "" if cfg.name == rep else rep, **prov.as_dict()}
 
 
+def _kernel_kind(entry: GridEntry) -> tuple:
+    """What Triton compiles an entry's kernels for, besides the config: entries of one kind share them."""
+    kind = (entry.family, entry.dtype, entry.head_dim, entry.causal, entry.dropout, entry.bias)
+    return kind + ((entry.seqlen_q, entry.seqlen_k) if entry.family == "bwd_kernel_fuse" else ())
+
+
+_LOADED: set = set()  # (kind, config) of the kernels this worker process has launched
+
+
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
-                  prov: Provenance, report=None) -> list[dict]:
+                  prov: Provenance, report=None, phases: dict | None = None) -> list[dict]:
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
-    `Reporter`) hears of each kernel before it runs and gets its rows after."""
+    `Reporter`) hears of each kernel before it runs and gets its rows after; `phases` gets the
+    seconds spent per phase added (inputs, reference, cache load: a kernel's first launch in
+    this process, launch, check, timing) and the launches timing made."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import bench, check, reference, seed_of
 
+    clock = {} if phases is None else phases
+    t = [time.perf_counter()]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        clock[name] = clock.get(name, 0.0) + now - t[0]
+        t[0] = now
+
     fam = entry.family
     p = entry_problem(entry, s, s.batch, s.heads, (entry.seqlen_q, entry.seqlen_k), seed_of(entry.name))
     keep = tk.dropout_keep(p, s.check_heads) if entry.dropout else None
-    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
     bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if fam != "attn_fwd" else (None, None, None)
+    torch.cuda.synchronize()
+    lap("inputs")
+    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
+    torch.cuda.synchronize()
+    lap("reference")
+    kind = _kernel_kind(entry)
     rows: list[dict] = []
     for group in group_effective(configs, tk.backend):
         rep = group[0]
         if report is not None:
             report.begin([c.name for c in group])
         status, t_ms, errs = "error", None, ""
+        lap("other")
         try:
             launch, outs = tk.launcher(fam, p, rep, bwd)
             launch()
             torch.cuda.synchronize()
+            lap("launch" if (kind, rep.name) in _LOADED else "cache load")
+            _LOADED.add((kind, rep.name))
             ok, errs = check(outs, refs, s.check_heads, entry.dtype)
+            lap("check")
             if ok:
-                t_ms = bench(launch, s.warmup_ms, s.rep_ms)
+                calls = [0]
+
+                def counted():
+                    calls[0] += 1
+                    launch()
+
+                t_ms = bench(counted, s.warmup_ms, s.rep_ms)
+                lap("timing")
+                clock["timing launches"] = clock.get("timing launches", 0) + calls[0]
                 status = "ok"
                 if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
                     status, errs, t_ms = "bad time", f"benchmark returned {t_ms}", None
@@ -105,6 +142,7 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
             report.end(group_rows)
     del p, refs, keep, bwd
     torch.cuda.empty_cache()
+    lap("other")
     return rows
 
 
@@ -197,15 +235,18 @@ def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
     from codegen.gpu.tune.kernels import TreeKernels
 
     torch.cuda.set_device(device_index)
+    torch.empty(1, device="cuda")  # the GPU context, made now: at start, not in the first entry
     prov = provenance(target_arch)
     return (TreeKernels(Path(aotriton_dir)), prov), {"prov": prov, "device": prov.device}
 
 
-def measure_handle(state, job: tuple, names, report) -> None:
+def measure_handle(state, job: tuple, names, report) -> dict:
     tk, prov = state
     entry, configs, gpu, s = job
     todo = set(names)
-    measure_entry(tk, entry, [c for c in configs if c.name in todo], s, gpu, prov, report)
+    phases: dict = {}
+    measure_entry(tk, entry, [c for c in configs if c.name in todo], s, gpu, prov, report, phases)
+    return phases
 
 
 def missing_gpu_stack() -> list[str]:
