@@ -252,18 +252,20 @@ class Pool:
             lost_result: Callable[[Job, Lost, dict], list], *, feed=None,
             job_of: Callable[[object], Job] | None = None) -> list[SlotStats]:
         """Hand out `jobs` and call on_done(job, results, error, slot stats) in this process as
-        each finishes; `results` holds every step's result, lost steps as lost_result(job, lost,
+        each finishes, once the idle workers have their next job (so writing results overlaps
+        the work); `results` holds every step's result, lost steps as lost_result(job, lost,
         worker info) gives them. `feed`: a connection delivering more (job_of(item) each; None
         closes it), the run ends once everything received is done. Closes the pool."""
         source = jobs if hasattr(jobs, "take") else _Lazy(jobs)
         fed: deque = deque()
+        finished: deque = deque()
         try:
             self.start()
             index = {id(w.stats): i for i, w in enumerate(self.workers)}  # a replacement keeps its stats
 
             def done(job, results, err, stats, seconds):
                 source.done(index[id(stats)], job, seconds)
-                on_done(job, results, err, stats)
+                finished.append((job, results, err, stats))
 
             while True:
                 handed = True
@@ -277,6 +279,8 @@ class Pool:
                                 w.setup_losses = 0
                                 self._send(w)
                                 handed = True
+                while finished:
+                    on_done(*finished.popleft())
                 if feed is None and not fed and source.finished() and all(w.job is None for w in self.workers):
                     return [w.stats for w in self.workers]
 
