@@ -73,9 +73,9 @@ def _measure(tree: Path, sp, plan, sched, s, devices: list[int], scratch: Path) 
     return {"devices": devices, "start_s": marks["ready"] - t0, "wall_s": marks["last"] - marks["ready"],
             "stop_s": end - marks["last"], "winners": winners, "rows": rows_of, "phases": phases,
             "launches": sum(st.phases.get("timing launches", 0) for st in stats),
-            "per_device": [{"slot": st.slot, "device": st.info.get("device"), "entries": st.jobs,
+            "per_device": [{"slot": st.slot, "info": {k: v for k, v in st.info.items() if k != "prov"}, "entries": st.jobs,
                             "kernels": st.steps, "busy_s": round(st.busy_s, 2), "start_s": round(st.start_s, 2),
-                            "timeouts": st.timeouts, "crashes": st.crashes} for st in stats]}
+                            "timeouts": st.timeouts, "crashes": st.crashes, "phases": st.phases} for st in stats]}
 
 
 def _time_of(rows: list[dict], config: str) -> float | None:
