@@ -78,7 +78,7 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
     `Reporter`) hears of each kernel before it runs and gets its rows after; `phases` gets the
     seconds spent per phase added (inputs, reference, cache load: a kernel's first launch in
-    this process, launch, check, timing) and the launches timing made."""
+    this process, launch, check, timing), the kernels loaded and the launches timing made."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import bench, check, reference, seed_of
@@ -112,8 +112,12 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
             launch, outs = tk.launcher(fam, p, rep, bwd)
             launch()
             torch.cuda.synchronize()
-            lap("launch" if (kind, rep.name) in _LOADED else "cache load")
-            _LOADED.add((kind, rep.name))
+            if (kind, rep.name) in _LOADED:
+                lap("launch")
+            else:
+                lap("cache load")
+                clock["cache loads"] = clock.get("cache loads", 0) + 1
+                _LOADED.add((kind, rep.name))
             ok, errs = check(outs, refs, s.check_heads, entry.dtype)
             lap("check")
             if ok:
