@@ -47,6 +47,7 @@ class Job:
     payload: object  # what the worker's handler gets, with the names still to do
     names: tuple[str, ...]  # the units its steps report (candidate configs), each exactly once
     cost: float = 1.0  # its expected seconds, relative to the other jobs (for a `Source`)
+    group: str = ""  # jobs of one group share what a worker loads for them (a `Source` may keep them together)
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,10 @@ class Dispatch:
     would. Each worker's speed is measured as it goes (its seconds over the estimates of the
     jobs it finished), so a slower device (a mixed rig) takes fewer and smaller entries and
     leaves the long ones to the faster, rather than taking the same share. A worker whose job
-    overran its projection counts as not free soon. `stop()` ends the hand-out (a budget)."""
+    overran its projection counts as not free soon. Among the jobs it may take, a worker takes
+    one of a group it already has (`Job.group`: entries whose kernels it has loaded) first,
+    else one of a group no worker has, else another's (at the end). `stop()` ends the
+    hand-out (a budget)."""
 
     def __init__(self, jobs: list[Job], workers: int, *, stop: Callable[[], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -108,6 +111,7 @@ class Dispatch:
         self._busy: dict[int, tuple[Job, float]] = {}  # worker -> (job, when it started)
         self._took = [0.0] * self.n  # seconds of the jobs each worker finished
         self._est = [0.0] * self.n  # and their estimates
+        self._owner: dict[str, int] = {}  # group -> the worker that took it first
 
     def speed(self, w: int) -> float:
         """Seconds per estimated second: measured, else the median of the measured ones, else 1."""
@@ -123,6 +127,16 @@ class Dispatch:
         left = started + job.cost * self.speed(w) - now
         return left if left >= 0 else math.inf  # overrunning: when it frees is unknown
 
+    def _longest(self, w: int, now: float) -> float:
+        """The longest job w finishes no later than any other worker would: cost * speed(w) <=
+        free_in(o) + cost * speed(o) for every other o."""
+        mine, limit = self.speed(w), math.inf
+        for o in range(self.n):
+            sp = self.speed(o)
+            if o != w and mine > sp:
+                limit = min(limit, self._free_in(o, now) / (mine - sp))
+        return limit
+
     def take(self, w: int) -> Job | None:
         if self.finished():
             return None
@@ -130,13 +144,25 @@ class Dispatch:
             self.stopped = True
             return None
         now = self.clock()
-        others = [(self._free_in(o, now), self.speed(o)) for o in range(self.n) if o != w]
-        mine = self.speed(w)
+        limit = self._longest(w, now)
+        first = new = pick = None
         for k, job in enumerate(self.pending):
-            if all(job.cost * mine <= free + job.cost * sp for free, sp in others):
-                self._busy[w] = (job, now)
-                return self.pending.pop(k)
-        return None  # a faster worker frees soon enough to finish each of them first
+            if job.cost > limit:
+                continue
+            owner = self._owner.get(job.group) if job.group else None
+            if owner == w:
+                pick = k
+                break
+            first = k if first is None else first
+            new = k if new is None and owner is None else new
+        pick = pick if pick is not None else new if new is not None else first
+        if pick is None:
+            return None  # a faster worker frees soon enough to finish each of them first
+        job = self.pending.pop(pick)
+        if job.group:
+            self._owner.setdefault(job.group, w)
+        self._busy[w] = (job, now)
+        return job
 
     def finished(self) -> bool:
         return self.stopped or not self.pending

@@ -278,7 +278,8 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
     """Measure each (entry, configs) of `work` on one worker per device of `devices`;
     meanwhile(pool) runs in this process while they start (the compile warm-up). Entries go out longest
     first by cost(entry), their estimated seconds (None: all equal, in order), each to a device
-    that would finish it soonest by its measured speed (`estimate.Dispatch`); once stop()
+    that would finish it soonest by its measured speed, entries that share kernels kept on one
+    device while others have work (`estimate.Dispatch`); once stop()
     says so (a budget) no more are handed out. on_result(entry, rows, error, device) runs in
     this process as each entry finishes, so results are flushed one at a time. A candidate
     that hangs or kills its worker gets a `timeout`/`crash` row; the worker is replaced and the
@@ -292,8 +293,8 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
         entry, configs, gpu_, _ = job.payload
         return [lost_rows(entry, configs, lost_step, gpu_, info["prov"])]
 
-    jobs = [Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs), cost(e) if cost else 1.0)
-            for e, configs in work]
+    jobs = [Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs), cost(e) if cost else 1.0,
+                ".".join(map(str, _kernel_kind(e)))) for e, configs in work]
     with Pool(list(devices), init, handle, (str(aotriton_dir), target_arch), step_timeout_s=s.timeout_s,
               setup_timeout_s=s.setup_timeout_s, label="tune",
               who=lambda slot: f"tune worker for device {slot}") as pool:
