@@ -3,19 +3,22 @@ side in one run, where each entry's time goes, and whether the winners agree (do
 issues 32 and 38).
 
     PYTHONPATH=$PWD python scripts/bench_tune_devices.py AOTRITON_DIR [--layout 0 --layout 0,1]
-        [--family F]... [--dtype T]... [--head-dim D]... [--seqlen S]... [--json FILE]
+        [--base N] [--family F]... [--dtype T]... [--head-dim D]... [--seqlen S]... [--json FILE]
 
 Each --layout is the device indices of one run (the same index twice: two workers share that
 GPU, a smoke test on a one-GPU machine, not a speed-up; the same layout twice: the noise of two
 runs). Triton's compile cache is filled once first (not timed); then each layout measures the
-same entries as `tune` does (handed out longest first by measured device speed, results written
-to a scratch results folder after each entry). Its workers' start is timed apart: `tune` starts
-them while it fills the compile cache. Per layout: the measuring wall time, each device's busy
-time and entries, the winners as the first layout's; then the mean seconds per entry of each
-phase (compile-cache load: a kernel's first launch in a worker; launches; the fp64 reference
-and the checks; timing; writing the results) and the median ratio of the kernel times to the
-first layout's (a shared bottleneck shows there). Winners that differ are listed with the first
-layout's margin between its winner and the other layout's choice."""
+same entries as `tune` does (handed out by Dispatch, results written to a scratch folder after
+each entry). Its workers' start is timed apart: `tune` starts them while it fills the compile
+cache. Per layout: the measuring wall time and the speed-up over the base layout (--base, 1:
+the first; the first run on a fresh machine also loads what later runs find ready), each
+device's busy time and entries, the winners as the base layout's; then the mean seconds per
+entry of each phase (compile-cache load: a kernel's first launch in a worker; launches; the
+fp64 reference and the checks; timing; writing the results), the kernels the workers loaded,
+the milliseconds timing took per kernel (do_bench runs about 60 ms of GPU time on each: more
+is host-bound) and the median ratio of the kernel times to the base layout's (a shared
+bottleneck shows there). Winners that differ are listed with the base layout's margin between
+its winner and the other layout's choice."""
 
 from __future__ import annotations
 
@@ -73,6 +76,8 @@ def _measure(tree: Path, sp, plan, sched, s, devices: list[int], scratch: Path) 
     return {"devices": devices, "start_s": marks["ready"] - t0, "wall_s": marks["last"] - marks["ready"],
             "stop_s": end - marks["last"], "winners": winners, "rows": rows_of, "phases": phases,
             "launches": sum(st.phases.get("timing launches", 0) for st in stats),
+            "timed": sum(st.phases.get("timed", 0) for st in stats),
+            "loads": sum(st.phases.get("cache loads", 0) for st in stats),
             "per_device": [{"slot": st.slot, "info": {k: v for k, v in st.info.items() if k != "prov"}, "entries": st.jobs,
                             "kernels": st.steps, "busy_s": round(st.busy_s, 2), "start_s": round(st.start_s, 2),
                             "timeouts": st.timeouts, "crashes": st.crashes, "phases": st.phases} for st in stats]}
@@ -97,9 +102,9 @@ def _time_ratio(base: dict, run: dict) -> float:
     return statistics.median(ratios) if ratios else float("nan")
 
 
-def _print(runs: list[dict], n_entries: int) -> None:
-    base = runs[0]
-    print("| devices | start s | wall s | speed-up | per device: entries / busy s | winners as first |")
+def _print(runs: list[dict], n_entries: int, base_i: int = 0) -> None:
+    base = runs[base_i]
+    print(f"| devices | start s | wall s | speed-up | per device: entries / busy s | winners as layout {base_i + 1} |")
     print("|---|---|---|---|---|---|")
     for r in runs:
         same = sum(r["winners"].get(n) is not None and base["winners"].get(n) is not None
@@ -108,22 +113,23 @@ def _print(runs: list[dict], n_entries: int) -> None:
         print(f"| {','.join(map(str, r['devices']))} | {r['start_s']:.1f} | {r['wall_s']:.1f} | "
               f"{base['wall_s'] / r['wall_s']:.2f}x | {per} | {same}/{len(base['winners'])} |")
     print()
-    print("| devices | " + " | ".join(PHASES) + " | sum | µs per timed launch | kernel times / first |")
-    print("|---|" + "---|" * (len(PHASES) + 3))
+    print("| devices | " + " | ".join(PHASES) + " | sum | kernels loaded | ms per kernel timed | kernel times / base |")
+    print("|---|" + "---|" * (len(PHASES) + 4))
     for r in runs:
         ph = r["phases"]
-        per_launch = ph["timing"] / r["launches"] * 1e6 if r["launches"] else float("nan")
+        per_kernel = ph["timing"] / r["timed"] * 1e3 if r["timed"] else float("nan")
         print(f"| {','.join(map(str, r['devices']))} | "
               + " | ".join(f"{ph[k] / n_entries:.3f}" for k in PHASES)
-              + f" | {sum(ph.values()) / n_entries:.3f} | {per_launch:.0f} | {_time_ratio(base, r):.3f} |")
-    for r in runs[1:]:
+              + f" | {sum(ph.values()) / n_entries:.3f} | {r['loads']:.0f} | {per_kernel:.1f} | "
+              f"{_time_ratio(base, r):.3f} |")
+    for r in runs[:base_i] + runs[base_i + 1:]:
         for name, w in sorted(base["winners"].items()):
             other = r["winners"].get(name)
             if w and other and other[0] != w[0]:
                 t_other = _time_of(base["rows"][name], other[0])
                 margin = f"{(t_other / w[1] - 1) * 100:.1f}%" if t_other else "?"
                 print(f"differs ({','.join(map(str, r['devices']))}): {name}: {w[0]} vs {other[0]} "
-                      f"(first layout's margin {margin})")
+                      f"(layout {base_i + 1}'s margin {margin})")
 
 
 def main() -> int:
@@ -140,6 +146,8 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--rep-ms", type=int, default=50)
     ap.add_argument("--compile-jobs", type=int, default=runner.default_compile_workers())
+    ap.add_argument("--base", type=int, default=1, help="the layout (1: the first) speed-ups and winners are "
+                    "compared with; the first run on a fresh machine also loads what later runs find ready")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     layouts = [_layout(x) for x in a.layout] or [[0], [0, 1]]
@@ -164,7 +172,7 @@ def main() -> int:
         for i, lay in enumerate(layouts):
             runs.append(_measure(a.tree, sp, plan, sched, s, lay, Path(tmp) / str(i)))
             print(f"layout {','.join(map(str, lay))}: {runs[-1]['wall_s']:.1f} s", file=sys.stderr)
-    _print(runs, len(plan.entries))
+    _print(runs, len(plan.entries), a.base - 1)
     if a.json:
         doc = [{k: v for k, v in r.items() if k != "rows"} for r in runs]
         a.json.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")

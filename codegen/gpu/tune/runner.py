@@ -78,7 +78,7 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
     `Reporter`) hears of each kernel before it runs and gets its rows after; `phases` gets the
     seconds spent per phase added (inputs, reference, cache load: a kernel's first launch in
-    this process, launch, check, timing), the kernels loaded and the launches timing made."""
+    this process, launch, check, timing), the kernels loaded, the kernels timed and the launches timing made."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
     from codegen.gpu.tune.kernels import bench, check, reference, seed_of
@@ -130,6 +130,7 @@ def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings
                 t_ms = bench(counted, s.warmup_ms, s.rep_ms)
                 lap("timing")
                 clock["timing launches"] = clock.get("timing launches", 0) + calls[0]
+                clock["timed"] = clock.get("timed", 0) + 1
                 status = "ok"
                 if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
                     status, errs, t_ms = "bad time", f"benchmark returned {t_ms}", None
