@@ -73,81 +73,88 @@ def _kernel_kind(entry: GridEntry) -> tuple:
 _LOADED: set = set()  # (kind, config) of the kernels this worker process has launched
 
 
+class _Phases:
+    """Seconds per phase (`lap(name)`: the time since the last lap) and counts, added to a dict."""
+
+    def __init__(self, into: dict):
+        self.into, self.t = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.add(name, now - self.t)
+        self.t = now
+
+    def add(self, name: str, n: float = 1) -> None:
+        self.into[name] = self.into.get(name, 0) + n
+
+
+def _candidate(tk, entry: GridEntry, p, rep: KernelConfig, bwd, refs, s: Settings, ph: _Phases):
+    """(status, time in ms or None, errors) of one kernel: launched once, checked, timed if it passes."""
+    import torch  # import-time dependency: torch (~1.2 s), optional (loaded by the caller already)
+    from codegen.gpu.tune.kernels import bench, check
+
+    try:
+        launch, outs = tk.launcher(entry.family, p, rep, bwd)
+        launch()
+        torch.cuda.synchronize()
+        key = (_kernel_kind(entry), rep.name)
+        ph.lap("launch" if key in _LOADED else "cache load")
+        ph.add("cache loads", key not in _LOADED)
+        _LOADED.add(key)
+        ok, errs = check(outs, refs, s.check_heads, entry.dtype)
+        ph.lap("check")
+        if not ok:
+            return "numerics", None, errs
+
+        def counted():
+            ph.add("timing launches")
+            launch()
+
+        t_ms = bench(counted, s.warmup_ms, s.rep_ms)
+        ph.lap("timing")
+        ph.add("timed")
+        if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
+            return "bad time", None, f"benchmark returned {t_ms}"
+        return "ok", t_ms, errs
+    except torch.cuda.OutOfMemoryError as exc:
+        return "oom", None, short(exc)
+    except Exception as exc:  # compile failures, out of resources, launch errors
+        return "error", None, short(exc)
+
+
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
                   prov: Provenance, report=None, phases: dict | None = None) -> list[dict]:
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
     `Reporter`) hears of each kernel before it runs and gets its rows after; `phases` gets the
     seconds spent per phase added (inputs, reference, cache load: a kernel's first launch in
-    this process, launch, check, timing), the kernels loaded, the kernels timed and the launches timing made."""
+    this process, launch, check, timing) and counts (cache loads, timed, timing launches)."""
     # import-time dependency: torch (~1.2 s), optional, GPU machines only (.kernels imports triton)
     import torch
-    from codegen.gpu.tune.kernels import bench, check, reference, seed_of
+    from codegen.gpu.tune.kernels import reference, seed_of
 
-    clock = {} if phases is None else phases
-    t = [time.perf_counter()]
-
-    def lap(name: str) -> None:
-        now = time.perf_counter()
-        clock[name] = clock.get(name, 0.0) + now - t[0]
-        t[0] = now
-
-    fam = entry.family
+    ph = _Phases({} if phases is None else phases)
     p = entry_problem(entry, s, s.batch, s.heads, (entry.seqlen_q, entry.seqlen_k), seed_of(entry.name))
     keep = tk.dropout_keep(p, s.check_heads) if entry.dropout else None
-    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if fam != "attn_fwd" else (None, None, None)
+    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if entry.family != "attn_fwd" else (None, None, None)
     torch.cuda.synchronize()
-    lap("inputs")
-    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
+    ph.lap("inputs")
+    refs = reference(p, s.check_heads, want_grads=entry.family != "attn_fwd", keep=keep)
     torch.cuda.synchronize()
-    lap("reference")
-    kind = _kernel_kind(entry)
+    ph.lap("reference")
     rows: list[dict] = []
     for group in group_effective(configs, tk.backend):
         rep = group[0]
         if report is not None:
             report.begin([c.name for c in group])
-        status, t_ms, errs = "error", None, ""
-        lap("other")
-        try:
-            launch, outs = tk.launcher(fam, p, rep, bwd)
-            launch()
-            torch.cuda.synchronize()
-            if (kind, rep.name) in _LOADED:
-                lap("launch")
-            else:
-                lap("cache load")
-                clock["cache loads"] = clock.get("cache loads", 0) + 1
-                _LOADED.add((kind, rep.name))
-            ok, errs = check(outs, refs, s.check_heads, entry.dtype)
-            lap("check")
-            if ok:
-                calls = [0]
-
-                def counted():
-                    calls[0] += 1
-                    launch()
-
-                t_ms = bench(counted, s.warmup_ms, s.rep_ms)
-                lap("timing")
-                clock["timing launches"] = clock.get("timing launches", 0) + calls[0]
-                clock["timed"] = clock.get("timed", 0) + 1
-                status = "ok"
-                if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
-                    status, errs, t_ms = "bad time", f"benchmark returned {t_ms}", None
-            else:
-                status = "numerics"
-            del outs, launch
-        except torch.cuda.OutOfMemoryError as exc:
-            status, errs = "oom", short(exc)
-        except Exception as exc:  # compile failures, out of resources, launch errors
-            status, errs = "error", short(exc)
+        ph.lap("other")
+        status, t_ms, errs = _candidate(tk, entry, p, rep, bwd, refs, s, ph)
         group_rows = [_row(entry, gpu, c, rep.name, prov, status, t_ms, errs) for c in group]
         rows += group_rows
         if report is not None:
             report.end(group_rows)
     del p, refs, keep, bwd
     torch.cuda.empty_cache()
-    lap("other")
+    ph.lap("other")
     return rows
 
 
