@@ -270,7 +270,7 @@ def test_workers_run_in_the_venv_with_its_own_triton(tmp_path, offline_pip):
         WorkerPool(1, {}, 60, python=made.python, triton="3.8.0").run([task], got.append)
     from multiprocessing import spawn
 
-    from codegen.compile import pool
+    from codegen.core import pool
 
     assert spawn.get_executable() == pool._DEFAULT_EXECUTABLE            # restored for everyone else
 

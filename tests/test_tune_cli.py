@@ -55,9 +55,12 @@ class FakeRunner:
         monkeypatch.setattr(runner, "warm_compile", lambda *a, **k: None)
         monkeypatch.setattr(runner, "run_entries", self.run_entries)
 
-    def run_entries(self, aotriton_dir, arch, gpu, work, settings, devices, on_result):
+    def run_entries(self, aotriton_dir, arch, gpu, work, settings, devices, on_result, cost, stop, meanwhile):
         self.devices = devices
+        meanwhile(None)
         for entry, configs in work:
+            if stop():
+                break
             if self.interrupt_after is not None and len(self.measured) == self.interrupt_after:
                 raise KeyboardInterrupt
             self.measured.append(entry.name)
@@ -195,7 +198,7 @@ def test_entries_go_out_longest_first_to_every_gpu(tree, tmp_path, monkeypatch):
 
 
 def test_the_summary_counts_lost_candidates_per_device(tree, tmp_path, monkeypatch):
-    from codegen.gpu.tune.workers import SlotStats
+    from codegen.core.pool import SlotStats
 
     stats = [SlotStats(0, {"device": "Fake GPU"}, jobs=3, steps=17, busy_s=12.5, timeouts=2, crashes=1),
              SlotStats(1, {"device": "Fake GPU"}, jobs=1, steps=6, busy_s=4.0)]

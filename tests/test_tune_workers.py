@@ -18,7 +18,7 @@ from codegen.gpu.tune import runner
 from codegen.gpu.tune.estimate import schedule
 from codegen.gpu.tune.grid import GridEntry, GridFilter, plan_tuning
 from codegen.gpu.tune.store import Provenance, ResultStore, config_columns, entry_columns
-from codegen.gpu.tune.workers import Job, Supervisor
+from codegen.core.pool import Job, Pool
 
 PROV = Provenance("Stand-in GPU", "nvidia-proxy", "3.6.0", "2.11.0", "2026-11-26")
 HANG = "M64N32.wpe1."  # the stand-in hangs on this candidate of entries with seqlen 4096
@@ -140,7 +140,7 @@ def test_an_entry_whose_worker_dies_before_any_candidate_fails_alone(plan, tmp_p
     for e in plan.entries:
         rows, err = got[e.name]
         if e.seqlen_q == 1024:
-            assert rows == [] and "worker lost 2 times outside a candidate" in err
+            assert rows == [] and "worker lost 2 times outside a step" in err
         else:
             assert not err and len(rows) == len(plan.configs_for(e))
 
@@ -152,7 +152,8 @@ def test_a_worker_that_cannot_start_stops_the_run(plan, tmp_path):
 
 
 def test_jobs_are_taken_lazily(tmp_path):
-    """The budget check lives in the job iterator: nothing is taken before a worker is free."""
+    """Nothing is taken before a worker is free (a budget check in the job iterator holds); a
+    finished job's results are handled once the worker has its next one."""
     taken = []
 
     def jobs():
@@ -161,9 +162,9 @@ def test_jobs_are_taken_lazily(tmp_path):
             yield Job(f"j{i}", ("x",), ())
 
     done = []
-    sup = Supervisor([0], stand_in_init, _noop_handle, (tmp_path, "gfx908"), step_timeout_s=5, setup_timeout_s=5)
-    sup.run(jobs(), lambda job, res, err, st: done.append((job.key, len(taken))), lambda *a: [])
-    assert done == [("j0", 1), ("j1", 2), ("j2", 3)]
+    pool = Pool([0], stand_in_init, _noop_handle, (tmp_path, "gfx908"), step_timeout_s=5, setup_timeout_s=5)
+    pool.run(jobs(), lambda job, res, err, st: done.append((job.key, len(taken))), lambda *a: [])
+    assert done == [("j0", 2), ("j1", 3), ("j2", 3)]
 
 
 def _noop_handle(slot, job, names, report):
@@ -194,3 +195,137 @@ def test_warm_jobs_cover_candidates_and_each_entrys_inputs(plan):
         seqlens = 2 if family == "bwd_kernel_fuse" else 1  # seqlens are constexprs of the fused kernel only
         assert len(got) == seqlens * (n + (family != "attn_fwd" or dropout)), (family, dropout, bias)
         assert len(inputs) == (seqlens if family != "attn_fwd" or dropout else 0)
+
+
+
+# ---- the hand-out by measured speed (a mixed rig) --------------------------------------------
+def _simulate(costs: list[float], speeds: list[float], groups: list[str] | None = None, loaded: set | None = None):
+    """Dispatch driven by a virtual clock, worker w taking cost * speeds[w] seconds for a job.
+    -> (estimated seconds each worker did, when the last job ended); `loaded` gets each
+    (worker, group) pair."""
+    import heapq
+
+    from codegen.gpu.tune.estimate import Dispatch
+
+    now = [0.0]
+    groups = groups or [""] * len(costs)
+    hand = Dispatch([Job(f"j{i:03d}", g, (), c, g) for i, (c, g) in enumerate(zip(costs, groups))], len(speeds),
+                    clock=lambda: now[0])
+    loaded = set() if loaded is None else loaded
+    work = [0.0] * len(speeds)
+    events, running, idle = [], {}, set(range(len(speeds)))
+    while True:
+        handed = True
+        while handed:  # as the pool asks: every idle worker, until none takes one
+            handed = False
+            for w in sorted(idle):
+                job = hand.take(w)
+                if job is not None:
+                    idle.discard(w)
+                    running[w] = (job, now[0])
+                    heapq.heappush(events, (now[0] + job.cost * speeds[w], w))
+                    work[w] += job.cost
+                    loaded.add((w, job.payload))
+                    handed = True
+        if not events:
+            assert hand.finished() and not running
+            return work, now[0]
+        now[0], w = heapq.heappop(events)
+        job, began = running.pop(w)
+        hand.done(w, job, now[0] - began)
+        idle.add(w)
+
+
+SLICE = [3.0] * 8 + [1.5] * 24 + [0.8] * 40 + [0.3] * 120  # estimated seconds: few long, many short
+
+
+def test_a_slower_device_gets_less_work_not_the_same_share():
+    """A mixed rig: device 3 takes 2.5 times as long for the same work. It ends up with about
+    its share of the throughput (0.4 of a fast one's), and the run ends within 10 % of the
+    best any split could do; handing out by count (the same share each) would take 2.5x."""
+    speeds = [1.0, 1.0, 1.0, 2.5]
+    work, end = _simulate(SLICE, speeds)
+    assert sum(work) == pytest.approx(sum(SLICE))
+    fast = sum(work[:3]) / 3
+    assert 0.25 * fast < work[3] < 0.55 * fast, work
+    best = sum(SLICE) / sum(1 / sp for sp in speeds)  # every device busy to the same end
+    assert end < 1.1 * best, (end, best)
+    same_share = max(sum(SLICE[w::4]) * sp for w, sp in enumerate(speeds))
+    assert same_share > 2 * best
+    even, even_end = _simulate(SLICE, [1.0] * 4)  # equal devices: equal shares, as longest-first gives
+    assert max(even) - min(even) <= max(SLICE) and even_end < 1.05 * sum(SLICE) / 4
+
+
+def test_entries_that_share_kernels_stay_on_one_device():
+    """96 kernel groups of 3 entries (seqlens 4096, 2048, 1024) on 4 devices: each group's
+    kernels are loaded by about one device (handed out by length alone, 2.3 each), and the run
+    still ends within 5 % of the best split."""
+    costs = [c * (1 + (g % 7) / 20) for g in range(96) for c in (1.0, 0.6, 0.4)]
+    groups = [f"g{g}" for g in range(96) for _ in range(3)]
+    together: set = set()
+    _, end = _simulate(costs, [1.0] * 4, groups, together)
+    assert len(together) <= 1.1 * 96, len(together)
+    assert end < 1.05 * sum(costs) / 4, (end, sum(costs) / 4)
+    import heapq  # by length alone, each to the device that frees first
+
+    heap, seen = [(0.0, w) for w in range(4)], set()
+    for c, g in sorted(zip(costs, groups), key=lambda x: -x[0]):
+        t, w = heapq.heappop(heap)
+        seen.add((w, g))
+        heapq.heappush(heap, (t + c, w))
+    assert len(seen) > 2 * 96, len(seen)
+
+
+def test_a_slow_device_waits_rather_than_take_a_job_a_fast_one_finishes_sooner():
+    """Device 1 is known to be 4 times slower. While device 0 runs a long job that ends in 1 s,
+    device 1 takes nothing (device 0 would finish each job sooner); once device 0 has the
+    next long one, device 1 takes the short one."""
+    from codegen.gpu.tune.estimate import Dispatch
+
+    now = [0.0]
+    hand = Dispatch([Job("x", None, (), 8.0), Job("y", None, (), 8.0), Job("z", None, (), 1.0)], 2,
+                    clock=lambda: now[0])
+    hand.done(0, Job("p", None, (), 1.0), 1.0)  # measured: device 0 takes 1 s per estimated second
+    hand.done(1, Job("q", None, (), 1.0), 4.0)  # device 1 takes 4
+    assert hand.take(0).key == "x"
+    now[0] = 7.0
+    assert hand.take(1) is None  # y: 32 s here against 1 + 8 there; z: 4 s here against 1 + 1
+    now[0] = 8.0
+    hand.done(0, Job("x", None, (), 8.0), 8.0)
+    assert hand.take(0).key == "y" and hand.take(1).key == "z"
+    assert hand.finished()
+
+
+def speed_init(slot, aotriton_dir, target_arch):
+    return slot, {"prov": PROV, "device": f"stand-in {slot}"}
+
+
+def speed_handle(slot, job, names, report):
+    """Device 1 is four times as slow as device 0 (each entry: its cost in tenths of seconds)."""
+    entry, configs, gpu, s = job
+    time.sleep(_cost(entry) * (4 if slot == 1 else 1))
+    for c in configs:
+        if c.name in names:
+            report.begin([c.name])
+            report.end([{**entry_columns(entry, gpu), **config_columns(c), "status": "ok", "time_ms": 1.0,
+                         "errors": "", "same_kernel_as": "", **PROV.as_dict()}])
+
+
+def _cost(entry: GridEntry) -> float:
+    return entry.seqlen_q / 4096 * 0.2
+
+
+def test_the_run_hands_out_by_measured_device_speed(tmp_path):
+    """The same through the worker processes: the slower device finishes fewer entries."""
+    entries = [GridEntry("attn_fwd", "gfx908", "fp16", 64, c, False, False, sq, sq)
+               for sq in (1024, 2048, 4096) for c in (False, True)] * 3
+    entries = [GridEntry(e.family, e.arch, e.dtype, e.head_dim, e.causal, e.dropout, e.bias, e.seqlen_q + i,
+                         e.seqlen_k + i) for i, e in enumerate(entries)]  # 18 distinct names
+    where = {}
+    stats = runner.run_entries(tmp_path, "gfx908", "gfx908_mod0", [(e, []) for e in entries], SETTINGS, [0, 1],
+                               lambda e, rows, err, dev: where.__setitem__(e.name, dev), init=speed_init,
+                               handle=speed_handle, cost=_cost)
+    assert len(where) == len(entries)
+    work = {d: sum(_cost(e) for e in entries if where[e.name] == d) for d in (0, 1)}
+    assert work[1] < 0.5 * work[0], work
+    assert stats[1].jobs < stats[0].jobs

@@ -76,7 +76,7 @@ def register(app: typer.Typer, guarded) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout."),
     ) -> None:
         """Execute the bundle's flash attention forward and backward on an emulated GPU and compare with fp64."""
-        # CLI start-up: the stage (~300 ms with the bundle module) loads when it runs
+        # CLI start-up: the stage (with the bundle module) loads when it runs
         from codegen.ship.bundle import BundleBuildError
         from codegen.ship.execute import execute_bundle
 

@@ -3,8 +3,8 @@ kernel per request, the way the tree's compiler driver (v3python/compile.py) ask
 an `ASTSource` built from the AOT signature string, `GPUTarget('hip', arch, warp_size)` and the
 options num_warps / num_stages / waves_per_eu.
 
-Runs in a child process (spawn). Protocol over a `multiprocessing` connection: the parent sends
-a task dict, the worker answers a result dict; `None` stops the worker.
+Runs in a worker of the one pool (codegen.core.pool, spawned): `init` sets the environment and
+imports Triton once, `handle` compiles one task dict into one result dict.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import re
-import signal
 import sys
 import sysconfig
 import time
@@ -107,43 +106,34 @@ def own_site_first() -> None:
     sys.path[:] = own + [p for p in sys.path if p not in own]
 
 
-def serve(conn, env: dict[str, str], own_site: bool = False) -> None:
-    """Worker main: set the environment, import Triton once, then serve tasks until None."""
+def init(slot, env: dict[str, str], own_site: bool = False):
+    """A worker's start: its environment, then the warm import of Triton (once per worker)."""
     if own_site:
         own_site_first()
     os.environ.update(env)
     sys.dont_write_bytecode = True
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's: it stops the workers
     global parse_resources
     # import-time dependency: these load after the worker's site-packages and environment are set
     from codegen.compile.resources import parse_resources
+    import triton  # import-time dependency (after the environment): the warm import, once per worker
+
+    return None, {"triton": getattr(triton, "__version__", None)}
+
+
+def handle(_state, task: dict, names, report) -> None:
+    """Compile one task (one step): every compile failure is a result."""
+    report.begin(names)
+    t0 = time.perf_counter()
     try:
-        import triton  # import-time dependency (after the environment): the warm import, once per worker
-    except BaseException as exc:  # pragma: no cover - reported to the parent
-        conn.send({"fatal": first_error_line(exc)})
-        return
-    conn.send({"ready": True, "triton": getattr(triton, "__version__", None)})
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):
-            return
-        if task is None:
-            return
-        t0 = time.perf_counter()
-        try:
-            raw = compile_kernel(task)
-            elapsed = time.perf_counter() - t0
-            res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"], raw["llir"])
-            out = {"ok": True, "id": task["id"], "compile_s": elapsed, "hsaco": raw["hsaco"],
-                   "resources": res.model_dump(), "sidecar": raw["sidecar"]}
-            if task.get("keep_asm"):
-                out["amdgcn"] = raw["amdgcn"]
-        except Exception as exc:  # noqa: BLE001 - every compile failure is a result
-            out = {"ok": False, "id": task["id"], "compile_s": time.perf_counter() - t0,
-                   "error": first_error_line(exc),
-                   "traceback": "".join(traceback.format_exception(exc))[-4000:]}
-        try:
-            conn.send(out)
-        except (BrokenPipeError, OSError):
-            return
+        raw = compile_kernel(task)
+        elapsed = time.perf_counter() - t0
+        res = parse_resources(raw["amdgcn"], raw["hsaco"], raw["shared"], raw["llir"])
+        out = {"ok": True, "id": task["id"], "compile_s": elapsed, "hsaco": raw["hsaco"],
+               "resources": res.model_dump(), "sidecar": raw["sidecar"]}
+        if task.get("keep_asm"):
+            out["amdgcn"] = raw["amdgcn"]
+    except Exception as exc:  # noqa: BLE001 - every compile failure is a result
+        out = {"ok": False, "id": task["id"], "compile_s": time.perf_counter() - t0,
+               "error": first_error_line(exc),
+               "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+    report.end(out)

@@ -18,6 +18,7 @@ once as `file:line: column: message` (exit 2), like spec errors.
 This module is pure data handling (no I/O beyond the two CSVs): render imports it, so keep it light.
 """
 
+import bisect
 import csv
 import io
 import math
@@ -242,23 +243,52 @@ def _sort_key(columns: tuple[str, ...]):
     return key
 
 
-def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, ...]) -> str:
+def _line(row: dict, columns: tuple[str, ...]) -> str:
+    """One row as its CSV line (booleans 0/1, floats with 6 decimals, a NaN or infinity refused)."""
+    out = []
+    for k in columns:
+        v = row.get(k, "")
+        if isinstance(v, bool):
+            v = int(v)
+        elif isinstance(v, float):
+            if not math.isfinite(v):
+                raise ValueError(f"{k}: {v} is not a finite number (row {row.get('config', '')})")
+            v = f"{v:.6f}"
+        out.append("" if v is None else v)
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
-    w.writeheader()
-    for row in sorted(rows, key=_sort_key(sort_by)):
-        out = {}
-        for k in columns:
-            v = row.get(k, "")
-            if isinstance(v, bool):
-                v = int(v)
-            elif isinstance(v, float):
-                if not math.isfinite(v):
-                    raise ValueError(f"{k}: {v} is not a finite number (row {row.get('config', '')})")
-                v = f"{v:.6f}"
-            out[k] = "" if v is None else v
-        w.writerow(out)
+    csv.writer(buf, lineterminator="\n").writerow(out)
     return buf.getvalue()
+
+
+class SortedCsv:
+    """A CSV's rows, each formatted once and kept in order, for a writer that replaces a few
+    rows at a time (tune records each entry as it finishes: formatting and sorting every row
+    again each time made the run's writing grow with the square of its rows). `text()` is
+    what `format_csv` gives for the same rows."""
+
+    def __init__(self, rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, ...]):
+        self.columns, self._key = columns, _sort_key(sort_by)
+        self._seq = 0
+        self._items: list[tuple] = []  # (sort key, arrival, line, row): arrival keeps sorted()'s stability
+        self.replace(lambda _row: False, rows)
+
+    def replace(self, drop, rows: list[dict]) -> None:
+        """Remove the rows drop(row) is true of, then add `rows`."""
+        self._items = [it for it in self._items if not drop(it[3])]
+        for row in rows:
+            self._seq += 1
+            bisect.insort(self._items, (self._key(row), self._seq, _line(row, self.columns), row),
+                          key=lambda it: it[:2])
+
+    def rows(self) -> list[dict]:
+        return [it[3] for it in self._items]
+
+    def text(self) -> str:
+        return ",".join(self.columns) + "\n" + "".join(it[2] for it in self._items)
+
+
+def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, ...]) -> str:
+    return SortedCsv(rows, columns, sort_by).text()
 
 
 def write_text_atomic(path: Path, text: str) -> bool:
@@ -266,16 +296,22 @@ def write_text_atomic(path: Path, text: str) -> bool:
     return write_if_changed(path, text)
 
 
-def write_winners(folder: Path, rows: list[dict]) -> bool:
-    return write_text_atomic(Path(folder) / WINNERS_FILE,
-                             format_csv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",)))
+def winners_table(rows: list[dict]) -> SortedCsv:
+    return SortedCsv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",))
 
 
-def write_measurements(folder: Path, rows: list[dict]) -> bool:
-    return write_text_atomic(
-        Path(folder) / MEASUREMENTS_FILE,
-        format_csv(rows, MEASUREMENT_COLUMNS, KEY_COLUMNS + ("config",)),
-    )
+def measurements_table(rows: list[dict]) -> SortedCsv:
+    return SortedCsv(rows, MEASUREMENT_COLUMNS, KEY_COLUMNS + ("config",))
+
+
+def write_winners(folder: Path, rows: list[dict] | SortedCsv) -> bool:
+    table = rows if isinstance(rows, SortedCsv) else winners_table(rows)
+    return write_text_atomic(Path(folder) / WINNERS_FILE, table.text())
+
+
+def write_measurements(folder: Path, rows: list[dict] | SortedCsv) -> bool:
+    table = rows if isinstance(rows, SortedCsv) else measurements_table(rows)
+    return write_text_atomic(Path(folder) / MEASUREMENTS_FILE, table.text())
 
 
 def load_winner_rows(folder: Path, spec: TargetSpec) -> list[dict]:

@@ -7,18 +7,22 @@ measurements.csv), per (family, dtype), else per family; with neither, from DEFA
 Each candidate then costs what `do_bench` spends on it (a first run, five to estimate, the
 warm-up and the repetitions) plus a fixed overhead, and each entry its inputs and reference.
 
-The entries are handed out longest first, each to the device that frees first (longest
-processing time first: within 4/3 of the best split); `schedule` simulates that order to give
-each device's share and what fits in a budget.
+The entries are handed out longest first, each to the device that would finish it soonest
+(`Dispatch`, by each device's measured speed; with equal speeds that is longest processing time
+first, within 4/3 of the best split); `schedule` simulates it to give each device's share and
+what fits in a budget.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Callable
 
+from codegen.core.pool import Job
 from codegen.gpu.tune.grid import GridEntry
 
 # ms per unit of work (units: seqlen_q*seqlen_k*head_dim*batch*heads) with no measurement to go
@@ -87,30 +91,125 @@ def cost_model(measured: list[dict], proxy: list[dict], proxy_label: str, *, war
     return CostModel({}, "a default rate (nothing measured yet)", warmup_ms, rep_ms, batch_heads)
 
 
+class Dispatch:
+    """The entries' hand-out, a `codegen.core.pool.Source`: jobs longest (by `Job.cost`, their
+    estimated seconds) first, each to a worker that would finish it no later than any other
+    would. Each worker's speed is measured as it goes (its seconds over the estimates of the
+    jobs it finished), so a slower device (a mixed rig) takes fewer and smaller entries and
+    leaves the long ones to the faster, rather than taking the same share. A worker whose job
+    overran its projection counts as not free soon. Among the jobs it may take, a worker takes
+    one of a group it already has (`Job.group`: entries whose kernels it has loaded) first,
+    else one of a group no worker has, else another's (at the end). `stop()` ends the
+    hand-out (a budget)."""
+
+    def __init__(self, jobs: list[Job], workers: int, *, stop: Callable[[], bool] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.pending = sorted(jobs, key=lambda j: -j.cost)  # stable: ties keep the given order
+        self.n = max(1, workers)
+        self.stop, self.clock = stop, clock
+        self.stopped = False
+        self._busy: dict[int, tuple[Job, float]] = {}  # worker -> (job, when it started)
+        self._took = [0.0] * self.n  # seconds of the jobs each worker finished
+        self._est = [0.0] * self.n  # and their estimates
+        self._owner: dict[str, int] = {}  # group -> the worker that took it first
+
+    def speed(self, w: int) -> float:
+        """Seconds per estimated second: measured, else the median of the measured ones, else 1."""
+        if self._est[w] > 0:
+            return self._took[w] / self._est[w]
+        known = [t / e for t, e in zip(self._took, self._est) if e > 0]
+        return statistics.median(known) if known else 1.0
+
+    def _free_in(self, w: int, now: float) -> float:
+        if w not in self._busy:
+            return 0.0
+        job, started = self._busy[w]
+        left = started + job.cost * self.speed(w) - now
+        return left if left >= 0 else math.inf  # overrunning: when it frees is unknown
+
+    def _longest(self, w: int, now: float) -> float:
+        """The longest job w finishes no later than any other worker would: cost * speed(w) <=
+        free_in(o) + cost * speed(o) for every other o."""
+        mine, limit = self.speed(w), math.inf
+        for o in range(self.n):
+            sp = self.speed(o)
+            if o != w and mine > sp:
+                limit = min(limit, self._free_in(o, now) / (mine - sp))
+        return limit
+
+    def take(self, w: int) -> Job | None:
+        if self.finished():
+            return None
+        if self.stop is not None and self.stop():
+            self.stopped = True
+            return None
+        now = self.clock()
+        limit = self._longest(w, now)
+        first = new = pick = None
+        for k, job in enumerate(self.pending):
+            if job.cost > limit:
+                continue
+            owner = self._owner.get(job.group) if job.group else None
+            if owner == w:
+                pick = k
+                break
+            first = k if first is None else first
+            new = k if new is None and owner is None else new
+        pick = pick if pick is not None else new if new is not None else first
+        if pick is None:
+            return None  # a faster worker frees soon enough to finish each of them first
+        job = self.pending.pop(pick)
+        if job.group:
+            self._owner.setdefault(job.group, w)
+        self._busy[w] = (job, now)
+        return job
+
+    def finished(self) -> bool:
+        return self.stopped or not self.pending
+
+    def done(self, w: int, job: Job, seconds: float) -> None:
+        self._busy.pop(w, None)
+        if job.cost > 0:
+            self._took[w] += seconds
+            self._est[w] += job.cost
+
+
 @dataclass(frozen=True)
 class Schedule:
     order: list  # entries, longest first
     loads_s: list  # estimated seconds per device
     fits: int  # entries started within the budget (all when there is none)
     total_s: float
+    costs: dict  # entry -> its estimated seconds
 
 
 def schedule(entries: list[GridEntry], cost: Callable[[GridEntry], float], devices: int,
              budget_s: float | None = None) -> Schedule:
-    """Longest first, each to the device that frees first: the order the run hands entries out
-    in, each device's estimated time, and how many entries start within `budget_s`."""
+    """The run's hand-out (`Dispatch`) simulated with every device at the estimated speed: the
+    order entries go out in, each device's estimated time, and how many entries start within
+    `budget_s`."""
     costs = {e: cost(e) for e in entries}
     order = sorted(entries, key=lambda e: (-costs[e], e.name))
-    heap = [(0.0, d) for d in range(max(1, devices))]
-    loads = [0.0] * len(heap)
+    now = [0.0]
+    n = max(1, devices)
+    hand = Dispatch([Job(e.name, e, (), costs[e]) for e in order], n, clock=lambda: now[0])
+    heap = [(0.0, d) for d in range(n)]
+    loads = [0.0] * n
+    running: dict[int, Job] = {}
     fits = 0
-    for e in order:
-        start, d = heapq.heappop(heap)
-        if budget_s is None or start <= budget_s:
-            fits += 1
-        loads[d] = start + costs[e]
+    while heap:
+        now[0], d = heapq.heappop(heap)
+        if d in running:
+            job = running.pop(d)
+            hand.done(d, job, job.cost)
+        job = hand.take(d)
+        if job is None:
+            continue
+        fits += budget_s is None or now[0] <= budget_s
+        running[d] = job
+        loads[d] = now[0] + job.cost
         heapq.heappush(heap, (loads[d], d))
-    return Schedule(order, loads, fits, sum(costs.values()))
+    return Schedule(order, loads, fits, sum(costs.values()), costs)
 
 
 def duration(seconds: float) -> str:

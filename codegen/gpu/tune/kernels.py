@@ -87,8 +87,14 @@ class Launch:
         self.kernel[self.grid](**self.args, **self.opts)
 
     def compile(self) -> None:
-        """Compile it into Triton's cache without running anything on the GPU (Triton's warmup)."""
-        self.kernel.warmup(grid=self.grid, **self.args, **self.opts)
+        """Compile it into Triton's cache without running anything on the GPU (Triton's warmup),
+        and its host-side launcher, which would otherwise be built at its first launch in a
+        measuring worker (best effort: the launcher class is an internal of Triton's driver)."""
+        compiled = self.kernel.warmup(grid=self.grid, **self.args, **self.opts)
+        try:
+            triton.runtime.driver.active.launcher_cls(compiled.src, compiled.metadata)
+        except Exception:  # another Triton's driver: the first launch builds it
+            pass
 
 
 class TreeKernels:

@@ -162,7 +162,7 @@ def run_tuning(opts: TuneOptions) -> None:
     with ResultStore(folder) as store:
         if opts.resume and done:
             stderr.print(f"resume: {len(done)} entries already in {folder}, {len(todo)} to measure")
-        stats = _measure(opts, sp, plan, sched.order, store, list(range(n_gpus)))
+        stats = _measure(opts, sp, plan, sched, store, list(range(n_gpus)))
     _print_summary(stats, folder, len(todo))
 
 
@@ -223,22 +223,22 @@ def _warm(opts: TuneOptions, plan, todo: list, settings, prog: Progress) -> None
         stderr.print(f"compile warm-up: {name}: {err}", markup=False, style="yellow")
 
 
-def _measure(opts: TuneOptions, sp, plan, order: list, store: ResultStore, devices: list[int]) -> dict:
+def _measure(opts: TuneOptions, sp, plan, sched, store: ResultStore, devices: list[int]) -> dict:
     settings = opts.settings()
     deadline = time.monotonic() + opts.budget_min * 60 if opts.budget_min else None
     stats = {"winners": 0, "failed": 0, "budget_hit": False}
-    with ui.progress(stderr, label="{task.description}", remaining=False) as prog:
-        if _compile_jobs(opts.compile_jobs) > 0:
-            _warm(opts, plan, order, settings, prog)
-        tm = prog.add_task(f"measuring on {len(devices)} GPU(s)", total=len(order))
 
-        def work_items():  # the budget is checked each time an entry is handed out
-            for e in order:
-                if deadline is not None and time.monotonic() > deadline:
-                    stats["budget_hit"] = True
-                    return
-                prog.update(tm, description=e.name)
-                yield e, plan.configs_for(e)
+    def budget_hit() -> bool:  # checked each time an entry is handed out
+        stats["budget_hit"] = stats["budget_hit"] or (deadline is not None and time.monotonic() > deadline)
+        return stats["budget_hit"]
+
+    with ui.progress(stderr, label="{task.description}", remaining=False) as prog:
+        tm = []
+
+        def meanwhile(_pool):  # while the measuring workers start
+            if _compile_jobs(opts.compile_jobs) > 0:
+                _warm(opts, plan, sched.order, settings, prog)
+            tm.append(prog.add_task(f"measuring on {len(devices)} GPU(s)", total=len(sched.order)))
 
         def on_result(entry, rows, err, device):
             where = f" (device {device})" if len(devices) > 1 else ""
@@ -252,10 +252,11 @@ def _measure(opts: TuneOptions, sp, plan, order: list, store: ResultStore, devic
                     stats["failed"] += 1
                 best = f"{w['config']} {w['time_ms']:.4f} ms" if w else "no config passed"
                 prog.console.print(f"{entry.name}: {best}{where}", markup=False)
-            prog.advance(tm)
+            prog.update(tm[0], description=entry.name, advance=1)
 
-        stats["slots"] = runner.run_entries(opts.tree, sp.arch, sp.primary_gpu, work_items(), settings, devices,
-                                            on_result)
+        stats["slots"] = runner.run_entries(opts.tree, sp.arch, sp.primary_gpu,
+                                            [(e, plan.configs_for(e)) for e in sched.order], settings, devices,
+                                            on_result, cost=sched.costs.get, stop=budget_hit, meanwhile=meanwhile)
     return stats
 
 

@@ -1,6 +1,7 @@
 """GPU side of `tune`: measure grid entries in worker processes (one per GPU, each candidate
-under a deadline: `codegen.gpu.tune.workers`), compile Triton's cache in parallel first. Imports
-torch/triton lazily (through `.kernels`), in the workers."""
+under a deadline: the one pool, `codegen.core.pool`), handed out by measured device speed
+(`estimate.Dispatch`); Triton's cache is compiled in parallel first, while the measuring workers
+start. Imports torch/triton lazily (through `.kernels`), in the workers."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import datetime
 import importlib.util
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
+from codegen.core.pool import Job, Lost, Pool, SlotStats, short
 from codegen.models import KernelConfig
+from codegen.gpu.tune.estimate import Dispatch
 from codegen.gpu.tune.grid import GridEntry, group_effective
 from codegen.gpu.tune.store import Provenance, config_columns, entry_columns
-from codegen.gpu.tune.workers import Job, Lost, SlotStats, Supervisor, short
 
 
 @dataclass(frozen=True)
@@ -61,48 +64,97 @@ def _row(entry: GridEntry, gpu: str, cfg: KernelConfig, rep: str, prov: Provenan
             "same_kernel_as": "" if cfg.name == rep else rep, **prov.as_dict()}
 
 
+def _kernel_kind(entry: GridEntry) -> tuple:
+    """What Triton compiles an entry's kernels for, besides the config: entries of one kind share them."""
+    kind = (entry.family, entry.dtype, entry.head_dim, entry.causal, entry.dropout, entry.bias)
+    return kind + ((entry.seqlen_q, entry.seqlen_k) if entry.family == "bwd_kernel_fuse" else ())
+
+
+_LOADED: set = set()  # (kind, config) of the kernels this worker process has launched
+
+
+class _Phases:
+    """Seconds per phase (`lap(name)`: the time since the last lap) and counts, added to a dict."""
+
+    def __init__(self, into: dict):
+        self.into, self.t = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.add(name, now - self.t)
+        self.t = now
+
+    def add(self, name: str, n: float = 1) -> None:
+        self.into[name] = self.into.get(name, 0) + n
+
+
+def _candidate(tk, entry: GridEntry, p, rep: KernelConfig, bwd, refs, s: Settings, ph: _Phases):
+    """(status, time in ms or None, errors) of one kernel: launched once, checked, timed if it passes."""
+    import torch  # import-time dependency: torch, optional (loaded by the caller already)
+    from codegen.gpu.tune.kernels import bench, check
+
+    try:
+        launch, outs = tk.launcher(entry.family, p, rep, bwd)
+        launch()
+        torch.cuda.synchronize()
+        key = (_kernel_kind(entry), rep.name)
+        ph.lap("launch" if key in _LOADED else "cache load")
+        ph.add("cache loads", key not in _LOADED)
+        _LOADED.add(key)
+        ok, errs = check(outs, refs, s.check_heads, entry.dtype)
+        ph.lap("check")
+        if not ok:
+            return "numerics", None, errs
+
+        def counted():
+            ph.add("timing launches")
+            launch()
+
+        t_ms = bench(counted, s.warmup_ms, s.rep_ms)
+        ph.lap("timing")
+        ph.add("timed")
+        if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
+            return "bad time", None, f"benchmark returned {t_ms}"
+        return "ok", t_ms, errs
+    except torch.cuda.OutOfMemoryError as exc:
+        return "oom", None, short(exc)
+    except Exception as exc:  # compile failures, out of resources, launch errors
+        return "error", None, short(exc)
+
+
 def measure_entry(tk, entry: GridEntry, configs: list[KernelConfig], s: Settings, gpu: str,
-                  prov: Provenance, report=None) -> list[dict]:
+                  prov: Provenance, report=None, phases: dict | None = None) -> list[dict]:
     """Rows of every config: checked against fp64, timed when they pass. `report` (a worker's
-    `Reporter`) hears of each kernel before it runs and gets its rows after."""
+    `Reporter`) hears of each kernel before it runs and gets its rows after; `phases` gets the
+    seconds spent per phase added (inputs, reference, cache load: a kernel's first launch in
+    this process, launch, check, timing) and counts (cache loads, timed, timing launches)."""
     # import-time dependency: torch, optional, GPU machines only (.kernels imports triton)
     import torch
-    from codegen.gpu.tune.kernels import bench, check, reference, seed_of
+    from codegen.gpu.tune.kernels import reference, seed_of
 
-    fam = entry.family
+    ph = _Phases({} if phases is None else phases)
     p = entry_problem(entry, s, s.batch, s.heads, (entry.seqlen_q, entry.seqlen_k), seed_of(entry.name))
     keep = tk.dropout_keep(p, s.check_heads) if entry.dropout else None
-    refs = reference(p, s.check_heads, want_grads=fam != "attn_fwd", keep=keep)
-    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if fam != "attn_fwd" else (None, None, None)
+    bwd = tk.bwd_inputs(p, s.fwd_for_bwd) if entry.family != "attn_fwd" else (None, None, None)
+    torch.cuda.synchronize()
+    ph.lap("inputs")
+    refs = reference(p, s.check_heads, want_grads=entry.family != "attn_fwd", keep=keep)
+    torch.cuda.synchronize()
+    ph.lap("reference")
     rows: list[dict] = []
     for group in group_effective(configs, tk.backend):
         rep = group[0]
         if report is not None:
             report.begin([c.name for c in group])
-        status, t_ms, errs = "error", None, ""
-        try:
-            launch, outs = tk.launcher(fam, p, rep, bwd)
-            launch()
-            torch.cuda.synchronize()
-            ok, errs = check(outs, refs, s.check_heads, entry.dtype)
-            if ok:
-                t_ms = bench(launch, s.warmup_ms, s.rep_ms)
-                status = "ok"
-                if not math.isfinite(t_ms):  # never a NaN into the CSVs or the overlay
-                    status, errs, t_ms = "bad time", f"benchmark returned {t_ms}", None
-            else:
-                status = "numerics"
-            del outs, launch
-        except torch.cuda.OutOfMemoryError as exc:
-            status, errs = "oom", short(exc)
-        except Exception as exc:  # compile failures, out of resources, launch errors
-            status, errs = "error", short(exc)
+        ph.lap("other")
+        status, t_ms, errs = _candidate(tk, entry, p, rep, bwd, refs, s, ph)
         group_rows = [_row(entry, gpu, c, rep.name, prov, status, t_ms, errs) for c in group]
         rows += group_rows
         if report is not None:
             report.end(group_rows)
     del p, refs, keep, bwd
     torch.cuda.empty_cache()
+    ph.lap("other")
     return rows
 
 
@@ -180,11 +232,12 @@ def warm_compile(aotriton_dir: Path, jobs: list[tuple], s: Settings, workers: in
         for name, e in results or [(job.key, err)]:
             on_done(name, e or err)
 
-    sup = Supervisor(list(range(min(workers, len(jobs)))), warm_init, warm_handle, (str(aotriton_dir),),
-                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
+    pool = Pool(list(range(min(workers, len(jobs)))), warm_init, warm_handle, (str(aotriton_dir),),
+                step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s, label="tune-compile",
+                who=lambda slot: f"tune compile worker {slot}")
     named = ((like, cfg, cfg.name if cfg is not None else f"{like.name} (inputs)") for like, cfg in jobs)
-    sup.run((Job(name, (like, cfg, s), (name,)) for like, cfg, name in named), done,
-            lambda job, lost, info: [(lost.names[0], f"{lost.why}: {lost.detail}")])
+    pool.run((Job(name, (like, cfg, s), (name,)) for like, cfg, name in named), done,
+             lambda job, lost, info: [(lost.names[0], f"{lost.why}: {lost.detail}")])
 
 
 def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
@@ -194,15 +247,18 @@ def measure_init(device_index: int, aotriton_dir: str, target_arch: str):
     from codegen.gpu.tune.kernels import TreeKernels
 
     torch.cuda.set_device(device_index)
+    torch.empty(1, device="cuda")  # the GPU context, made now: at start, not in the first entry
     prov = provenance(target_arch)
     return (TreeKernels(Path(aotriton_dir)), prov), {"prov": prov, "device": prov.device}
 
 
-def measure_handle(state, job: tuple, names, report) -> None:
+def measure_handle(state, job: tuple, names, report) -> dict:
     tk, prov = state
     entry, configs, gpu, s = job
     todo = set(names)
-    measure_entry(tk, entry, [c for c in configs if c.name in todo], s, gpu, prov, report)
+    phases: dict = {}
+    measure_entry(tk, entry, [c for c in configs if c.name in todo], s, gpu, prov, report, phases)
+    return phases
 
 
 def missing_gpu_stack() -> list[str]:
@@ -223,15 +279,19 @@ def visible_gpus() -> int:
 
 def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
                 work: Iterable[tuple[GridEntry, list[KernelConfig]]], s: Settings, devices: list[int],
-                on_result: Callable[[GridEntry, list[dict], str, object], None],
-                init: Callable = measure_init, handle: Callable = measure_handle) -> list[SlotStats]:
-    """Measure each (entry, configs) of `work` on one worker per device of `devices` (the same
-    index twice: two workers share that GPU). `work` is consumed lazily, one entry per idle
-    worker (a budget check inside the iterator stops handing out work; hand it out longest
-    first and every entry goes to the device that frees first). on_result(entry, rows, error,
-    device) runs in this process as each entry finishes, so results are flushed one at a time.
-    A candidate that hangs or kills its worker gets a `timeout`/`crash` row; the worker is
-    replaced and the entry goes on. Returns what each device did."""
+                on_result: Callable[[GridEntry, list[dict], str, object], None], *,
+                init: Callable = measure_init, handle: Callable = measure_handle,
+                cost: Callable[[GridEntry], float] | None = None, stop: Callable[[], bool] | None = None,
+                meanwhile: Callable[[Pool], None] | None = None) -> list[SlotStats]:
+    """Measure each (entry, configs) of `work` on one worker per device of `devices`;
+    meanwhile(pool) runs in this process while they start (the compile warm-up). Entries go out longest
+    first by cost(entry), their estimated seconds (None: all equal, in order), each to a device
+    that would finish it soonest by its measured speed, entries that share kernels kept on one
+    device while others have work (`estimate.Dispatch`); once stop()
+    says so (a budget) no more are handed out. on_result(entry, rows, error, device) runs in
+    this process as each entry finishes, so results are flushed one at a time. A candidate
+    that hangs or kills its worker gets a `timeout`/`crash` row; the worker is replaced and the
+    entry goes on. Returns what each device did."""
 
     def done(job, results, err, stats):
         entry = job.payload[0]
@@ -241,10 +301,15 @@ def run_entries(aotriton_dir: Path, target_arch: str, gpu: str,
         entry, configs, gpu_, _ = job.payload
         return [lost_rows(entry, configs, lost_step, gpu_, info["prov"])]
 
-    sup = Supervisor(list(devices), init, handle, (str(aotriton_dir), target_arch),
-                     step_timeout_s=s.timeout_s, setup_timeout_s=s.setup_timeout_s)
-    jobs = (Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs)) for e, configs in work)
-    return sup.run(jobs, done, lost)
+    jobs = [Job(e.name, (e, configs, gpu, s), tuple(c.name for c in configs), cost(e) if cost else 1.0,
+                ".".join(map(str, _kernel_kind(e)))) for e, configs in work]
+    with Pool(list(devices), init, handle, (str(aotriton_dir), target_arch), step_timeout_s=s.timeout_s,
+              setup_timeout_s=s.setup_timeout_s, label="tune",
+              who=lambda slot: f"tune worker for device {slot}") as pool:
+        pool.start()
+        if meanwhile is not None:
+            meanwhile(pool)
+        return pool.run(Dispatch(jobs, len(devices), stop=stop), done, lost)
 
 
 def default_compile_workers() -> int:

@@ -15,8 +15,10 @@ from codegen.models import KernelConfig
 from codegen.formats.tuning_csv import (
     MEASUREMENTS_FILE,
     WINNERS_FILE,
+    measurements_table,
     read_csv,
     row_key,
+    winners_table,
     write_measurements,
     write_winners,
 )
@@ -82,8 +84,16 @@ class ResultStore:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = FileLock(str(self.folder / LOCK_FILE))
-        self.measurements: list[dict] = read_csv(self.folder / MEASUREMENTS_FILE)
-        self.winners: list[dict] = read_csv(self.folder / WINNERS_FILE)
+        self._measurements = measurements_table(read_csv(self.folder / MEASUREMENTS_FILE))
+        self._winners = winners_table(read_csv(self.folder / WINNERS_FILE))
+
+    @property
+    def measurements(self) -> list[dict]:
+        return self._measurements.rows()
+
+    @property
+    def winners(self) -> list[dict]:
+        return self._winners.rows()
 
     def __enter__(self) -> "ResultStore":
         try:
@@ -104,16 +114,14 @@ class ResultStore:
         return {r.get("device", "") for r in self.measurements if r.get("device")}
 
     def record(self, entry: GridEntry, rows: list[dict], n_candidates: int) -> dict | None:
-        """Replace the entry's rows (and its winner), then flush both files."""
-        self.measurements = [r for r in self.measurements if r.get("entry") != entry.name] + rows
+        """Replace the entry's rows (and its winner), then flush both files (each row is
+        formatted once: `formats.tuning_csv.SortedCsv`)."""
+        self._measurements.replace(lambda r: r.get("entry") == entry.name, rows)
         best = pick_winner(rows)
         key = row_key(rows[0]) if rows else None
-        self.winners = [w for w in self.winners
-                        if w.get("entry") != entry.name and (key is None or row_key(w) != key)]
-        winner = None
-        if best is not None:
-            winner = winner_from(best, n_candidates)
-            self.winners.append(winner)
-        write_measurements(self.folder, self.measurements)
-        write_winners(self.folder, self.winners)
+        winner = winner_from(best, n_candidates) if best is not None else None
+        self._winners.replace(lambda w: w.get("entry") == entry.name or (key is not None and row_key(w) == key),
+                              [winner] if winner is not None else [])
+        write_measurements(self.folder, self._measurements)
+        write_winners(self.folder, self._winners)
         return winner

@@ -13,8 +13,9 @@ On NVIDIA, AMD-only launch options (waves_per_eu) are dropped, so configs that d
 them compile to the same kernel and are run once; TRITON_F32_DEFAULT=ieee keeps fp32 dots exact
 (the tree's test harness demands it too).
 
-Configs run in parallel worker processes (spawned, each with its own GPU context): compiling is
-CPU-bound and dominates.
+Configs run in parallel worker processes of the one pool (codegen.core.pool: spawned, each with
+its own GPU context; compiling is CPU-bound and dominates): a config that hangs or kills its
+worker fails alone, the worker is replaced.
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Callable
 
 from codegen.core.errors import UpstreamError, UserError
+from codegen.core.pool import Job, Lost, Pool
 from codegen.models import KernelConfig, expand_family
 from codegen.models.cases import KERNEL_SHAPES, Shape
 from codegen.upstream import KERNEL_DIRS, kernel_source_dir
 from codegen.upstream.kernel_args import bind, load_kernels, param_values
 
 FAMILIES = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
+TIMEOUT_S = 600.0  # one config: its compile, launches and checks
 
 
 def tree_source_dir(tree: Path) -> Path:
@@ -166,6 +167,13 @@ def _judge(result: dict, checks: list[dict]) -> None:
             for c in checks if not c["ok"])
 
 
+def _head(task: Task) -> dict:
+    cfg = task.config
+    return {"family": task.family, "names": list(task.names), "causal": task.causal,
+            "shape": dict(zip(("batch", "heads_q", "heads_k", "seqlen_q", "seqlen_k"), task.shape)),
+            "dtype": cfg["dtype"], "head_dim": cfg["head_dim"], "config": cfg}
+
+
 def run_task(task: Task, amd: bool) -> dict:
     # import-time dependency: torch, optional, in the worker process only (.gpu imports it)
     import torch
@@ -173,7 +181,7 @@ def run_task(task: Task, amd: bool) -> dict:
     from codegen.gpu.validate.gpu import DTYPES, compare
 
     cfg = task.config
-    dtype, hd = cfg["dtype"], cfg["head_dim"]
+    dtype = cfg["dtype"]
     t, ref = _tensors(task, DTYPES[dtype], "cuda")
     n_cu = torch.cuda.get_device_properties(t["q"].device).multi_processor_count
 
@@ -186,9 +194,7 @@ def run_task(task: Task, amd: bool) -> dict:
             o["waves_per_eu"] = c["waves_per_eu"]
         _launch(_K[family], grid, vals, o if with_opts else {})
 
-    result: dict = {"family": task.family, "names": list(task.names), "causal": task.causal,
-                    "shape": dict(zip(("batch", "heads_q", "heads_k", "seqlen_q", "seqlen_k"), task.shape)),
-                    "dtype": dtype, "head_dim": hd, "config": cfg}
+    result = _head(task)
     try:
         if task.family == "attn_fwd":
             launch("attn_fwd", cfg)
@@ -214,9 +220,20 @@ def run_task(task: Task, amd: bool) -> dict:
     return result
 
 
-def _worker(task_and_amd):
-    task, amd = task_and_amd
-    return run_task(task, amd)
+def _init(_slot, src_dir: str):
+    init_worker(src_dir)
+    return None, {}
+
+
+def _handle(_state, job: tuple, names, report) -> None:
+    task, amd = job
+    report.begin(names)
+    report.end(run_task(task, amd))
+
+
+def _lost(job: Job, lost: Lost, _info: dict) -> list[dict]:
+    """A config whose worker hung or died: it fails, the others go on."""
+    return [{**_head(job.payload[0]), "status": "fail", "reason": f"{lost.why}: {lost.detail}"}]
 
 
 def run_kernels(tree: Path, spec, amd: bool, jobs: int, progress: Callable[[str], None] = lambda m: None,
@@ -233,20 +250,17 @@ def run_kernels(tree: Path, spec, amd: bool, jobs: int, progress: Callable[[str]
                                   first.seed, control=True))
     everything = tasks + ctl_tasks
     done: list[dict] = []
-    if jobs <= 1:
-        init_worker(str(src))
-        for i, t in enumerate(everything):
-            progress(f"[{i + 1}/{len(everything)}] {t.names[0]}")
-            done.append(dict(run_task(t, amd), control=t.control))
-    else:
-        ctx = get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=init_worker,
-                                 initargs=(str(src),)) as pool:
-            futs = {pool.submit(_worker, (t, amd)): t for t in everything}
-            for i, f in enumerate(as_completed(futs)):
-                r = dict(f.result(), control=futs[f].control)
-                progress(f"[{i + 1}/{len(everything)}] {r['status']} {r['names'][0]}")
-                done.append(r)
+
+    def finished(job: Job, results: list, err: str, _stats) -> None:
+        task = job.payload[0]
+        r = results[0] if results else {**_head(task), "status": "fail", "reason": err or "no result"}
+        done.append(dict(r, control=task.control))
+        progress(f"[{len(done)}/{len(everything)}] {r['status']} {r['names'][0]}")
+
+    pool = Pool(list(range(max(1, min(jobs, len(everything))))), _init, _handle, (str(src),),
+                step_timeout_s=TIMEOUT_S, setup_timeout_s=TIMEOUT_S, label="validate",
+                who=lambda slot: f"validate worker {slot}")
+    pool.run((Job(t.names[0], (t, amd), (str(i),)) for i, t in enumerate(everything)), finished, _lost)
     results = [r for r in done if not r["control"]]
     controls = [
         {"what": f"negative control: {r['family']} causal output vs the non-causal reference is rejected",
