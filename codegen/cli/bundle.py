@@ -108,7 +108,7 @@ def check(
                                         "bundle carries) and name other GPUs' rows with the same configuration."),
     execute: bool = typer.Option(False, "--execute", help="Also execute the library's forward and backward of "
                                  "every dtype, head dim and variant on an emulated GPU and compare with fp64 "
-                                 "(minutes per case: `mi100-codegen emulate` runs chosen cases)."),
+                                 "(`mi100-codegen emulate BUNDLE --case GLOB` runs chosen cases)."),
 ) -> None:
     """Integrity, link identity, emulated dispatch, tuning rows and negative controls of a bundle."""
     # CLI start-up: the check loads when a bundle is checked, not for `bundle build`
