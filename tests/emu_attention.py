@@ -19,6 +19,7 @@ import numpy as np
 from codegen.emulate.aotriton import Kernel, compile_entry
 from codegen.models.emulate import Launch
 from codegen.plan.kernel_list import kernel_arg_names
+from codegen.ship.reference import attention, from_bytes, to_bytes
 from codegen.upstream import signature_constant
 
 DTYPES = ("fp16", "bf16")
@@ -57,17 +58,12 @@ def find(tree: Path, entries: list, family: str, dtype: str, head_dim: int, *, w
 
 def _words(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(the kernel's input words, their exact fp64 values) of `x` in `dtype`."""
-    if dtype == "fp16":
-        h = x.astype(np.float16)
-        return h, h.astype(np.float64)
-    b = (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-    return b, _from_words(b, dtype)
+    w = np.frombuffer(to_bytes(x, dtype), np.uint16).reshape(x.shape)
+    return w, _from_words(w, dtype)
 
 
 def _from_words(w: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "fp16":
-        return w.view(np.float16).astype(np.float64)
-    return (w.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return from_bytes(w.tobytes(), dtype, w.size).reshape(w.shape)
 
 
 @dataclass
@@ -116,25 +112,14 @@ class Problem:
         return (pick.astype(np.uint32).view(np.int32) > idp).reshape(b, h, m, n)
 
     def reference(self) -> dict[str, np.ndarray]:
-        """fp64: out, lse (natural log), delta, dq, dk, dv, db."""
+        """fp64 (codegen.ship.reference, the one reference `execute` uses): out, lse (natural
+        log), delta, dq, dk, dv, db, with this problem's own Philox mask for dropout."""
         q, k, v, do = (self.t[n][1] for n in ("q", "k", "v", "do"))
-        s = np.einsum("bhmd,bhnd->bhmn", q, k) * self.sm_scale + (self.t["b"][1] if self.bias else 0)
-        if self.causal:
-            s = np.where(np.tril(np.ones((self.seqlen_q, self.seqlen_k), bool)), s, -np.inf)
-        mx = s.max(-1, keepdims=True)
-        p = np.exp(s - mx)
-        l_ = p.sum(-1, keepdims=True)
-        p /= l_
-        kept = p * self.keep() / (1 - self.dropout) if self.dropout else p
-        out = np.einsum("bhmn,bhnd->bhmd", kept, v)
-        dp = np.einsum("bhmd,bhnd->bhmn", do, v)
-        if self.dropout:
-            dp = dp * self.keep() / (1 - self.dropout)
-        delta = (do * out).sum(-1)
-        ds = p * (dp - delta[..., None])
-        return {"out": out, "lse": (mx + np.log(l_))[..., 0], "delta": delta, "dv": np.einsum("bhmn,bhmd->bhnd", kept, do),
-                "dq": np.einsum("bhmn,bhnd->bhmd", ds, k) * self.sm_scale,
-                "dk": np.einsum("bhmn,bhmd->bhnd", ds, q) * self.sm_scale, "db": ds}
+        r = attention(q, k, v, do, scale=self.sm_scale, causal=self.causal,
+                      bias=self.t["b"][1] if self.bias else None, keep=self.keep() if self.dropout else None,
+                      dropout_p=self.dropout)
+        return {"out": r.out, "lse": r.lse.reshape(q.shape[:3]), "delta": (do * r.out).sum(-1), "dv": r.dv,
+                "dq": r.dq, "dk": r.dk, "db": r.db}
 
 
 def _strides(prefix: str, shape: tuple, letters: str = "zhm") -> dict[str, int]:
