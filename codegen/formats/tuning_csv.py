@@ -30,21 +30,20 @@ from codegen.core.errors import DataFileError
 from codegen.core.ui import printable
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.models import TargetSpec
+from codegen.models.functional import FIELDS
 from codegen.models.target import tile_problems
 from codegen.core.resources import display_path
 
-WINNER_COLUMNS = (
-    "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k",
-    "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v",
-    "config", "time_ms", "device", "proxy",
-)
+# Row identity: one winner per (gpu, family, functional key: codegen.models.functional).
+KEY_COLUMNS = ("gpu", "family", *FIELDS)
+WINNER_COLUMNS = KEY_COLUMNS + ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v",
+                                "config", "time_ms", "device", "proxy")
 # Provenance columns of the CSV after the ones render passes on (render ignores them).
 WINNER_META_COLUMNS = ("entry", "triton", "torch", "date", "source", "candidates")
 WINNER_CSV_COLUMNS = WINNER_COLUMNS + WINNER_META_COLUMNS
 
 MEASUREMENT_COLUMNS = (
-    "entry", "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q",
-    "seqlen_k", "config", "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+    "entry", *KEY_COLUMNS, "config", "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
     "pre_load_v", "status", "time_ms", "errors", "same_kernel_as", "device", "proxy", "triton",
     "torch", "date", "source",
 )
@@ -55,10 +54,6 @@ FLOAT_COLUMNS = ("time_ms",)
 CSV_LIMIT = 256 << 20  # bytes; a full tuning run's measurements.csv is a few MB
 WINNERS_FILE = "winners.csv"
 MEASUREMENTS_FILE = "measurements.csv"
-
-# Row identity: one winner per (gpu, family, functional inputs).
-KEY_COLUMNS = ("gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias",
-               "seqlen_q", "seqlen_k")
 
 
 
@@ -78,7 +73,7 @@ class _Row(BaseModel):
     head_dim: Positive
     causal: Flag
     dropout: Flag
-    bias: Count
+    bias: Flag
     seqlen_q: Positive
     seqlen_k: Positive
     config: Name

@@ -35,10 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, Va
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.models.records import RecordError, parse_json
+from codegen.models.functional import Functional
 from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
-from codegen.formats.tuning_db import Functional, Table
+from codegen.formats.tuning_db import Table
 from codegen.upstream import tuning_db_places
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
@@ -325,12 +326,6 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Functional, names: 
     return m
 
 
-def case_inputs(case) -> Functional:
-    """A dispatch.DispatchCase -> the functional the LUT is indexed by."""
-    s = case.shape
-    return Functional(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
-
-
 def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, names: Spelling) -> list[RowMatch]:
     """Every launched kernel of every case (dispatch.DispatchCase / CaseResult pairs, by name)
     that has a tuning table, matched to the row `gpu` defines."""
@@ -342,7 +337,7 @@ def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, name
             continue
         for phase in ("fwd", "bwd"):
             for stem in res.kernels[phase]:
-                m = match_row(tdb, gpu, stem, case_inputs(case), names, case=res.case, phase=phase)
+                m = match_row(tdb, gpu, stem, case.functional, names, case=res.case, phase=phase)
                 if m is not None:
                     out.append(m)
     return out
@@ -368,5 +363,5 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
 
 
 __all__ = ["CarriedRows", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
-           "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
+           "carried_database", "carry_rows", "differences", "match_report", "match_row", "parse_stem",
            "read_rows", "summary", "tree_database"]

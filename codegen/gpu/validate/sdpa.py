@@ -191,7 +191,7 @@ def _judge(row: dict, res: dict, msgs: list[str]) -> None:
 def _proof(plat: Platform, backends: list[str], spec) -> dict:
     """Kernel names of one flash/efficient forward+backward, and which AOTriton is mapped."""
     dtype = "fp16" if "fp16" in spec.dtypes else spec.dtypes[0]
-    case = Case(dtype, sorted(spec.head_dims)[0], False, Shape(1, 2, 2, 257, 257))
+    case = Case.at(dtype, sorted(spec.head_dims)[0], False, Shape(1, 2, 2, 257, 257))
     out: dict = {"kernels": {}, "checks": []}
     for backend in backends:
         q, k, v, do = make_inputs(case, gpu.DEVICE, 1234)
