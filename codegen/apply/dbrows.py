@@ -129,11 +129,6 @@ def _unique_key(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
     raise DonorError(f"table {table}: no UNIQUE key (not an AOTriton tuning table?)")
 
 
-def _donor_arch(gpu: str) -> str:
-    """The donor's arch, where its shards live (the spec names the donor by GPU only)."""
-    return gpu_arch(gpu)
-
-
 # ----------------------------------------------------------------------------- derivation --
 
 
@@ -320,8 +315,7 @@ def _winner_hits(row: list, c: _Cols, w: Winner) -> bool:
     if (row[c.ix[db.GPU]] != w.gpu or row[c.ix[c.dt]] != DTYPE_INFO[w.dtype].db_value
             or row[c.ix[c.hd]] != w.head_dim or row[c.ix[c.sq]] != w.seqlen_q or row[c.ix[c.sk]] != w.seqlen_k):
         return False
-    return not any(col and getattr(w, k) is not None and bool(row[c.ix[col]]) != bool(getattr(w, k))
-                   for k, col in c.flags.items())
+    return not any(col and bool(row[c.ix[col]]) != getattr(w, k) for k, col in c.flags.items())
 
 
 def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: TableStats) -> None:
@@ -517,7 +511,7 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
         if adapter.op_db:
             out.append({"path": adapter.op_db, "kind": "upsert", "required": False})
         return out
-    donor_root = f"{adapter.shard_root}/{_donor_arch(plan.donor_gpu)}"
+    donor_root = f"{adapter.shard_root}/{gpu_arch(plan.donor_gpu)}"  # where the donor GPU's shards live
     # shards lie in a folder per family (<arch>/flash/<kernel>, 0.11.1b-0.13b) or directly in the
     # arch folder (main: one database folder per family): read from the tree, not assumed
     shards = sorted([name for name in listdir(donor_root) if name.endswith(DB_ARCHIVE_SUFFIX)]

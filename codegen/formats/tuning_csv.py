@@ -47,9 +47,6 @@ MEASUREMENT_COLUMNS = (
     "pre_load_v", "status", "time_ms", "errors", "same_kernel_as", "device", "proxy", "triton",
     "torch", "date", "source",
 )
-INT_COLUMNS = ("head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k", "block_m",
-               "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v", "candidates")
-FLOAT_COLUMNS = ("time_ms",)
 
 CSV_LIMIT = 256 << 20  # bytes; a full tuning run's measurements.csv is a few MB
 WINNERS_FILE = "winners.csv"
@@ -256,21 +253,15 @@ def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, .
     return buf.getvalue()
 
 
-def write_text_atomic(path: Path, text: str) -> bool:
-    """Write-if-changed via atomic replace; returns whether the file changed."""
-    return write_if_changed(path, text)
-
-
 def write_winners(folder: Path, rows: list[dict]) -> bool:
-    return write_text_atomic(Path(folder) / WINNERS_FILE,
-                             format_csv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",)))
+    """Write-if-changed (atomic); whether the file changed. Likewise `write_measurements`."""
+    return write_if_changed(Path(folder) / WINNERS_FILE,
+                            format_csv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",)))
 
 
 def write_measurements(folder: Path, rows: list[dict]) -> bool:
-    return write_text_atomic(
-        Path(folder) / MEASUREMENTS_FILE,
-        format_csv(rows, MEASUREMENT_COLUMNS, KEY_COLUMNS + ("config",)),
-    )
+    return write_if_changed(Path(folder) / MEASUREMENTS_FILE,
+                            format_csv(rows, MEASUREMENT_COLUMNS, KEY_COLUMNS + ("config",)))
 
 
 def load_winner_rows(folder: Path, spec: TargetSpec) -> list[dict]:

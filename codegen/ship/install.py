@@ -43,7 +43,7 @@ from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
 from codegen.core.fsutil import trusted_storage
 from codegen.core.ui import printable
-from codegen.formats.bundle_zip import Bundle, extract, open_bundle
+from codegen.formats.bundle_zip import Bundle, extract
 from codegen.formats.elf import ElfError, read_dynamic, version_key
 from codegen.models.archs import Arch
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
@@ -278,12 +278,6 @@ def machine_glibc() -> str | None:
         return None
     parts = v.split()
     return f"GLIBC_{parts[1]}" if len(parts) == 2 and parts[0] == "glibc" else None
-
-
-def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | None = None,
-                       glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
-    """A bundle file, verified (every member against its manifest), then `bundle_prefix`."""
-    return bundle_prefix(open_bundle(path), work, torch, arch, glibc)
 
 
 def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None = None,
