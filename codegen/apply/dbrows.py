@@ -36,7 +36,6 @@ the donor shard's schema, and upserts into the (unsharded) op DB.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 import tempfile
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Callable
 
 from codegen.core.errors import UserError
+from codegen.core.fsutil import sha256
 from codegen.models import FAMILIES
 from codegen.models.dtypes import DTYPE_INFO, by_torch
 from codegen.models.limits import cap_waves_per_eu, variant_status
@@ -532,7 +532,7 @@ def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> 
     blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
                        "sqlite": sqlite3.sqlite_version, "sqlite_io": "memory" if SQLITE_IN_MEMORY else "file",
                        "archive": ARCHIVE_FORMAT}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256(blob.encode())
 
 
 def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:

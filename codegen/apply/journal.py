@@ -59,6 +59,7 @@ from pathlib import Path
 
 from codegen.core.contain import Escape, inside, perm_bits
 from codegen.core.errors import UserError, os_reason
+from codegen.core.fsutil import sha256, sha256_file
 from codegen.models.journal import STATE_DIR, TXN_DIR, Journal, JournalOp
 from codegen.models.records import RecordError, read_record
 
@@ -181,11 +182,7 @@ def state_of(path: Path) -> str:
         return "dir"
     if not stat.S_ISREG(st.st_mode):
         return "other"
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 @dataclass
@@ -303,7 +300,7 @@ def _stage(txn: Path, n: int, op: Op, dest: Path) -> JournalOp:
     elif op.op == "write":
         assert op.data is not None
         write_durable(txn / "new" / str(n), op.data, op.mode)
-        ent.update(stage=str(n), new=hashlib.sha256(op.data).hexdigest(), mode=perm_bits(op.mode))
+        ent.update(stage=str(n), new=sha256(op.data), mode=perm_bits(op.mode))
     elif op.op == "check":
         ent["new"] = op.sha
     if op.op in ("write", "delete") and dest.is_file() and not dest.is_symlink():

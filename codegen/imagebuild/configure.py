@@ -11,7 +11,6 @@ CMAKE_PROJECT_INCLUDE_BEFORE (so a re-configure triggered by ninja sees them), a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
-from codegen.core.fsutil import write_if_changed
+from codegen.core.fsutil import sha256, sha256_file, write_if_changed
 from codegen.models.configure import ConfigureRecord
 from codegen.models.records import read_record, write_json
 from codegen.upstream import Adapter
@@ -68,9 +67,9 @@ class ConfigurePlan:
     @property
     def fingerprint(self) -> str:
         blob = json.dumps({"cache": self.cache, "knobs": self.knobs, "inputs": self.inputs,
-                           "files": [(p, hashlib.sha256(b).hexdigest()) for p, b, _ in self.files]},
+                           "files": [(p, sha256(b)) for p, b, _ in self.files]},
                           sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return sha256(blob.encode())
 
     def cmake_args(self, tree: Path, build_dir: Path) -> list[str]:
         return ["-S", str(tree), "-B", str(build_dir), "-G", "Ninja",
@@ -112,10 +111,10 @@ def configure_inputs(tree: Path, paths: list[str]) -> tuple[tuple[str, str], ...
     for rel in sorted(set(paths)):
         p = tree / rel
         if p.is_file():
-            out.append((rel, hashlib.sha256(p.read_bytes()).hexdigest()))
+            out.append((rel, sha256_file(p)))
         elif p.is_dir():
             for f in sorted(q for q in p.rglob("*") if q.is_file()):
-                out.append((f.relative_to(tree).as_posix(), hashlib.sha256(f.read_bytes()).hexdigest()))
+                out.append((f.relative_to(tree).as_posix(), sha256_file(f)))
     return tuple(out)
 
 

@@ -15,14 +15,13 @@ badly (permissions, not a directory), exit 3 for the machine (disk full, I/O err
 from __future__ import annotations
 
 import difflib
-import hashlib
 import os
 import stat
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside
 from codegen.core.errors import CodegenError, SystemFailure, UserError, os_failure
-from codegen.core.fsutil import move_into_place, stage_write
+from codegen.core.fsutil import move_into_place, sha256, stage_write
 from codegen.models.overlay import OVERLAY_TOOLKIT, OverlayManifest
 from codegen.models.records import read_record
 from codegen.render.overlay import Overlay
@@ -72,7 +71,7 @@ def _our_files(ov: Overlay, out: Path) -> dict[str, bytes]:
         data = _read_ours(out, path)
         if data is None:
             continue
-        if path in ov.files or path == MARKER or hashlib.sha256(data).hexdigest() == previous[path]:
+        if path in ov.files or path == MARKER or sha256(data) == previous[path]:
             files[path] = data
     return files
 

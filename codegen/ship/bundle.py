@@ -42,8 +42,8 @@ from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
 from codegen.ship.layout import TORCH_LINES
 from codegen.upstream.releases import IMAGES_DIR, tag_line
-from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
-                                       write_bundle)
+from codegen.core.fsutil import sha256
+from codegen.formats.bundle_zip import FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, write_bundle
 from codegen.models.bundle import BundleManifest
 from codegen.ship.check import CheckReport, check_extracted
 from codegen.ship.dispatch import LABEL

@@ -41,7 +41,7 @@ from codegen.apply.journal import (STATE_DIR, TXN_DIR, Finished, RollbackIncompl
                                    TxnFailed, journal_label, pending, recover, state_of, tree_lock, write_durable)
 from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
-from codegen.core.fsutil import trusted_storage
+from codegen.core.fsutil import sha256_file, trusted_storage
 from codegen.core.ui import printable
 from codegen.formats.bundle_zip import Bundle, extract
 from codegen.formats.elf import ElfError, read_dynamic, version_key
@@ -58,7 +58,6 @@ from codegen.ship.layout import (
     TorchInstall,
     aotriton_namespaces,
     needed_aotriton_symbols,
-    sha256_file,
 )
 
 MANIFEST = "manifest.json"

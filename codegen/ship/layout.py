@@ -8,13 +8,13 @@ Nothing here imports torch: a torch whose AOTriton was swapped for a wrong one f
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.errors import EnvironmentMissing, UserError
+from codegen.core.fsutil import sha256, sha256_file
 from codegen.formats.elf import DynamicInfo, read_dynamic
 from codegen.upstream.releases import (IMAGES_DIR, SUPPORTED, TORCH_LINES, parse_tag, release_line, release_name,
                                        tag_line)
@@ -59,14 +59,6 @@ def unsupported_line_message(tag: str) -> str:
             f"line yet; releases it builds for PyTorch: {', '.join(TORCH_RELEASES)}")
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class AotLib:
     """One AOTriton library file name, parsed."""
@@ -103,7 +95,7 @@ def images_signature(arch_dir: Path) -> tuple[str, int]:
     lines = []
     for f in sorted(p for p in arch_dir.rglob("*") if p.is_file()):
         lines.append(f"{f.relative_to(arch_dir).as_posix()} {sha256_file(f)}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest(), len(lines)
+    return sha256("".join(lines).encode()), len(lines)
 
 
 def image_archs(lib_dir: Path) -> dict[str, int]:

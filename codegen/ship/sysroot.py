@@ -16,7 +16,6 @@ under a lock and renamed into place: a folder under its final name is complete.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from filelock import FileLock
 from codegen.core import processes
 from codegen.core.contain import inside
 from codegen.core.errors import EnvironmentMissing, UserError
-from codegen.core.fsutil import move_into_place
+from codegen.core.fsutil import move_into_place, sha256_file
 from codegen.core.resources import user_cache_dir
 from codegen.models.hip import HIP_SOURCES, SYSROOT_FORMAT, SYSROOT_RECORD, HipSource, SysrootRecord
 from codegen.models.records import read_record, write_json
@@ -215,7 +214,7 @@ def _fill(tmp: Path, major: int, src: HipSource, env: dict, entry: Path,
     for deb in sorted(debs.glob("*.deb")):
         name, version, _arch = deb.stem.split("_", 2)
         record["packages"][name] = {"version": version.replace("%3a", ":"), "file": deb.name,
-                                    "sha256": hashlib.sha256(deb.read_bytes()).hexdigest()}
+                                    "sha256": sha256_file(deb)}
     dev = record["packages"].get(src.packages[0], {})
     if not str(dev.get("version", "")).startswith(f"{major}."):
         raise _offline(src, f"suite {src.suite} offers {src.packages[0]} {dev.get('version', 'none')}, "

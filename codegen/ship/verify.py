@@ -26,7 +26,6 @@ library, nor a toolchain that was itself compromised (docs/trust.md)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import tempfile
@@ -42,6 +41,7 @@ from codegen.compile import engine
 from codegen.compile.sample import stratified_sample
 from codegen.core import ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
+from codegen.core.fsutil import sha256_file
 from codegen.core.ui import printable
 from codegen.formats.aks2 import KernelRef, ZipRef, package_images, packed_kernels
 from codegen.formats.bundle_zip import Bundle, BundleError, extract, open_bundle
@@ -185,7 +185,7 @@ def _compile_report_note(bundle: Bundle, loaded: LoadedSpec) -> list[str]:
     path = overlay_results(loaded).get(COMPILE_REPORT)
     if summary is None or path is None:
         return []
-    if hashlib.sha256(path.read_bytes()).hexdigest() == summary.sha256:
+    if sha256_file(path) == summary.sha256:
         return []
     return [f"this mi100-codegen renders the spec with another compile report than the bundle's builder "
             f"({summary.sha256[:12]}…): a kernel it plans differently shows as not packed or not planned"]

@@ -16,7 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from codegen.core.errors import EnvironmentMissing
 from codegen.models.dtypes import DTYPE_INFO
-from codegen.ship.layout import images_signature, sha256_file
+from codegen.core.fsutil import sha256_file
+from codegen.ship.layout import images_signature
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.models.cases import Case, Shape, tolerance
 
