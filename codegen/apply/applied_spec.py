@@ -156,6 +156,3 @@ def _default_note(loaded: "LoadedSpec") -> str | None:
         return None
     return (f"note: {local} here differs from the spec embedded in this install ({loaded.display}), "
             f"which is what runs without --spec; pass --spec {local} to use yours")
-
-
-__all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec"]

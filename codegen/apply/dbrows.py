@@ -547,6 +547,3 @@ def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
     _, donor_sql = read_archive(donor, target["donor"])
     base = read(target["path"])
     return _rewrite(base, target["path"], donor_sql, plan, target["required"], member_override=member_name(target["path"]))
-
-
-__all__ = ["DbOutput", "DonorError", "TableStats", "build_db", "db_targets", "input_key"]

@@ -420,6 +420,3 @@ def apply_edit(text: str, edit: EditRecord) -> str:
     if new == text:
         raise EditConflict(f"{edit.path}: edit {edit.id} changes nothing")
     return new
-
-
-__all__ = ["OPS", "EditConflict", "EditSkipped", "apply_edit"]

@@ -421,6 +421,3 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
         plan = plan_apply(tree, adapter, loaded, progress)
         plan.result.recovered, plan.result.pretend = recovered, pretend
         return plan.result if pretend else commit_apply(plan, progress)
-
-
-__all__ = ["ApplyPlan", "apply_overlay", "commit_apply", "plan_apply"]

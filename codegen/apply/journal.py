@@ -618,8 +618,3 @@ def tree_lock(tree: Path):
         yield
     finally:
         os.close(fd)
-
-
-__all__ = ["CHUNK", "Diverged", "Finished", "Journal", "JournalOp", "Mismatch", "RollbackIncomplete", "RootsDiffer",
-           "STATE_DIR", "StagedDiffers", "StateDamaged", "TXN_DIR", "Transaction", "TreeBusy", "TxnFailed",
-           "copy_durable", "journal_label", "pending", "recover", "state_of", "tree_lock"]

@@ -188,7 +188,3 @@ def recover_state(tree: Path, command: str) -> str | None:
         raise txn_failure(exc, tree, f"finishing an interrupted {command}") from None
     except RollbackIncomplete as exc:
         raise rollback_failure(exc, tree, command) from None
-
-
-__all__ = ["BACKUP_DIR", "VERDICTS", "ApplyConflict", "EditVerdict", "FileVerdict", "Locked", "Result", "check_state",
-           "commit_txn", "conflict_message", "link_of", "mode_of", "read_rel", "recover_state", "sha"]

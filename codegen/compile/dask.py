@@ -186,6 +186,3 @@ class DaskExecutor:
                 except Exception:  # noqa: BLE001 - closing what is already gone
                     pass
         self._client = self._cluster = None
-
-
-__all__ = ["DaskExecutor", "compile_remote"]

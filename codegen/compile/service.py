@@ -277,6 +277,3 @@ class CompileService:
             return {"ok": False, "error": record.get("error") or "compile failed",
                     "traceback": record.get("traceback", "")}, b""
         return {"ok": True, "out": job["out"], "sidecar": record["sidecar"], "cached": cached}, image
-
-
-__all__ = ["CompileService", "HOOK_MODULE", "POOL_ENV", "ServiceStats", "install_client", "parse_request"]

@@ -104,6 +104,3 @@ def stream(cmd: list[str], on_line: Callable[[str], None], *, timeout: float | N
         finally:
             if timer is not None:
                 timer.cancel()
-
-
-__all__ = ["kill_group", "run", "start", "stream"]

@@ -465,10 +465,3 @@ def library_references(data: bytes, pack: str) -> LibraryRefs:
     mine = {p for p in paths if p.startswith(pack + "/")}
     return LibraryRefs(packages=frozenset(p + ".aks2" for p in mine if p.count("/") == 3 and not p.endswith(".zip")),
                        zips=frozenset(p for p in mine if p.endswith(".zip")), members=frozenset(members))
-
-
-__all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "LibraryRefs", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef",
-           "blake2b_64", "container_kernel", "container_name", "dispatch_tables", "library_references",
-           "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
-           "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
-           "referenced_zip_kernels", "split_container", "verify_images", "verify_package", "zip_without"]

@@ -264,7 +264,3 @@ def extract(bundle: Bundle, dest: Path) -> Path:
     except OSError as exc:
         raise os_failure(f"{bundle.path}: cannot extract it into {dest} ({os_reason(exc)})", exc) from None
     return dest
-
-
-__all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "Members", "SPEC", "bundle_name", "extract",
-           "manifest_of", "open_bundle", "sha256", "write_bundle"]

@@ -432,8 +432,3 @@ def elf_extent(image: bytes) -> int:
         if typ != SHT_NOBITS and s_off + s_size > end and s_off + s_size < (1 << 30):
             end = s_off + s_size
     return end
-
-
-__all__ = ["AMDGPU_MACH", "AMDHSA_TRIPLE", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent", "loaded_digest",
-           "loaded_sections",
-           "parse_dynamic", "parse_target_id", "read_code_object", "read_dynamic", "text_size", "version_key"]

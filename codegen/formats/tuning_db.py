@@ -285,11 +285,3 @@ def winner_row(w: Winner) -> tuple[str, dict]:
         cols["tuned_kernel$PRE_LOAD_V"] = cfg["tuned_kernel$PRE_LOAD_V"]
     cols.update({k: cfg[k] for k in CO_COLUMNS})
     return table_of(w.family), cols
-
-
-__all__ = ["ARCHIVE_FORMAT", "ArchiveError", "BIAS", "BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL",
-           "CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "CO_COLUMNS", "DROPOUT", "DTYPE", "FLAG_COLUMNS", "GPU",
-           "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "PADDED_HEAD", "SEQLEN_BINS", "SEQLEN_K", "SEQLEN_Q",
-           "TUNED_PREFIX", "Table", "bin_of", "column", "extract_archive", "family_of", "functional_inputs",
-           "member_name", "open_archive", "quote", "read_archive", "read_archive_file", "read_tables", "table_columns",
-           "table_names", "table_of", "tar_bytes", "winner_config", "winner_row", "write_archive"]

@@ -36,7 +36,6 @@ PTH_NAME = "_mi100_codegen_env.pth"
 REACH_MODULE = "codegen.imagebuild.reach"  # what the client runs after the generator (`python -m`)
 
 
-
 @dataclass(frozen=True)
 class BuildRequest:
     """What the user asked for (CLI options resolved)."""
@@ -256,9 +255,3 @@ def configure_env(plan: ConfigurePlan) -> dict[str, str]:
     env = dict(os.environ)
     env.update(dict(plan.knobs))
     return env
-
-
-__all__ = ["BuildRequest", "ConfigurePlan", "SUPPORT_DIR", "check_generator", "commit_ids",
-           "configure_inputs",
-           "configure_env", "configured_fingerprint", "plan_configure", "prepare_venv", "record_fingerprint",
-           "write_support_files"]

@@ -49,6 +49,3 @@ def write_kernel_ninja(build_dir: Path, tree: Path, compiler: Path, venv: Path, 
     path = build_dir / "build.ninja"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
-
-
-__all__ = ["kernel_command", "write_kernel_ninja"]

@@ -114,6 +114,3 @@ def check_overlay(tree: Path, *, gpus: list[str], layout: str = DEFAULT_LAYOUT, 
         manifest_sha256=str(lock_manifest) if lock_manifest else None,
         upstream_commit=str(commit) if commit and re.fullmatch(r"[0-9a-f]{40}", str(commit)) else None,
     )
-
-
-__all__ = ["MODULE_PATH", "OverlayError", "OverlayState", "check_overlay", "module_spec_sha"]

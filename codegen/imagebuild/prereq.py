@@ -331,7 +331,3 @@ def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_tri
         _refuse(missing)
     return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
                      python=python, **py, warnings=tuple(warnings))
-
-
-__all__ = ["APT_ALL", "HIP_PACKAGES", "PrerequisiteError", "Toolchain", "check_prerequisites",
-           "find_cmake_package", "hip_version_of", "requirement_names"]

@@ -58,6 +58,3 @@ def hsa_version(arch: str) -> str:
     """`HSA_OVERRIDE_GFX_VERSION`'s spelling of a processor: 'gfx1030' -> '10.3.0', 'gfx90a' -> '9.0.10'."""
     digits = arch.removeprefix("gfx")
     return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
-
-
-__all__ = ["Arch", "HSA_OVERRIDE_ENV", "LLVM_AMDGPU_TARGETS", "RUNS_AS", "arch_of_target_version", "hsa_version"]

@@ -64,6 +64,3 @@ def by_signature(sig: str) -> DtypeInfo | None:
         if sig == d.triton_signature:
             return d
     return None
-
-
-__all__ = ["DTYPE_INFO", "UPSTREAM_BUILDS", "DtypeInfo", "by_signature", "by_torch", "served_dtypes"]

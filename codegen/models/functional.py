@@ -43,6 +43,3 @@ def row_fields() -> dict[str, tuple[Any, Any]]:
     hints = get_type_hints(Functional)
     return {f.name: (hints[f.name], ... if f.default is dataclasses.MISSING else f.default)
             for f in dataclasses.fields(Functional)}
-
-
-__all__ = ["FIELDS", "Functional", "row_fields"]

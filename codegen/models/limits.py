@@ -155,7 +155,3 @@ def largest_clean_waves_per_eu(limits: dict | None, cfg: KernelConfig) -> int | 
         return None
     clean = [w for w in entry["clean"] if 1 <= w <= cfg.waves_per_eu]
     return max(clean) if clean else None
-
-
-__all__ = ["CLEAN_VERDICTS", "VERDICTS", "CompileReport", "CompileReportEntry", "cap_waves_per_eu", "largest_clean_waves_per_eu", "variant_status",
-           "waves_per_eu_limits"]

@@ -164,9 +164,6 @@ class RowsPlan:
         return [m for m in self.measured if m.family == family]
 
 
-
-
-
 @dataclass(frozen=True)
 class OverlayInputs:
     """What render needs besides the spec, already loaded by the caller: the measured winners
@@ -174,4 +171,3 @@ class OverlayInputs:
 
     measured: tuple[Winner, ...] = ()
     waves_per_eu_limits: dict | None = None
-__all__ = ["OverlayInputs", "RowTile", "RowsPlan", "Winner"]

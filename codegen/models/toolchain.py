@@ -35,6 +35,3 @@ class VenvKey(Record):
     @property
     def dirname(self) -> str:
         return f"triton-{self.triton}-{self.python}-{self.digest[:12]}"
-
-
-__all__ = ["TOOLCHAIN_FORMAT", "TOOLCHAIN_RECORD", "VenvKey"]

@@ -93,7 +93,3 @@ def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
 def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
     """`plan_overlay` with the spec's results (its own, else those shipped for its arch)."""
     return plan_overlay(loaded, layout, load_inputs(loaded))
-
-
-__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "load_winners",
-           "render_overlay"]

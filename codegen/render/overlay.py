@@ -179,6 +179,3 @@ def plan_overlay(loaded: LoadedSpec, layout: str | Layout, inputs: OverlayInputs
     ov.add(_space_file(space, sha))
     ov.add(_manifest(ov, edits_json))
     return ov
-
-
-__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "MODULE_NAME", "Overlay", "RenderedFile", "plan_overlay", "space_table"]

@@ -334,7 +334,3 @@ def _compile_report(loaded) -> dict | None:
             "release": report.release, "triton": report.triton, "configs": len(configs),
             "verdicts": dict(sorted(Counter(c.verdict for c in configs).items())),
             "kernels": sum(c.kernels for c in configs)}
-
-
-__all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "KernelBuild", "add_rows", "build_bundle", "project_provenance",
-           "rows_member", "torch_lines"]

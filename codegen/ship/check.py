@@ -274,6 +274,3 @@ def check_opened(b: Bundle, *, progress: Callable[[str], None] = lambda s: None,
     with tempfile.TemporaryDirectory(prefix="mi100-bundle-") as td:
         root = extract(b, Path(td) / "bundle")
         return check_extracted(root, b.manifest, progress=progress, name=str(b.path), rows=rows)
-
-
-__all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_opened", "check_rows"]

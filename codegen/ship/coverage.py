@@ -177,7 +177,3 @@ def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport
     claims.append(Claim("every packed image package is loaded by some case", not unexplained, line,
                         "CPU: emulated dispatch"))
     return Coverage(axes, pc, claims)
-
-
-__all__ = ["AxisCover", "Coverage", "PackageCover", "axes_of", "cover_axes", "cover_packages", "coverage",
-           "declared", "some", "why_not_loaded"]

@@ -296,8 +296,3 @@ def detect_machine(torch: TorchInstall | None, opts: DetectOptions = DetectOptio
 def has_gpu(machine: Machine) -> bool:
     """A GPU of the chosen card's arch is in this machine (validate can run)."""
     return machine.card is not None and any(g.arch == machine.card.arch and g.devices > 0 for g in machine.gpus)
-
-
-__all__ = ["DetectOptions", "KFD_NODES", "KfdUnreadable", "SYSFS", "detect_machine", "families", "family_of", "find_gpus",
-           "has_gpu", "kfd_gpus", "match_card", "parse_probe", "recipe_command", "supported_cards", "torch_facts",
-           "torch_gpus", "wheel_lines"]

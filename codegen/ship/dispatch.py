@@ -333,7 +333,3 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
     return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
                           loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
                           violations=outside, containers=containers, packed=index.packed())
-
-
-__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "check_cases", "coverage_cases", "dispatch_cases",
-           "padded_head", "remove_image", "run_dispatch", "variants"]

@@ -509,7 +509,3 @@ def _resumable(exc: NetworkError, have: int, partial: Path) -> NetworkError:
     kept = f"{have:,} bytes are kept in {partial}: " if have else ""
     exc.hint = f"{kept}run the same command again (it resumes), or use an index folder: --index DIR"
     return exc
-
-
-__all__ = ["DEFAULT_LIMITS", "LIMITS_ENV", "LOOPBACK_HOSTS", "Limits", "NetworkError", "Wanted",
-           "check_url", "fetch", "fetch_bytes", "limits", "loopback", "open_url"]

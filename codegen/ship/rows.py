@@ -360,8 +360,3 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
         b = bad[0]
         line += f"; first mismatch: {b.case} {b.family}: launched {b.got}, row {b.want or b.note}"
     return bool(matches) and not bad, line
-
-
-__all__ = ["CarriedRows", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
-           "carried_database", "carry_rows", "differences", "match_report", "match_row", "parse_stem",
-           "read_rows", "summary", "tree_database"]

@@ -36,7 +36,6 @@ from codegen.models.hip import HIP_SOURCES, SYSROOT_FORMAT, SYSROOT_RECORD, HipS
 from codegen.models.records import read_record, write_json
 
 
-
 @dataclass(frozen=True)
 class Mirror:
     uri: str
@@ -281,6 +280,3 @@ def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path
         size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and not p.is_symlink())
         progress(f"HIP {major} sysroot: ready at {entry} ({size / 1e6:.1f} MB)")
         return made
-
-
-__all__ = ["HIP_SOURCES", "HipSource", "Mirror", "Sysroot", "debian_mirrors", "ensure_sysroot", "find_sysroot"]

@@ -306,7 +306,3 @@ def verify_bundle(opts: VerifyOptions, err: Console | None = None) -> VerifyRepo
         lap("compare")
     rep.seconds["total"] = round(clock[-1] - clock[0], 1)
     return rep
-
-
-__all__ = ["BundleDiffers", "KernelVerdict", "VERDICTS", "VerifyOptions", "VerifyReport", "compare_code_objects",
-           "recorded_triton", "verify_bundle"]

@@ -118,6 +118,3 @@ def _warn_unmeasured(spec: TargetSpec, used: str | None, measured: str | None, c
             f"warning: compiling with Triton {used}, but tuning/{spec.arch}/compile_report.json (which caps the "
             f"seeded rows' waves_per_eu) was measured with {measured}: configs clean there may spill here; "
             f"re-measure (`mi100-codegen precompile TREE --tuning-report FILE`) or use Triton {measured}", style="yellow", markup=False)
-
-
-__all__ = ["CompilerPython", "compiler_python", "probe"]

@@ -246,7 +246,3 @@ def ensure_venv(specifier: str, requirements, *, triton: str | None = None, root
             return found
         _remove_stale(root)
         return create_venv(root, specifier, requirements, triton, console)
-
-
-__all__ = ["BuildVenv", "VenvError", "VenvKey", "cached_venvs", "create_venv", "default_root", "ensure_venv",
-           "find_venv", "key_for", "pip_env"]

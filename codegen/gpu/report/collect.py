@@ -166,6 +166,3 @@ def run_report(opts: ReportOptions) -> Path:
                  f"({REDACTED}), {counts[PATH]} paths ({PATH}), {counts[URL]} addresses ({URL}).", markup=False)
     validate._verdict(report, True)
     return opts.out
-
-
-__all__ = ["DEFAULT_OUT", "ReportOptions", "compose_report", "environment", "render_report", "run_report"]
