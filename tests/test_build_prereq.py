@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from codegen.imagebuild import prereq
-from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites, requirement_names
+from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites
+from codegen.toolchain import requirement_names
 
 
 def test_requirement_names(tmp_path):

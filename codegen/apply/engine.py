@@ -40,8 +40,8 @@ from codegen.apply import dbrows
 from codegen.apply.applied_spec import recorded_files, recorded_paths
 from codegen.apply.mentions import arch_mentions, strip_mentions
 from codegen.apply.journal import Transaction, pending
-from codegen.apply.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
-from codegen.models.lock import TableRows
+from codegen.apply.lock import read_lock
+from codegen.models.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, TableRows
 from codegen.apply.state import (
     BACKUP_DIR,
     ApplyConflict,

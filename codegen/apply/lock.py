@@ -13,7 +13,7 @@ from pathlib import Path
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.apply.journal import StateDamaged
-from codegen.models.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry
+from codegen.models.lock import LOCK_NAME, ApplyLock
 from codegen.models.records import RecordError, read_record
 
 

@@ -409,11 +409,6 @@ class CompileCache:
             pass
         return record
 
-    def hsaco(self, ident: KernelIdent) -> bytes | None:
-        """The checked code object of an `ok` entry (None when absent or corrupt)."""
-        record = self.get(ident)
-        return record.get("_hsaco") if record else None
-
     def _subfolder(self, key: str) -> bool:
         """The entry's subfolder, created under the containment rule and checked again after
         creating it (a link, or another user's folder put there meanwhile, is refused)."""
@@ -541,6 +536,3 @@ class CompileCache:
                 removed += 1
         self.stats["evicted"] += removed
         return removed
-
-
-KernelCache = CompileCache

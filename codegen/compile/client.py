@@ -32,7 +32,7 @@ import os
 import sys
 
 POOL_ENV = "MI100_CODEGEN_COMPILE_POOL"
-REACH_ENV = "MI100_CODEGEN_REACH"  # its one owner (this file is standard library only); codegen.imagebuild.reach imports it
+REACH_ENV = "MI100_CODEGEN_REACH"  # its one owner (this file is standard library only)
 _FORWARDED_ENV = ("TRITON_F32_DEFAULT",)
 
 

@@ -19,7 +19,7 @@ from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing
 from codegen.models import TargetSpec
 from codegen.formats.spec import load_spec
-from codegen.toolchain import TRITON_DISTRIBUTIONS, generator_requirements, requirement_names, triton_mismatch, venv_fix
+from codegen.toolchain import TRITON_DISTRIBUTIONS, generator_requirements, triton_mismatch, venv_fix
 
 # The Triton that compiles the kernels comes from the spec (toolchain.triton; codegen.toolchain):
 # for gfx908 3.5.1 .. 3.8.x (3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail), gfx906 3.8 only.

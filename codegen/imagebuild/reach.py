@@ -46,7 +46,6 @@ from codegen.models.reach import REACH_FORMAT, LeftOut, Reach
 from codegen.models.records import read_record, write_json
 from codegen.plan.reach import plan_reach
 from codegen.upstream.releases import IMAGES_DIR
-from codegen.compile.client import REACH_ENV  # noqa: F401  (the knob; its owner is the stdlib-only client)
 
 REACH_FILE = "mi100-codegen/reach.json"  # below the build dir, and below an install prefix
 KEPT_DIR = "mi100-codegen/generated"     # below the build dir: the lists prune rewrote, as the generator wrote them

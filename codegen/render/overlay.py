@@ -24,7 +24,7 @@ from codegen.core.resources import data_dir, user_cache_dir
 from codegen.core.fsutil import sha256
 from codegen.formats.spec import LoadedSpec
 from codegen.upstream.edits import CATALOGUE, EditRecord, edit_records
-from codegen.upstream.layouts import DEFAULT_LAYOUT, LAYOUTS, MODULE_NAME, Layout, layout_of
+from codegen.upstream.layouts import MODULE_NAME, Layout, layout_of
 
 
 @dataclass(frozen=True)
