@@ -50,7 +50,7 @@ from codegen.models import FAMILIES
 from codegen.models.dtypes import DTYPE_INFO, by_torch
 from codegen.models.limits import cap_waves_per_eu, variant_status
 from codegen.models.lock import TableRows
-from codegen.models.rows import RowsPlan, RowTile, Winner
+from codegen.models.rows import TRUE_SPELLINGS, RowsPlan, RowTile, Winner
 from codegen.models.space import KernelConfig
 from codegen.models.target import gpu_arch
 from codegen.upstream import Adapter
@@ -177,17 +177,13 @@ class _Cols:
         return all((self.bm, self.bn, self.w, self.nw, self.ns))
 
 
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes")
-
-
 def _config_of(c: _Cols, family: str, arch: str, row: list) -> KernelConfig | None:
     """The kernel config a target row selects (None: not a tuning family, or a NULL config column)."""
     if family not in FAMILIES or not c.has_config or any(c.get(row, k) is None for k in (c.bm, c.bn, c.w, c.nw, c.ns)):
         return None
     plv = None
     if family == "attn_fwd":
-        plv = _truthy(c.get(row, c.plv)) if c.get(row, c.plv) is not None else False
+        plv = str(c.get(row, c.plv)).strip().lower() in TRUE_SPELLINGS if c.get(row, c.plv) is not None else False
     return KernelConfig(family, arch, c.dtype(row), row[c.ix[c.hd]], c.get(row, c.bm),
                         c.get(row, c.bn), int(c.get(row, c.w)), c.get(row, c.nw), c.get(row, c.ns), plv)
 

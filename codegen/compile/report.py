@@ -7,10 +7,10 @@ import statistics
 from collections import defaultdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
 
 from codegen.models import FAMILIES
 from codegen.models.limits import VERDICTS
+from codegen.models.records import Record
 from codegen.models.target import Hardware
 from codegen.plan.kernel_list import KernelEntry
 from codegen.compile.resources import Resources, occupancy
@@ -18,9 +18,7 @@ from codegen.compile.resources import Resources, occupancy
 Status = Literal["ok", "failed", "timeout"]
 
 
-class KernelResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class KernelResult(Record):
     id: str
     config: str
     family: str
@@ -95,11 +93,9 @@ def _dot_mix(results) -> str | None:
     return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or None
 
 
-class GroupStats(BaseModel):
+class GroupStats(Record):
     """A group of kernels (one family, head dim, dtype or config): counts, the resources' maxima
     (occupancy and MFMA count: minima; None where nothing compiled) and the worst verdict."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kernels: int
     compiled: int
@@ -160,9 +156,7 @@ def summaries(results: list[KernelResult]) -> dict[str, dict[str, GroupStats]]:
     return out
 
 
-class RunInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class RunInfo(Record):
     gpu: str
     arch: str
     release: str
@@ -186,11 +180,9 @@ class Totals(GroupStats):
     config_verdicts: dict[str, int]   # verdict -> how many configs have it as their worst
 
 
-class PrecompileReport(BaseModel):
+class PrecompileReport(Record):
     """A precompile run: what ran, the totals, the groups by family, head dim, dtype and config,
     and every kernel (sorted) with its result; `precompile --json` writes `to_json()`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     run: RunSummary
     totals: Totals

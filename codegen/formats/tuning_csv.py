@@ -24,13 +24,14 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from codegen.core.errors import DataFileError
 from codegen.core.ui import printable
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.models import TargetSpec
 from codegen.models.functional import FIELDS
+from codegen.models.records import Record
 from codegen.models.target import tile_problems
 from codegen.core.resources import display_path
 
@@ -61,9 +62,7 @@ TimeMs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1)]
 
 
-class _Row(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class _Row(Record):
     gpu: Name
     family: Name
     dtype: Literal["fp16", "bf16", "fp32"]

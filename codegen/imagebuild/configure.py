@@ -175,11 +175,6 @@ def plan_configure(req: BuildRequest, tc: Toolchain, adapter: Adapter,
     )
 
 
-def _atomic_write(path: Path, data: bytes, executable: bool = False) -> bool:
-    """Write-if-changed through the one atomic writer; True when the file changed."""
-    return write_if_changed(path, data, mode=0o755 if executable else 0o644)
-
-
 def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
     """A build-owned venv (VENV_DIR) that sees the caller's environment through a .pth file.
 
@@ -210,10 +205,10 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
         raise UpstreamError(f"the build venv {venv} did not answer within 60 s (killed)") from None
     if site.returncode != 0:
         raise UpstreamError(f"the build venv {venv} does not run: {site.stderr.strip()[-500:]}")
-    _atomic_write(marker, (tc.python + "\n").encode())
+    write_if_changed(marker, (tc.python + "\n").encode())
     own = Path(site.stdout.strip())
     paths = [p for p in tc.site_packages if Path(p).is_dir() and Path(p) != own]
-    _atomic_write(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
+    write_if_changed(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
     install_client(own, after_generator=REACH_MODULE)
     return venv
 
@@ -221,7 +216,7 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
 def write_support_files(plan: ConfigurePlan, build_dir: Path) -> list[str]:
     changed = []
     for rel, data, executable in plan.files:
-        if _atomic_write(build_dir / rel, data, executable):
+        if write_if_changed(build_dir / rel, data, mode=0o755 if executable else 0o644):
             changed.append(rel)
     return changed
 
@@ -248,7 +243,7 @@ def check_generator(build_dir: Path) -> None:
 def record_fingerprint(plan: ConfigurePlan, build_dir: Path) -> None:
     record = ConfigureRecord(fingerprint=plan.fingerprint, release=plan.release, cache=list(plan.cache),
                              knobs=list(plan.knobs))
-    _atomic_write(build_dir / SUPPORT_DIR / "configure.json", write_json(record))
+    write_if_changed(build_dir / SUPPORT_DIR / "configure.json", write_json(record))
 
 
 def configure_env(plan: ConfigurePlan) -> dict[str, str]:

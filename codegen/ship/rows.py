@@ -30,11 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError, model_validator
+from pydantic import Field, PlainValidator, StrictInt, ValidationError, model_validator
 
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
-from codegen.models.records import RecordError, parse_json
+from codegen.models.records import Record, RecordError, parse_json
 from codegen.models.functional import Functional
 from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
@@ -120,8 +120,7 @@ Source = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,300}$")]
 INT_COLUMNS = (db.HEAD_DIM,) + db.CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
 
 
-class CarriedTable(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class CarriedTable(Record):
     columns: list[Column] = Field(min_length=1)
     head_dims: list[StrictInt]
     rows: list[list[Cell]]
@@ -144,10 +143,9 @@ class CarriedTable(BaseModel):
         return self
 
 
-class CarriedRows(BaseModel):
+class CarriedRows(Record):
     """`tuning-rows.json`: the spec's GPUs' rows of every tuned table of the tree the bundle was
     built from (a bundle member, so hostile input: read only through this model)."""
-    model_config = ConfigDict(frozen=True, extra="forbid")
     format: Literal[1]
     gpus: list[GpuName] = Field(min_length=1)
     sources: list[Source]
