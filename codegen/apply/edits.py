@@ -219,10 +219,7 @@ def _set_getenv_default(module: cst.Module, edit: EditRecord) -> cst.Module:
     path, symbol = edit.path, edit.symbol
     hits = _assignments(module, symbol)
     if not hits:
-        if edit.optional:
-            raise EditSkipped(f"{symbol} is absent (optional edit)")
-        raise EditConflict(f"{path}: no module-level assignment to {symbol}")
-
+        _the_one(hits, edit, f"no module-level assignment to {symbol}", "")   # skipped, or a conflict
     hits = [h for h in hits if _reads_env(module, h[2].value, edit.neighbour)]
     if len(hits) != 1:
         what = "no" if not hits else f"{len(hits)}"

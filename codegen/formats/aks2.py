@@ -451,17 +451,14 @@ class LibraryRefs:
 def library_references(data: bytes, pack: str) -> LibraryRefs:
     """The image packages a built AOTriton library names for the images folder `pack` (e.g.
     `amd-gfx908`), read from its bytes (see the module doc). A string that is not text is skipped."""
-    paths, members = set(), set()
-    for m in _LIB_PATH_RE.finditer(data):
-        try:
-            paths.add(m.group().decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
-    for m in _LIB_MEMBER_RE.finditer(data):
-        try:
-            members.add(m.group().decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
+    def texts(rx: re.Pattern) -> set[str]:
+        out = set()
+        for m in rx.finditer(data):
+            with contextlib.suppress(UnicodeDecodeError):
+                out.add(m.group().decode("utf-8"))
+        return out
+
+    paths, members = texts(_LIB_PATH_RE), texts(_LIB_MEMBER_RE)
     mine = {p for p in paths if p.startswith(pack + "/")}
     return LibraryRefs(packages=frozenset(p + ".aks2" for p in mine if p.count("/") == 3 and not p.endswith(".zip")),
                        zips=frozenset(p for p in mine if p.endswith(".zip")), members=frozenset(members))

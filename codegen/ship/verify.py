@@ -30,7 +30,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -89,8 +89,7 @@ class KernelVerdict:
     detail: str = ""
 
     def as_json(self) -> dict:
-        return {"kernel": self.kernel, "config": self.config, "package": self.package, "entry": self.entry,
-                "verdict": self.verdict, "sections": list(self.sections), "detail": self.detail}
+        return {**asdict(self), "sections": list(self.sections)}
 
 
 @dataclass

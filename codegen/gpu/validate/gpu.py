@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -42,16 +42,8 @@ class Platform:
         return self.kind != "rocm"
 
     def as_dict(self) -> dict:
-        return {
-            "platform": self.kind,
-            "device_name": self.device_name,
-            "arch": self.arch,
-            "arch_full": self.arch_full,
-            "torch_version": self.torch_version,
-            "hip_version": self.hip_version,
-            "cuda_version": self.cuda_version,
-            "compute_units": self.compute_units,
-        }
+        d = asdict(self)
+        return {"platform": d.pop("kind"), **d}
 
 
 def detect_platform() -> Platform:
