@@ -6,7 +6,7 @@ tuning space per kernel family, and where seeded tuning rows come from.
 """
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer
@@ -91,6 +91,18 @@ ArchName = Annotated[str, AfterValidator(_arch_name)]
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    # fields left out of a dump while empty: a spec that does not use a field added later keeps its
+    # meaning hash (`spec_sha256`) and the committed overlay, which records it
+    _omit_empty: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler):
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in self._omit_empty:
+                if not getattr(self, name):
+                    out.pop(name, None)
+        return out
 
 
 class Hardware(_Model):
@@ -242,13 +254,7 @@ class TileReplacement(_Model):
         "the family's tuning num_warps.")
     reason: str = Field(min_length=1)
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_warps(self, handler):
-        """No `min_num_warps` in the dump when unset: specs without it keep their meaning hash."""
-        out = handler(self)
-        if isinstance(out, dict) and self.min_num_warps is None:
-            out.pop("min_num_warps", None)
-        return out
+    _omit_empty = ("min_num_warps",)
 
 
 class SplitBackward(_Model):
@@ -275,6 +281,9 @@ class MinNumWarps(_Model):
     def as_dict(self) -> dict[str, int]:
         """family -> floor, for the families that have one."""
         return {f: n for f in FAMILIES if (n := getattr(self, f)) is not None}
+
+    def __bool__(self) -> bool:   # some family has a floor
+        return bool(self.as_dict())
 
 
 class Rows(_Model):
@@ -308,16 +317,7 @@ class Rows(_Model):
         "the target; measurements on the target itself are always used.",
     )
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_floors(self, handler):
-        """No `min_num_warps` in the dump when no family has a floor: a spec that does not use
-        the field keeps the meaning hash (`spec_sha256`) it had before the field existed."""
-        out = handler(self)
-        if isinstance(out, dict) and not self.min_num_warps.as_dict():
-            out.pop("min_num_warps", None)
-        if isinstance(out, dict) and not self.split_backward:
-            out.pop("split_backward", None)
-        return out
+    _omit_empty = ("min_num_warps", "split_backward")
 
 
 class Registration(_Model):
@@ -409,14 +409,7 @@ class TargetSpec(_Model):
     def primary_gpu(self) -> str:
         return self.gpus[0]
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_target(self, handler):
-        """No `device_target` in the dump when unset: specs without it keep their meaning hash
-        (and the committed overlay, which records it)."""
-        out = handler(self)
-        if isinstance(out, dict) and self.device_target is None:
-            out.pop("device_target", None)
-        return out
+    _omit_empty = ("device_target",)
 
     @property
     def target_string(self) -> str:
