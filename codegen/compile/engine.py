@@ -74,11 +74,6 @@ def entry_ident(tree: Path, e: KernelEntry, warp_size: int, version: str) -> Ker
                         warp_size=warp_size, triton_version=version)
 
 
-def entry_cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
-    """The kernel cache key of a planned kernel; scripts/bench_build_compile.py's reuse shares use it."""
-    return entry_ident(tree, e, warp_size, version).key
-
-
 def _keep_image(keep: Path | None, entry: KernelEntry, data: bytes | None) -> None:
     """--keep: the code object under KEEP/<its path in the build dir>."""
     if keep is not None and data:
