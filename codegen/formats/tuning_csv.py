@@ -22,7 +22,7 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -32,7 +32,7 @@ from codegen.core.fsutil import read_input, write_if_changed
 from codegen.models import TargetSpec
 from codegen.models.functional import FIELDS
 from codegen.models.records import Record
-from codegen.models.target import tile_problems
+from codegen.models.target import DType, tile_problems
 from codegen.core.resources import display_path
 
 # Row identity: one winner per (gpu, family, functional key: codegen.models.functional).
@@ -65,7 +65,7 @@ Name = Annotated[str, Field(min_length=1)]
 class _Row(Record):
     gpu: Name
     family: Name
-    dtype: Literal["fp16", "bf16", "fp32"]
+    dtype: DType
     head_dim: Positive
     causal: Flag
     dropout: Flag

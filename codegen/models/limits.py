@@ -27,7 +27,7 @@ from codegen.models.space import KernelConfig
 # increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
 # routes away (compiled because upstream compiles every backend, never run)
 VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed")
-Verdict = Literal["ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed"]
+Verdict = Literal[VERDICTS]     # type: ignore[valid-type]
 # compiled and no VGPR spill, or never dispatched (rows.split_backward)
 CLEAN_VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores")
 

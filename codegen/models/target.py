@@ -13,10 +13,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from codegen.models.dtypes import DTYPE_INFO
 
-DType = Literal["fp16", "bf16", "fp32"]
-Family = Literal["attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"]
 FAMILIES: tuple[str, ...] = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 DTYPES: tuple[str, ...] = tuple(DTYPE_INFO)
+Family = Literal[FAMILIES]     # type: ignore[valid-type]
+DType = Literal[DTYPES]        # type: ignore[valid-type]
 DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 
 # \Z, not $: `$` also matches before a trailing newline, and these names are written into
