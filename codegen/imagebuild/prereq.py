@@ -4,7 +4,6 @@ command that installs it (Debian 12 package names; pip where that is the usual r
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,8 @@ from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing
 from codegen.models import TargetSpec
 from codegen.formats.spec import load_spec
-from codegen.toolchain import TRITON_DISTRIBUTIONS, generator_requirements, triton_mismatch, venv_fix
+from codegen.toolchain import generator_requirements, triton_mismatch, venv_fix
+from codegen.toolchain.interpreter import probe as probe_python
 
 # The Triton that compiles the kernels comes from the spec (toolchain.triton; codegen.toolchain):
 # for gfx908 3.5.1 .. 3.8.x (3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail), gfx906 3.8 only.
@@ -85,9 +85,9 @@ def _pkg_config_lacks(pkgconfig: str, package: str) -> bool:
         return True
 
 
-def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B006 (read-only)
+def _tool_version(exe: str) -> str:
     try:
-        out = _run([exe, *args], timeout=60).stdout
+        out = _run([exe, "--version"], timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
     m = re.search(r"(\d+\.\d+(\.\d+)?)", out)
@@ -95,19 +95,10 @@ def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B0
 
 
 def _prefixes() -> list[Path]:
-    out: list[Path] = []
-    for var in ("CMAKE_PREFIX_PATH",):
-        out += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if p]
-    for var in ("ROCM_PATH", "HIP_PATH"):
-        if os.environ.get(var):
-            out.append(Path(os.environ[var]))
-    out += [Path("/opt/rocm"), Path("/usr"), Path("/usr/local")]
-    seen, uniq = set(), []
-    for p in out:
-        if p not in seen:
-            seen.add(p)
-            uniq.append(p)
-    return uniq
+    """CMAKE_PREFIX_PATH's folders, $ROCM_PATH, $HIP_PATH, then the usual ones; each once."""
+    out = [Path(p) for p in os.environ.get("CMAKE_PREFIX_PATH", "").split(os.pathsep) if p]
+    out += [Path(os.environ[var]) for var in ("ROCM_PATH", "HIP_PATH") if os.environ.get(var)]
+    return list(dict.fromkeys(out + [Path("/opt/rocm"), Path("/usr"), Path("/usr/local")]))
 
 
 def find_cmake_package(name: str, prefixes: list[Path] | None = None) -> Path | None:
@@ -146,36 +137,6 @@ def hip_version_of(hip_dir: Path | None) -> tuple[int, int, int] | None:
     if all(parts):
         return tuple(int(p.group(1)) for p in parts)  # type: ignore[return-value]
     return None
-
-
-_PY_PROBE = r"""
-import importlib.metadata as md, json, site, sys
-names = json.loads(sys.argv[1])
-found = {}
-for n in names:
-    try:
-        found[n] = md.version(n)
-    except md.PackageNotFoundError:
-        found[n] = None
-paths = []
-try:
-    paths = list(site.getsitepackages())
-except AttributeError:
-    pass
-if getattr(site, 'ENABLE_USER_SITE', False) and site.getusersitepackages():
-    paths.append(site.getusersitepackages())
-print(json.dumps({"found": found, "site": paths, "version": list(sys.version_info[:3])}))
-"""
-
-
-def probe_python(python: str, names: list[str]) -> dict:
-    try:
-        proc = _run([python, "-c", _PY_PROBE, json.dumps(names)], timeout=120)
-    except OSError as exc:
-        raise PrerequisiteError(f"cannot run Python interpreter {python}: {exc.strerror}") from None
-    if proc.returncode != 0:
-        raise PrerequisiteError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
-    return json.loads(proc.stdout)
 
 
 def clang_major(exe: str | None) -> int | None:
@@ -285,8 +246,8 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
                   warnings: list[str], spec: TargetSpec | None = None) -> dict:
     """The interpreter's version, the tree's requirements and (for images) a compatible Triton."""
     names = list(generator_requirements(tree, python_binding))
-    probe = probe_python(python, names + list(TRITON_DISTRIBUTIONS))
-    py_v = tuple(probe["version"])
+    probe = probe_python(python, names)
+    py_v = tuple(probe["python"])
     if py_v < (3, 10):
         missing.append(f"Python >= 3.10 (found {'.'.join(map(str, py_v))} at {python})")
     absent = [n for n in names if probe["found"].get(n) is None]
@@ -294,7 +255,7 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
         missing.append(f"Python packages of the tree's requirements.txt in {python}'s environment: "
                        f"leave out --python (the build venv holds them), or, where that environment is yours "
                        f"to change and not the torch one: {python} -m pip install {' '.join(absent)}")
-    triton_v = next((probe["found"][d] for d in TRITON_DISTRIBUTIONS if probe["found"].get(d)), None)
+    triton_v = probe["triton"]
     if need_triton:
         target = spec or load_spec(None).spec
         why = triton_mismatch(target, triton_v)
