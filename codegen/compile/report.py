@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Literal
 
 
@@ -87,9 +87,7 @@ def kernel_result(entry: KernelEntry, raw: dict, hw: Hardware, cached: bool) -> 
 
 
 def _dot_mix(results) -> str | None:
-    counts: dict[str, int] = defaultdict(int)
-    for r in results:
-        counts[r.resources.dot_instruction] += 1
+    counts = Counter(r.resources.dot_instruction for r in results)
     return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or None
 
 
@@ -201,9 +199,7 @@ class PrecompileReport(Record):
 
 def precompile_report(info: RunInfo, results: list[KernelResult]) -> PrecompileReport:
     s = summaries(results)
-    verdict_counts: dict[str, int] = defaultdict(int)
-    for cfg in s["by_config"].values():
-        verdict_counts[cfg.verdict] += 1
+    verdict_counts = Counter(cfg.verdict for cfg in s["by_config"].values())
     compiled_now = info.compiled_now
     return PrecompileReport(
         run=RunSummary(**info.model_dump(), kernels_per_min=round(compiled_now / info.wall_s * 60, 1)
