@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Callable
@@ -69,39 +69,32 @@ class DonorError(UserError):
 
 @dataclass
 class TableStats:
+    """What the derivation did to one table, counted as it goes (codegen.models.lock.TableRows
+    names each field)."""
+
     donor_rows: int = 0
-    written: int = 0
-    capped: int = 0
-    replaced: int = 0
+    rows_written: int = 0
+    waves_capped: int = 0
+    tiles_replaced: int = 0
     warps_raised: int = 0
-    split_routed: int = 0           # op_attn_bwd rows moved from the fused to the split backend
-    measured: int = 0
+    split_routed: int = 0
+    measured_overrides: int = 0
     measured_unmatched: int = 0
     compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
-    compile_capped: int = 0         # rows lowered by the compile report
-    compile_clean: int = 0          # final rows whose config the report measured clean
-    compile_unclean: list[str] = field(default_factory=list)     # configs: spill/fail, kept
-    compile_unmeasured: list[str] = field(default_factory=list)  # configs the report lacks
+    compile_capped: int = 0
+    compile_clean_rows: int = 0
+    compile_unclean: list[str] = field(default_factory=list)
+    compile_unmeasured: list[str] = field(default_factory=list)
 
     def counts(self) -> TableRows:
         """The statistics as apply's result and lock record them."""
         return TableRows(**self.as_dict())
 
     def as_dict(self) -> dict:
-        out = {"donor_rows": self.donor_rows, "rows_written": self.written,
-               "waves_capped": self.capped, "measured_overrides": self.measured,
-               "measured_unmatched": self.measured_unmatched}
-        if self.replaced:
-            out["tiles_replaced"] = self.replaced
-        if self.warps_raised:
-            out["warps_raised"] = self.warps_raised
-        if self.split_routed:
-            out["split_routed"] = self.split_routed
-        if self.compile_checked:
-            out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
-                        "compile_unclean": list(self.compile_unclean),
-                        "compile_unmeasured": list(self.compile_unmeasured)})
-        return out
+        """The counts of later features only when set, the compile report's only when there was one."""
+        later = ("tiles_replaced", "warps_raised", "split_routed")
+        return {k: v for k, v in asdict(self).items() if k != "compile_checked" and (v or k not in later)
+                and (self.compile_checked or not k.startswith("compile_"))}
 
 
 @dataclass
@@ -287,13 +280,13 @@ def _seed_all(donor: list[list], c: _Cols, family: str, plan: RowsPlan, checkabl
             row[gi] = gpu
             if replaced:
                 row[bm], row[bn] = m, n
-                st.replaced += 1
+                st.tiles_replaced += 1
             if raised:
                 row[nw] = warps
                 st.warps_raised += 1
             if capped or ccapped:
                 row[w] = wv
-                st.capped += capped
+                st.waves_capped += capped
                 st.compile_capped += ccapped
             out.append(row)
     return out
@@ -324,7 +317,7 @@ def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: Table
             for i, v in sets.items():
                 row[i] = v
         if hits:
-            st.measured += 1
+            st.measured_overrides += 1
         else:  # e.g. a seqlen bin the release's grid does not have (fuse stops at 1024 in 0.10b/0.11b)
             st.measured_unmatched += 1
 
@@ -360,7 +353,7 @@ def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPl
             continue
         name, status = verdicts[ckey]
         if status == "clean":
-            st.compile_clean += 1
+            st.compile_clean_rows += 1
         else:
             (unclean if status == "unclean" else unmeasured).add(name)
     st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
@@ -480,7 +473,7 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
             rows, st = derive_rows(conn, src, table, cols, plan, label, required)
             if required and not rows:
                 raise DonorError(f"{label}: donor {plan.donor_gpu} has no rows in {table}")
-            st.written = upsert(conn, table, cols, key, rows)
+            st.rows_written = upsert(conn, table, cols, key, rows)
             out.tables[table] = st
         conn.execute("COMMIT")
         if src == "src":
