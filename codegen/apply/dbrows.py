@@ -36,6 +36,7 @@ the donor shard's schema, and upserts into the (unsharded) op DB.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import tempfile
@@ -485,10 +486,8 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
         raise DonorError(f"{label}: sqlite error while writing rows: {exc}") from None
     finally:
         if conn is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
         work.close()
 
 

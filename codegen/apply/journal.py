@@ -46,6 +46,7 @@ land inside step 3.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -497,14 +498,10 @@ def _cleanup_state_dir(tree: Path) -> None:
         return
     for d in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()),
                     key=lambda p: len(p.parts), reverse=True):
-        try:
+        with contextlib.suppress(OSError):
             d.rmdir()
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):
         root.rmdir()
-    except OSError:
-        pass
 
 
 def pending(tree: Path) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
+    import contextlib
     import errno
     import functools
     import importlib
@@ -327,7 +328,7 @@ def _reopen_closed_streams() -> None:
     for name, fd in (("stdout", 1), ("stderr", 2)):
         if getattr(sys, name) is not None:
             continue
-        try:
+        with contextlib.suppress(OSError):  # no /dev/null: leave it (the command's errors still exit non-zero)
             try:
                 os.fstat(fd)
             except OSError:  # closed: /dev/null takes its number
@@ -338,8 +339,6 @@ def _reopen_closed_streams() -> None:
                 setattr(sys, name, open(fd, "w", encoding="utf-8", errors="replace", closefd=False))
             else:  # something else holds the number: never write into it
                 setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
-        except OSError:  # no /dev/null: leave it; the command's own errors still exit non-zero
-            pass
 
 
 class _DroppingStderr:

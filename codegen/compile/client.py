@@ -28,6 +28,7 @@ starts the process with the standard library itself.
 """
 
 import atexit
+import contextlib
 import os
 import sys
 
@@ -53,10 +54,8 @@ def _write(path, data):
             fh.write(data)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

@@ -3,6 +3,7 @@ command that installs it (Debian 12 package names; pip where that is the usual r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -119,10 +120,8 @@ def hip_header(hip_dir: Path | None, name: str) -> Path | None:
     if hip_dir is not None:
         # <prefix>/lib[/<multiarch>]/cmake/hip -> <prefix>/include
         for up in (3, 4):
-            try:
+            with contextlib.suppress(IndexError):
                 candidates.append(hip_dir.parents[up - 1] / "include" / "hip" / name)
-            except IndexError:
-                pass
     candidates += [p / "include" / "hip" / name for p in _prefixes()]
     return next((c for c in candidates if c.is_file()), None)
 

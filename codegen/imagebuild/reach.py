@@ -33,6 +33,7 @@ from the launch, as upstream's own builds do for a kernel that failed to compile
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -103,10 +104,8 @@ def is_current(build_dir: Path) -> bool:
 def forget(build_dir: Path) -> None:
     """A configure that builds every kernel (or a prefix whose images lack nothing): no record
     (read_reach then returns None) and no kept lists."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (Path(build_dir) / REACH_FILE).unlink()
-    except FileNotFoundError:
-        pass
     _forget_kept(build_dir)
 
 

@@ -14,6 +14,7 @@ badly (permissions, not a directory), exit 3 for the machine (disk full, I/O err
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import stat
@@ -174,10 +175,8 @@ def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         for d in reversed(created):
-            try:
+            with contextlib.suppress(OSError):
                 d.rmdir()
-            except OSError:
-                pass
         if isinstance(exc, Escape):
             raise UserError(f"render: {exc}; nothing was changed",
                             hint="choose another --out, or replace the link by a folder") from None

@@ -23,6 +23,7 @@ urllib.request and hashlib, no HTTP client of our own (docs/explanation/architec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import ipaddress
@@ -162,10 +163,8 @@ class _Transfer:
         with self._lock:
             self.expired = True
             for s in self._socks:
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def watch(self, sock: socket.socket) -> None:
         """A connection's socket (a duplicate is kept: TLS takes the original over)."""

@@ -7,6 +7,7 @@ Nothing here imports torch: a torch whose AOTriton was swapped for a wrong one f
 
 from __future__ import annotations
 
+import contextlib
 import ast
 import importlib.util
 import re
@@ -150,10 +151,8 @@ def _version_py(path: Path) -> dict[str, object]:
             targets, value = [node.target], node.value
         for t in targets:
             if isinstance(t, ast.Name):
-                try:
+                with contextlib.suppress(ValueError):
                     out[t.id] = ast.literal_eval(value)
-                except ValueError:
-                    pass
     return out
 
 

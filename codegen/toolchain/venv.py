@@ -195,7 +195,7 @@ def create_venv(root: Path, specifier: str, requirements, triton: str | None, co
         vpy = str(tmp / "bin" / "python")
         with console.status(f"pip install '{want}' {' '.join(reqs)} (about 250 MB for Triton)"):
             _run_logged([vpy, "-m", "pip", "install", "--no-input", want, *reqs], log, "pip install")
-        # the interpreter module imports this one: its probe is imported here, where a venv is made
+        # import-time dependency: a cycle (the interpreter module imports this one)
         from codegen.toolchain.interpreter import probe
 
         version = probe(vpy, ("triton",), env=pip_env())["found"]["triton"] or ""

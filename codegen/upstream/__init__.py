@@ -27,6 +27,7 @@ or a newer tree with the same version" (e.g. a 0.14 tag after the 0.14.0-dev sna
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -119,10 +120,8 @@ def kernel_source_dir(tree: Path | str) -> Path | None:
     the detected release's `kernel_dir`; for a tree `detect` refuses (e.g. a bare kernel
     checkout), the first known kernel folder that holds flash.py; None when there is none."""
     root = Path(tree)
-    try:
+    with contextlib.suppress(UnsupportedTree):
         return root / detect(root).kernel_dir
-    except UnsupportedTree:
-        pass
     return next((root / d for d in KERNEL_DIRS if (root / d / "flash.py").is_file()), None)
 
 
@@ -157,10 +156,8 @@ def parse_constexpr(text: str):
     or None when the entry is not a constant (e.g. '*fp16:16')."""
     text = text.strip()
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(text)
-        except ValueError:
-            pass
     return {"True": True, "False": False}.get(text)
 
 

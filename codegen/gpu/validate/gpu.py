@@ -5,6 +5,7 @@ Imported only once torch is known to be importable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import asdict, dataclass
@@ -148,10 +149,8 @@ def aotriton_proof(arch: str) -> dict:
     lib = Path(libs[0])
     out["file"] = lib.name
     out["path"] = str(lib)
-    try:
+    with contextlib.suppress(OSError):
         out["sha256"] = sha256_file(lib)
-    except OSError:
-        pass
     img = lib.parent / IMAGES_DIR / f"amd-{arch}"
     out["images_dir"] = str(img)
     if img.is_dir():

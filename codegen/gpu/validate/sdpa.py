@@ -9,6 +9,7 @@ and memory-efficient kernels: a self-test of the harness, labelled as such in th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import warnings
@@ -157,10 +158,8 @@ def _refused(row: dict, backend: str, case: Case, inputs, exc: RuntimeError, roc
     failure; returns the warnings PyTorch gave (re-run once to record them)."""
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
-        try:
+        with contextlib.suppress(RuntimeError):
             _sdpa(backend, *inputs[:3], case.causal)
-        except RuntimeError:
-            pass
     msgs = sorted({str(x.message) for x in w})
     reason = _unsupported_reason(exc, msgs)
     limit = dispatch_limit(backend, case)
