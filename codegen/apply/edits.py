@@ -182,10 +182,8 @@ def _insert_element(module: cst.Module, edit: EditRecord, kind: str) -> cst.Modu
     # The comma after an element carries the whitespace up to the next one: give every element
     # of the pair a real comma (cloned from a neighbour that has one).
     def comma_like() -> cst.Comma:
-        for e in [nb] + elems:
-            if isinstance(e.comma, cst.Comma):
-                return e.comma
-        return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        return next((e.comma for e in [nb] + elems if isinstance(e.comma, cst.Comma)),
+                    cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
 
     if _position(edit) == "before":
         new = new.with_changes(comma=nb.comma if isinstance(nb.comma, cst.Comma) else comma_like())

@@ -248,10 +248,7 @@ def table_of(family: str) -> str:
 
 def column(cols: list[str], name: str) -> str | None:
     """Case-insensitive column lookup."""
-    for c in cols:
-        if c.lower() == name.lower():
-            return c
-    return None
+    return next((c for c in cols if c.lower() == name.lower()), None)
 
 
 def winner_config(w: Winner) -> dict[str, int]:

@@ -173,10 +173,7 @@ class Hardware(_Model):
         """Waves per SIMD the SGPR count allows (None: SGPRs do not limit occupancy)."""
         if not self.sgpr_occupancy:
             return None
-        for max_sgprs, waves in self.sgpr_occupancy:
-            if sgprs <= max_sgprs:
-                return waves
-        return self.sgpr_occupancy[-1][1]
+        return next((w for most, w in self.sgpr_occupancy if sgprs <= most), self.sgpr_occupancy[-1][1])
 
 
 class Features(_Model):
