@@ -86,6 +86,13 @@ def _stage_group(module: str):
     return typer.main.get_command(sub)
 
 
+def add_group(app: typer.Typer, group: typer.Typer, name: str, guard: Callable) -> None:
+    """A stage's command group (torch, bundle, tune) under `name`, each command's body guarded."""
+    for cmd in group.registered_commands:
+        cmd.callback = guard(cmd.callback)
+    app.add_typer(group, name=name)
+
+
 def stage_command(name: str):
     """The click command `name` of a later stage (imports its cli module)."""
     return _stage_group(STAGE_COMMANDS[name][0]).commands[name]

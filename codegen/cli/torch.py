@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from codegen.cli import SpecOpt
+from codegen.cli import SpecOpt, add_group
 from codegen.core import ui
 from codegen.core.errors import EXIT_UPSTREAM, UserError
 
@@ -204,6 +204,4 @@ def rebuild_recipe(
 
 
 def register(app: typer.Typer, guarded) -> None:
-    for cmd in torch_app.registered_commands:  # guard the command bodies
-        cmd.callback = guarded(cmd.callback)
-    app.add_typer(torch_app, name="torch")
+    add_group(app, torch_app, "torch", guarded)

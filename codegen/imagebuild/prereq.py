@@ -223,12 +223,11 @@ def _check_hip(missing: list[str], hip_prefix: Path | None = None) -> tuple[Path
     hip_dir = find_cmake_package("hip", prefixes)
     wanted = [(n, p) for n, p in HIP_CMAKE_PACKAGES if hip_prefix is None or n != "AMDDeviceLibs"]
     absent = [(name, pkg) for name, pkg in wanted if find_cmake_package(name, prefixes) is None]
+    names = ", ".join(f"'{name}'" for name, _ in absent)
     if absent and hip_prefix is not None:
-        names = ", ".join(f"'{name}'" for name, _ in absent)
         missing.append(f"HIP: the sysroot {hip_prefix} lacks the CMake package(s) {names}: remove that "
                        f"folder and run the command again (it is made anew; docs/bundles.md)")
     elif absent:
-        names = ", ".join(f"'{name}'" for name, _ in absent)
         missing.append(f"HIP: CMake package(s) {names} (HIP headers and CMake config): apt-get install -y "
                        f"{' '.join(sorted({pkg for _, pkg in absent}))}   (all of HIP on Debian 12: apt-get "
                        f"install -y {HIP_PACKAGES}; or ROCm under /opt/rocm, or set ROCM_PATH)")

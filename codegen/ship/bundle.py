@@ -40,8 +40,8 @@ from codegen.core.errors import UpstreamError, UserError
 from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
-from codegen.ship.layout import TORCH_LINES
-from codegen.upstream.releases import IMAGES_DIR, tag_line
+from codegen.ship.layout import torch_lines
+from codegen.upstream.releases import IMAGES_DIR
 from codegen.core.fsutil import sha256
 from codegen.formats.bundle_zip import FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, write_bundle
 from codegen.models.bundle import BundleManifest
@@ -88,11 +88,6 @@ class KernelBuild:
     show_progress: bool = False
     aiter_stand_in: bool = False
     kernels: str = "dispatched"          # 'dispatched' or 'all' (codegen.imagebuild.reach)
-
-
-def torch_lines(release: str) -> list[str]:
-    line = tag_line(release)
-    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
 
 
 def _copy_images(src: Path, dest: Path, arch: str) -> None:

@@ -51,10 +51,15 @@ def build_release_for_line(line: str) -> str | None:
     return best
 
 
+def torch_lines(tag: str) -> list[str]:
+    """The PyTorch lines whose wheels link a release of the tag's line ('0.12.1b' -> ['2.13'])."""
+    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == tag_line(tag)]
+
+
 def unsupported_line_message(tag: str) -> str:
     """One sentence for a release line mi100-codegen cannot build for PyTorch yet."""
     line = tag_line(tag) or tag
-    torch = [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
+    torch = torch_lines(tag)
     who = f" (PyTorch {', '.join(torch)})" if torch else ""
     return (f"AOTriton {tag}{who}: mi100-codegen's torch integration does not support the {line} release "
             f"line yet; releases it builds for PyTorch: {', '.join(TORCH_RELEASES)}")
