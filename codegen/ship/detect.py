@@ -30,15 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from pydantic import TypeAdapter, ValidationError
-
 from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing, UserError, os_reason
 from codegen.core.fsutil import read_input
 from codegen.core.resources import card_specs, display_path
 from codegen.core.ui import printable
 from codegen.formats.spec import load_spec
-from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, Arch, arch_of_target_version, hsa_version
+from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, arch_of_target_version, arch_option, hsa_version
 from codegen.models.hip import HIP_MAJORS
 from codegen.models.machine import CardMatch, Family, Gpu, Machine, TorchFacts
 from codegen.models.target import DEVICE_TARGET_PATTERN
@@ -186,10 +184,7 @@ def match_card(gpus: list[Gpu], arch: str | None = None, env: Mapping[str, str] 
     flash attention away from the others."""
     env = os.environ if env is None else env
     if arch is not None:
-        try:
-            TypeAdapter(Arch).validate_python(arch)
-        except ValidationError as exc:
-            raise UserError(f"--arch: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}") from None
+        arch_option(arch)
     else:
         if not gpus:
             return None
