@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The kernel-compile phase of an image build, side by side in one run on the same applied tree:
 upstream's compile.py per kernel vs build's compile service (warm workers), both through real
-ninja edges written as upstream's CMake writes them (codegen.imagebuild.edges), the same interpreter
-and Triton; then the service with a cold and a warm kernel cache; and, from the planned kernel
+ninja edges written as upstream's CMake writes them (`write_kernel_ninja`, below), the same
+interpreter and Triton; then the service with a cold and a warm kernel cache; and, from the planned kernel
 lists alone, what share of one release's kernels another release's cache entries serve.
 
     python scripts/bench_build_compile.py TREE --spec rules/examples/smoke.yaml --sample 16 --jobs 2 \\
@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -36,14 +37,55 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from codegen.compile.service import CompileService  # noqa: E402
 from codegen.imagebuild.configure import prepare_venv  # noqa: E402
-from codegen.imagebuild.edges import write_kernel_ninja  # noqa: E402
 from codegen.imagebuild.prereq import Toolchain  # noqa: E402
 from codegen.apply.applied_spec import resolve_spec  # noqa: E402
 from codegen.compile.cache import CompileCache  # noqa: E402
 from codegen.plan.run import PlanOptions, run_plan  # noqa: E402
 from codegen.plan.tree import release_of  # noqa: E402
-from codegen.compile.engine import entry_cache_key, triton_version  # noqa: E402
+from codegen.compile.engine import entry_ident, triton_version  # noqa: E402
+from codegen.plan.kernel_list import KernelEntry  # noqa: E402
 from codegen.compile.sample import stratified_sample  # noqa: E402
+
+
+# Upstream's per-kernel build edge, reproduced in a `build.ninja` of its own: the trees'
+# v3src/CMakeLists.txt turns each line of the generator's compile list into one ninja edge,
+# `cmake -E env VIRTUAL_ENV=VENV TRITON_CACHE_DIR=BUILD/triton-cache TRITON_F32_DEFAULT=ieee
+# TRITON_STORE_BINARY_ONLY=1 VENV/bin/python TREE/v3python/compile.py SRC --kernel_name K -o OUT -g 1,1,1
+# --num_warps W --num_stages S --waves_per_eu E --target ARCH --signature SIG --timeout 0`, so the
+# kernel-compile phase runs through real ninja, both routes, where no HIP toolchain is installed
+# (here and in tests/test_build_compile_service.py); `build` itself always runs the tree's own
+# CMake-generated build.ninja.
+def _esc(text: str) -> str:
+    return text.replace("$", "$$")
+
+
+def kernel_command(tree: Path, compiler: Path, build_dir: Path, venv: Path, e: KernelEntry, cmake: str) -> list[str]:
+    return [cmake, "-E", "env", f"VIRTUAL_ENV={venv}", f"TRITON_CACHE_DIR={build_dir / 'triton-cache'}",
+            "TRITON_F32_DEFAULT=ieee", "TRITON_STORE_BINARY_ONLY=1", str(venv / "bin" / "python"), str(compiler),
+            str(tree / e.source), "--kernel_name", e.kernel_name, "-o", str(build_dir / e.hsaco), "-g", "1,1,1",
+            "--num_warps", str(e.config.num_warps), "--num_stages", str(e.config.num_stages),
+            "--waves_per_eu", str(e.config.waves_per_eu), "--target", e.config.arch, "--signature", e.signature,
+            "--timeout", "0"]
+
+
+def write_kernel_ninja(build_dir: Path, tree: Path, compiler: Path, venv: Path, entries: list[KernelEntry],
+                       cmake: str = "cmake") -> Path:
+    """BUILD/build.ninja with one edge per kernel (output: its .hsaco), as upstream's CMake writes them,
+    and `install` (the default) over all of them."""
+    build_dir = Path(build_dir)
+    lines = ["ninja_required_version = 1.5", "rule kernel", "  command = $cmd", "  description = Generating $out", ""]
+    outs = []
+    for e in entries:
+        out = build_dir / e.hsaco
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = " ".join(shlex.quote(a) for a in kernel_command(Path(tree), Path(compiler), build_dir, Path(venv), e,
+                                                               cmake))
+        outs.append(_esc(str(out)).replace(" ", "$ ").replace(":", "$:"))
+        lines += [f"build {outs[-1]}: kernel", f"  cmd = {_esc(cmd)}", ""]
+    lines += [f"build install: phony {' '.join(outs)}", "default install", ""]
+    path = build_dir / "build.ninja"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
 
 
 def _cpu() -> float:
@@ -114,12 +156,12 @@ def _row(s, base=None) -> str:
 
 def reuse_keys(trees: list[Path], spec: Path | None, version: str) -> dict[str, set[str]]:
     """Each tree's planned kernels (its own generator, the spec applied to it or `spec`) as the
-    kernel cache keys precompile and build look them up (codegen.compile.engine.entry_cache_key),
+    kernel cache keys precompile and build look them up (codegen.compile.engine.entry_ident),
     by release name. No compile."""
     keys: dict[str, set[str]] = {}
     for t in trees:
         run = run_plan(PlanOptions(tree=t, spec=spec, python=sys.executable))
-        keys[release_of(t).release] = {entry_cache_key(t, e, run.loaded.spec.warp_size, version)
+        keys[release_of(t).release] = {entry_ident(t, e, run.loaded.spec.warp_size, version).key
                                        for e in run.entries}
     return keys
 

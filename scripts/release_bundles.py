@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 from codegen.core import processes, ui  # noqa: E402
 from codegen.core.errors import CodegenError  # noqa: E402
 from codegen.formats.bundle_zip import open_bundle  # noqa: E402
-from codegen.ship.layout import sha256_file  # noqa: E402
+from codegen.core.fsutil import sha256_file  # noqa: E402
 from codegen.ship.matrix import MatrixRow, release_matrix  # noqa: E402
 from codegen.upstream.trees import release_tree  # noqa: E402
 

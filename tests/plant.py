@@ -44,7 +44,8 @@ def rewrite_bundle(bundle: Path, dest: Path, change: Callable[[str, Entries, dic
     """Write to `dest` a copy of `bundle` in which `change(package, entries, every_package)`
     rewrote the packages it returns entries for (package: the path below aotriton.images/;
     every_package: package -> entries, to take images from); the packages it changed."""
-    from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, sha256, write_bundle
+    from codegen.core.fsutil import sha256
+    from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, write_bundle
 
     b = open_bundle(bundle)
     stage = dest.parent / f"{dest.name}.stage"

@@ -52,7 +52,7 @@ def test_caps_default_cap_and_measured_override(tmp_path):
         "num_warps": 2, "num_stages": 1, "pre_load_v": "True"}])
     out = _build(tree, rows)
     st = out.tables["FLASH$attn_fwd"]
-    assert st.written == st.donor_rows == 144 and st.measured == 1
+    assert st.rows_written == st.donor_rows == 144 and st.measured_overrides == 1
     got = _query(out.content, 'SELECT "tuned_kernel$BLOCK_M", "tuned_kernel$BLOCK_N", "tuned_kernel$PRE_LOAD_V", '
                  '"compiler_options$waves_per_eu", "compiler_options$num_warps" FROM "FLASH$attn_fwd" WHERE '
                  '"inputs$Q_dtype"=\'torch.float16\' AND "inputs$BLOCK_DMODEL"=64 AND "inputs$max_seqlen_q"=128 '

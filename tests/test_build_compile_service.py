@@ -1,6 +1,6 @@
 """build's compile service (warm workers behind the thin client the build venv runs in place of
 the tree's compile.py) against the tree's own compile.py, through real ninja edges written the way
-upstream's CMake writes them (codegen.imagebuild.edges), with real Triton compiles of a real AOTriton
+upstream's CMake writes them (scripts/bench_build_compile.py's write_kernel_ninja), with real Triton compiles of a real AOTriton
 kernel (0.11b's bwd_preprocess and a small attn_fwd, 1-4 s each). Marked aotriton + triton; the
 default-run ones ~1 min on 2 busy cores; the builder wiring, the two-folder comparison and Dask
 (which CI does not install) are also `slow`."""
@@ -23,7 +23,6 @@ import pytest
 
 from codegen.compile.service import CompileService, parse_request
 from codegen.imagebuild.configure import prepare_venv
-from codegen.imagebuild.edges import write_kernel_ninja
 from codegen.imagebuild.prereq import Toolchain
 from codegen.compile.cache import CompileCache
 from codegen.models import KernelConfig
@@ -31,6 +30,11 @@ from codegen.plan.kernel_list import KernelEntry
 from codegen.compile.engine import triton_version
 
 CMAKE, NINJA = shutil.which("cmake"), shutil.which("ninja")
+_BENCH = importlib.util.spec_from_file_location(
+    "_script_bench_build_compile", Path(__file__).resolve().parents[1] / "scripts" / "bench_build_compile.py")
+bench = importlib.util.module_from_spec(_BENCH)
+_BENCH.loader.exec_module(bench)
+write_kernel_ninja = bench.write_kernel_ninja   # upstream's per-kernel ninja edges, as its CMake writes them
 pytestmark = [
     pytest.mark.aotriton, pytest.mark.triton,
     pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton in this (test) venv"),

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from codegen.imagebuild import prereq
-from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites, requirement_names
+from codegen.imagebuild.prereq import PrerequisiteError, check_prerequisites
+from codegen.toolchain import requirement_names
 
 
 def test_requirement_names(tmp_path):
@@ -35,7 +36,7 @@ def test_everything_missing_is_listed(tmp_path, monkeypatch):
 
 def test_triton_version_window(tmp_path, monkeypatch):
     monkeypatch.setattr(prereq, "probe_python", lambda _py, names: {
-        "found": {n: ("3.9.0" if n == "triton" else "1") for n in names}, "site": [], "version": [3, 11, 7]})
+        "found": {n: "1" for n in names}, "site": [], "python": [3, 11, 7], "triton": "3.9.0"})
     try:
         check_prerequisites(tmp_path, sys.executable, need_triton=True)
     except PrerequisiteError as exc:
@@ -53,7 +54,7 @@ def test_triton_version_from_the_spec(tmp_path, monkeypatch):
     gfx906 = load_spec("rules/mi50.yaml").spec
     for version, ok in (("3.5.1", False), ("3.8.0", True), ("3.8.0+rocm7.1", True), ("3.9.0", False)):
         monkeypatch.setattr(prereq, "probe_python", lambda _py, names, v=version: {
-            "found": {n: (v if n == "triton" else "1") for n in names}, "site": [], "version": [3, 11, 7]})
+            "found": {n: "1" for n in names}, "site": [], "python": [3, 11, 7], "triton": v})
         monkeypatch.setattr(prereq, "_check_tools", lambda *_a, **_k: dict(cmake="c", cmake_version="3.28", ninja="n", ninja_version="1.11", cxx="g++", cc="gcc"))
         monkeypatch.setattr(prereq, "_check_hip", lambda *_a: (None, None))
         if ok:

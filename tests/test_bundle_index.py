@@ -16,7 +16,8 @@ import pytest
 
 from codegen.core.contain import Escape
 from codegen.core.errors import UserError
-from codegen.formats.bundle_zip import bundle_name, manifest_of, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import bundle_name, manifest_of, open_bundle, write_bundle
+from codegen.core.fsutil import sha256
 from codegen.models.index import INDEX_LIMIT, BundleIndex
 from codegen.models.records import RecordError
 from codegen.ship.index import (DEFAULT_INDEX_URL, INDEX_ENV, entry_differences, entry_of, index_json_schema,

@@ -305,7 +305,8 @@ def _without(bundle: Path, dest: Path, pick) -> tuple[Path, str]:
     """A copy of `bundle` without the first image package `pick` takes (an `.aks2` file, or 0.13b's
     zip member: the zip rewritten), every hash and size in the manifest computed again: what an
     attacker (or a careless repack) can make; (the copy, the package below aotriton.images/)."""
-    from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, sha256, write_bundle
+    from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, write_bundle
+    from codegen.core.fsutil import sha256
     from codegen.ship.dispatch import ImageIndex, remove_image
 
     b = open_bundle(bundle)

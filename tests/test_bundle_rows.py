@@ -18,7 +18,7 @@ import pytest
 
 from codegen.ship import rows as rows_mod
 from codegen.formats.bundle_zip import BundleError
-from codegen.formats.tuning_db import Functional
+from codegen.models.functional import Functional
 from codegen.ship.rows import (ROWS as MEMBER, carried_database, carry_rows, match_row, parse_stem,
                                  read_rows, summary, tree_database)
 from codegen.core.errors import UserError

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from codegen.formats.bundle_zip import FORMAT, BundleError, extract, manifest_of, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import FORMAT, BundleError, extract, manifest_of, open_bundle, write_bundle
+from codegen.core.fsutil import sha256
 from codegen.formats.aks2 import read_aks2_images, read_zip_images
 from codegen.formats.elf import elf_extent
 from codegen.ship.dispatch import ImageIndex, dispatch_cases, fnv1a64, remove_image

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from codegen.formats.aks2 import package_images, packed_kernels
-from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import MANIFEST, extract, manifest_of, open_bundle, write_bundle
+from codegen.core.fsutil import sha256
 from codegen.upstream.releases import IMAGES_DIR
 from test_bundle_real import applied_tree, bundle  # noqa: F401  (the built bundle, when none is given)
 from test_bundle_units import aks2

@@ -42,7 +42,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codegen.core.errors import EXIT_USER, CodegenError, UserError
-from codegen.formats.bundle_zip import MANIFEST, extract, open_bundle, sha256
+from codegen.formats.bundle_zip import MANIFEST, extract, open_bundle
+from codegen.core.fsutil import sha256
 from test_records import _writer_manifest
 from test_torch_install import cli, snapshot
 from test_torch_trust import BACKUP, template  # noqa: F401 (template: the fixture)

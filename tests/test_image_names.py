@@ -14,7 +14,7 @@ import pytest
 from codegen.formats.aks2 import ImageError, blake2b_64, parse_dispatch_table, parse_zip_table
 from codegen.models.image_name import ENTRY, SIG, Spelling
 from codegen.plan.kernel_list import parse_compile_list
-from codegen.formats.tuning_db import Functional
+from codegen.models.functional import Functional
 from codegen.ship.rows import TuningDatabase, match_row, parse_stem
 from codegen.upstream import SUPPORTED
 from codegen.upstream.releases import by_release

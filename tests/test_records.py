@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from codegen.core.errors import EXIT_USER, UserError
-from codegen.formats.bundle_zip import MANIFEST, manifest_of, open_bundle, sha256, write_bundle
+from codegen.formats.bundle_zip import MANIFEST, manifest_of, open_bundle, write_bundle
+from codegen.core.fsutil import sha256
 from codegen.models.records import RecordError, parse_record, read_record
 from codegen.models.reach import Reach
 from test_bundle_units import minimal_manifest

@@ -160,7 +160,7 @@ def test_apply_caps_seeded_rows_to_the_report(tmp_path, version):
     assert "attn_fwd.gfx908.bf16.d32.M64N32.wpe2.w4.s1.plv0" in d["compile_unmeasured"]
     assert all(".M64N32." in n for n in d["compile_unmeasured"])
     assert d["compile_unmeasured"] == sorted(d["compile_unmeasured"])
-    assert d["compile_clean_rows"] == st.written - _count(out.content, "FLASH$attn_fwd", 64, 32, tmp_path)
+    assert d["compile_clean_rows"] == st.rows_written - _count(out.content, "FLASH$attn_fwd", 64, 32, tmp_path)
     # rows lowered by the report = the 64x64 rows (the 128x64 ones the spec had capped already)
     n64 = _count(out.content, "FLASH$attn_fwd", 64, 64, tmp_path)
     assert st.compile_capped == n64 > 0
@@ -186,7 +186,7 @@ def test_measured_rows_are_audited_not_capped(tmp_path):
         "bias": 0, "seqlen_q": 128, "seqlen_k": 128, "block_m": 64, "block_n": 64, "waves_per_eu": 2,
         "num_warps": 4, "num_stages": 1, "pre_load_v": "False"}])
     st = _build(tree, rows, "attn_fwd").tables["FLASH$attn_fwd"]
-    assert st.measured == 1
+    assert st.measured_overrides == 1
     assert "attn_fwd.gfx908.fp16.d64.M64N64.wpe2.w4.s1.plv0" in st.compile_unclean
 
 
@@ -430,14 +430,14 @@ def test_tile_replacement_then_report_cap(tmp_path, version):
                                     "head_dim": 64, "to": [64, 64], "reason": "spills"}])
     out = _build(tree, rows, "attn_fwd")
     st = out.tables["FLASH$attn_fwd"]
-    assert st.replaced > 0 and st.as_dict()["tiles_replaced"] == st.replaced
+    assert st.tiles_replaced > 0 and st.as_dict()["tiles_replaced"] == st.tiles_replaced
     d = st.as_dict()
     assert d["compile_unclean"] == []                      # the spilling fp16 d64 64x32 rows are gone
     waves = _configs(out.content, "FLASH$attn_fwd", tmp_path)
     assert waves[(64, 64)] == {1}                          # replaced rows capped by the report too
     assert (64, 32) in waves                               # other dtypes/head dims keep 64x32
     before = _count(_build(tree, dict(ROWS), "attn_fwd").content, "FLASH$attn_fwd", 64, 32, tmp_path)
-    assert _count(out.content, "FLASH$attn_fwd", 64, 32, tmp_path) == before - st.replaced
+    assert _count(out.content, "FLASH$attn_fwd", 64, 32, tmp_path) == before - st.tiles_replaced
 
 
 def test_default_spec_replaces_the_tiles_that_spill_at_wpe1():

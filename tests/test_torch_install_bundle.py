@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, sha256, write_bundle
+from codegen.formats.bundle_zip import FORMAT, bundle_name, manifest_of, write_bundle
+from codegen.core.fsutil import sha256
 from codegen.formats.elf import read_dynamic
 from codegen.ship.install import machine_glibc
 from codegen.upstream.releases import IMAGES_DIR as IMAGES

@@ -29,7 +29,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from codegen.core.errors import EXIT_UPSTREAM, EXIT_USER
-from codegen.formats.bundle_zip import open_bundle, sha256
+from codegen.formats.bundle_zip import open_bundle
+from codegen.core.fsutil import sha256
 from codegen.formats.elf import parse_dynamic, read_dynamic
 from codegen.ship.identity import library_identity
 from test_fuzz_data_files import _encode, _mutate

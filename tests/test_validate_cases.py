@@ -176,7 +176,7 @@ def test_cpu_reference_and_compare_plumbing():
     from codegen.gpu.validate.gpu import make_inputs, reference
     from codegen.gpu.validate.sdpa import _math_errors, _run_case
 
-    case = Case("fp32", 32, True, Shape(1, 4, 2, 37, 53))
+    case = Case.at("fp32", 32, True, Shape(1, 4, 2, 37, 53))
     inputs = make_inputs(case, "cpu", 0)
     ref = reference(*inputs, causal=case.causal)
     me = _math_errors(case, inputs, ref)
@@ -194,12 +194,12 @@ def test_dispatch_limits_are_skips_not_failures():
     from codegen.models.cases import Case, Shape, dispatch_limit
 
     sq = Shape(2, 4, 4, 211, 211)
-    assert dispatch_limit("flash", Case("fp16", 64, True, sq)) is None
-    assert "seqlen_q == seqlen_k" in dispatch_limit("flash", Case("fp16", 64, True, Shape(2, 4, 4, 97, 211)))
-    assert dispatch_limit("efficient", Case("fp16", 64, True, Shape(2, 4, 4, 97, 211))) is None
-    assert "fp16/bf16" in dispatch_limit("flash", Case("fp32", 64, False, sq))
-    assert dispatch_limit("efficient", Case("fp32", 64, False, sq)) is None
-    assert "GQA" in dispatch_limit("efficient", Case("fp16", 64, False, Shape(2, 8, 2, 331, 149)))
+    assert dispatch_limit("flash", Case.at("fp16", 64, True, sq)) is None
+    assert "seqlen_q == seqlen_k" in dispatch_limit("flash", Case.at("fp16", 64, True, Shape(2, 4, 4, 97, 211)))
+    assert dispatch_limit("efficient", Case.at("fp16", 64, True, Shape(2, 4, 4, 97, 211))) is None
+    assert "fp16/bf16" in dispatch_limit("flash", Case.at("fp32", 64, False, sq))
+    assert dispatch_limit("efficient", Case.at("fp32", 64, False, sq)) is None
+    assert "GQA" in dispatch_limit("efficient", Case.at("fp16", 64, False, Shape(2, 8, 2, 331, 149)))
 
 
 def test_report_compares_the_gpus_compute_units_with_the_spec():

@@ -21,14 +21,13 @@ parsed by the normal spec loader. Every refusal names the recorded file and says
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from codegen.core.contain import inside
 from codegen.core.errors import CodegenError, UserError
-from codegen.core.fsutil import read_input
+from codegen.core.fsutil import read_input, sha256
 from codegen.render.workspace import RENDER_INPUTS, overlay_results
 from codegen.apply.journal import STATE_DIR
 from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
@@ -42,10 +41,6 @@ RESULTS_LIMIT = 16 << 20  # bytes per recorded result file (the largest shipped 
 
 def _results_rel(arch: str, name: str) -> str:
     return f"{STATE_DIR}/tuning/{arch}/{name}"
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def recorded_files(loaded: "LoadedSpec") -> dict[str, bytes]:
@@ -161,6 +156,3 @@ def _default_note(loaded: "LoadedSpec") -> str | None:
         return None
     return (f"note: {local} here differs from the spec embedded in this install ({loaded.display}), "
             f"which is what runs without --spec; pass --spec {local} to use yours")
-
-
-__all__ = ["SPEC_COPY", "load_recorded", "recorded_files", "recorded_paths", "resolve_spec", "sha256"]

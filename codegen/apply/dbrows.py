@@ -36,21 +36,22 @@ the donor shard's schema, and upserts into the (unsharded) op DB.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import sqlite3
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import Callable
 
 from codegen.core.errors import UserError
+from codegen.core.fsutil import sha256
 from codegen.models import FAMILIES
 from codegen.models.dtypes import DTYPE_INFO, by_torch
 from codegen.models.limits import cap_waves_per_eu, variant_status
 from codegen.models.lock import TableRows
-from codegen.models.rows import RowsPlan, RowTile, Winner
+from codegen.models.rows import TRUE_SPELLINGS, RowsPlan, RowTile, Winner
 from codegen.models.space import KernelConfig
 from codegen.models.target import gpu_arch
 from codegen.upstream import Adapter
@@ -69,39 +70,32 @@ class DonorError(UserError):
 
 @dataclass
 class TableStats:
+    """What the derivation did to one table, counted as it goes (codegen.models.lock.TableRows
+    names each field)."""
+
     donor_rows: int = 0
-    written: int = 0
-    capped: int = 0
-    replaced: int = 0
+    rows_written: int = 0
+    waves_capped: int = 0
+    tiles_replaced: int = 0
     warps_raised: int = 0
-    split_routed: int = 0           # op_attn_bwd rows moved from the fused to the split backend
-    measured: int = 0
+    split_routed: int = 0
+    measured_overrides: int = 0
     measured_unmatched: int = 0
     compile_checked: bool = False   # the overlay had a compile report (waves_per_eu_limits)
-    compile_capped: int = 0         # rows lowered by the compile report
-    compile_clean: int = 0          # final rows whose config the report measured clean
-    compile_unclean: list[str] = field(default_factory=list)     # configs: spill/fail, kept
-    compile_unmeasured: list[str] = field(default_factory=list)  # configs the report lacks
+    compile_capped: int = 0
+    compile_clean_rows: int = 0
+    compile_unclean: list[str] = field(default_factory=list)
+    compile_unmeasured: list[str] = field(default_factory=list)
 
     def counts(self) -> TableRows:
         """The statistics as apply's result and lock record them."""
         return TableRows(**self.as_dict())
 
     def as_dict(self) -> dict:
-        out = {"donor_rows": self.donor_rows, "rows_written": self.written,
-               "waves_capped": self.capped, "measured_overrides": self.measured,
-               "measured_unmatched": self.measured_unmatched}
-        if self.replaced:
-            out["tiles_replaced"] = self.replaced
-        if self.warps_raised:
-            out["warps_raised"] = self.warps_raised
-        if self.split_routed:
-            out["split_routed"] = self.split_routed
-        if self.compile_checked:
-            out.update({"compile_capped": self.compile_capped, "compile_clean_rows": self.compile_clean,
-                        "compile_unclean": list(self.compile_unclean),
-                        "compile_unmeasured": list(self.compile_unmeasured)})
-        return out
+        """The counts of later features only when set, the compile report's only when there was one."""
+        later = ("tiles_replaced", "warps_raised", "split_routed")
+        return {k: v for k, v in asdict(self).items() if k != "compile_checked" and (v or k not in later)
+                and (self.compile_checked or not k.startswith("compile_"))}
 
 
 @dataclass
@@ -127,11 +121,6 @@ def _unique_key(conn: sqlite3.Connection, table: str, schema: str) -> list[str]:
         if uniq and origin == "u":
             return [r[2] for r in conn.execute(f"PRAGMA {schema}.index_info({q(iname)})")]
     raise DonorError(f"table {table}: no UNIQUE key (not an AOTriton tuning table?)")
-
-
-def _donor_arch(gpu: str) -> str:
-    """The donor's arch, where its shards live (the spec names the donor by GPU only)."""
-    return gpu_arch(gpu)
 
 
 # ----------------------------------------------------------------------------- derivation --
@@ -182,17 +171,13 @@ class _Cols:
         return all((self.bm, self.bn, self.w, self.nw, self.ns))
 
 
-def _truthy(v) -> bool:
-    return str(v).strip().lower() in ("1", "true", "yes")
-
-
 def _config_of(c: _Cols, family: str, arch: str, row: list) -> KernelConfig | None:
     """The kernel config a target row selects (None: not a tuning family, or a NULL config column)."""
     if family not in FAMILIES or not c.has_config or any(c.get(row, k) is None for k in (c.bm, c.bn, c.w, c.nw, c.ns)):
         return None
     plv = None
     if family == "attn_fwd":
-        plv = _truthy(c.get(row, c.plv)) if c.get(row, c.plv) is not None else False
+        plv = str(c.get(row, c.plv)).strip().lower() in TRUE_SPELLINGS if c.get(row, c.plv) is not None else False
     return KernelConfig(family, arch, c.dtype(row), row[c.ix[c.hd]], c.get(row, c.bm),
                         c.get(row, c.bn), int(c.get(row, c.w)), c.get(row, c.nw), c.get(row, c.ns), plv)
 
@@ -296,13 +281,13 @@ def _seed_all(donor: list[list], c: _Cols, family: str, plan: RowsPlan, checkabl
             row[gi] = gpu
             if replaced:
                 row[bm], row[bn] = m, n
-                st.replaced += 1
+                st.tiles_replaced += 1
             if raised:
                 row[nw] = warps
                 st.warps_raised += 1
             if capped or ccapped:
                 row[w] = wv
-                st.capped += capped
+                st.waves_capped += capped
                 st.compile_capped += ccapped
             out.append(row)
     return out
@@ -320,8 +305,7 @@ def _winner_hits(row: list, c: _Cols, w: Winner) -> bool:
     if (row[c.ix[db.GPU]] != w.gpu or row[c.ix[c.dt]] != DTYPE_INFO[w.dtype].db_value
             or row[c.ix[c.hd]] != w.head_dim or row[c.ix[c.sq]] != w.seqlen_q or row[c.ix[c.sk]] != w.seqlen_k):
         return False
-    return not any(col and getattr(w, k) is not None and bool(row[c.ix[col]]) != bool(getattr(w, k))
-                   for k, col in c.flags.items())
+    return not any(col and bool(row[c.ix[col]]) != getattr(w, k) for k, col in c.flags.items())
 
 
 def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: TableStats) -> None:
@@ -334,7 +318,7 @@ def _apply_measured(rows: list[list], c: _Cols, winners: list[Winner], st: Table
             for i, v in sets.items():
                 row[i] = v
         if hits:
-            st.measured += 1
+            st.measured_overrides += 1
         else:  # e.g. a seqlen bin the release's grid does not have (fuse stops at 1024 in 0.10b/0.11b)
             st.measured_unmatched += 1
 
@@ -370,7 +354,7 @@ def _audit(rows: list[list], key: list[str], c: _Cols, family: str, plan: RowsPl
             continue
         name, status = verdicts[ckey]
         if status == "clean":
-            st.compile_clean += 1
+            st.compile_clean_rows += 1
         else:
             (unclean if status == "unclean" else unmeasured).add(name)
     st.compile_unclean, st.compile_unmeasured = sorted(unclean), sorted(unmeasured)
@@ -490,7 +474,7 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
             rows, st = derive_rows(conn, src, table, cols, plan, label, required)
             if required and not rows:
                 raise DonorError(f"{label}: donor {plan.donor_gpu} has no rows in {table}")
-            st.written = upsert(conn, table, cols, key, rows)
+            st.rows_written = upsert(conn, table, cols, key, rows)
             out.tables[table] = st
         conn.execute("COMMIT")
         if src == "src":
@@ -502,10 +486,8 @@ def _rewrite(base: bytes | None, path: str, donor_sql: bytes | None, plan: RowsP
         raise DonorError(f"{label}: sqlite error while writing rows: {exc}") from None
     finally:
         if conn is not None:
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 conn.close()
-            except sqlite3.Error:
-                pass
         work.close()
 
 
@@ -517,7 +499,7 @@ def db_targets(adapter: Adapter, plan: RowsPlan, exists: Callable[[str], bool],
         if adapter.op_db:
             out.append({"path": adapter.op_db, "kind": "upsert", "required": False})
         return out
-    donor_root = f"{adapter.shard_root}/{_donor_arch(plan.donor_gpu)}"
+    donor_root = f"{adapter.shard_root}/{gpu_arch(plan.donor_gpu)}"  # where the donor GPU's shards live
     # shards lie in a folder per family (<arch>/flash/<kernel>, 0.11.1b-0.13b) or directly in the
     # arch folder (main: one database folder per family): read from the tree, not assumed
     shards = sorted([name for name in listdir(donor_root) if name.endswith(DB_ARCHIVE_SUFFIX)]
@@ -538,7 +520,7 @@ def input_key(target: dict, base_sha: dict[str, str | None], plan: RowsPlan) -> 
     blob = json.dumps({"target": target, "bases": base_sha, "rows": plan.to_json(), "code": ROWS_CODE_VERSION,
                        "sqlite": sqlite3.sqlite_version, "sqlite_io": "memory" if SQLITE_IN_MEMORY else "file",
                        "archive": ARCHIVE_FORMAT}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256(blob.encode())
 
 
 def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
@@ -553,6 +535,3 @@ def build_db(target: dict, read: Reader, plan: RowsPlan) -> DbOutput:
     _, donor_sql = read_archive(donor, target["donor"])
     base = read(target["path"])
     return _rewrite(base, target["path"], donor_sql, plan, target["required"], member_override=member_name(target["path"]))
-
-
-__all__ = ["DbOutput", "DonorError", "TableStats", "build_db", "db_targets", "input_key"]

@@ -182,10 +182,8 @@ def _insert_element(module: cst.Module, edit: EditRecord, kind: str) -> cst.Modu
     # The comma after an element carries the whitespace up to the next one: give every element
     # of the pair a real comma (cloned from a neighbour that has one).
     def comma_like() -> cst.Comma:
-        for e in [nb] + elems:
-            if isinstance(e.comma, cst.Comma):
-                return e.comma
-        return cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        return next((e.comma for e in [nb] + elems if isinstance(e.comma, cst.Comma)),
+                    cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
 
     if _position(edit) == "before":
         new = new.with_changes(comma=nb.comma if isinstance(nb.comma, cst.Comma) else comma_like())
@@ -219,10 +217,7 @@ def _set_getenv_default(module: cst.Module, edit: EditRecord) -> cst.Module:
     path, symbol = edit.path, edit.symbol
     hits = _assignments(module, symbol)
     if not hits:
-        if edit.optional:
-            raise EditSkipped(f"{symbol} is absent (optional edit)")
-        raise EditConflict(f"{path}: no module-level assignment to {symbol}")
-
+        _the_one(hits, edit, f"no module-level assignment to {symbol}", "")   # skipped, or a conflict
     hits = [h for h in hits if _reads_env(module, h[2].value, edit.neighbour)]
     if len(hits) != 1:
         what = "no" if not hits else f"{len(hits)}"
@@ -420,6 +415,3 @@ def apply_edit(text: str, edit: EditRecord) -> str:
     if new == text:
         raise EditConflict(f"{edit.path}: edit {edit.id} changes nothing")
     return new
-
-
-__all__ = ["OPS", "EditConflict", "EditSkipped", "apply_edit"]

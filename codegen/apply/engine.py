@@ -19,7 +19,6 @@ stale rows or entries and a second apply with the same spec is byte-for-byte a n
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -31,17 +30,18 @@ from typing import Callable
 from codegen import __version__
 from codegen.core import processes
 from codegen.core.errors import UserError
+from codegen.core.fsutil import sha256
 from codegen.render.inputs import render_overlay
 from codegen.render.overlay import Overlay
 from codegen.formats.spec import LoadedSpec
 from codegen.upstream import Adapter, detect
 from codegen.upstream.registration import refuse_unsuitable_tree
 from codegen.apply import dbrows
-from codegen.apply.applied_spec import recorded_files, recorded_paths, sha256
+from codegen.apply.applied_spec import recorded_files, recorded_paths
 from codegen.apply.mentions import arch_mentions, strip_mentions
 from codegen.apply.journal import Transaction, pending
-from codegen.apply.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, read_lock
-from codegen.models.lock import TableRows
+from codegen.apply.lock import read_lock
+from codegen.models.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry, TableRows
 from codegen.apply.state import (
     BACKUP_DIR,
     ApplyConflict,
@@ -162,7 +162,7 @@ def _edit_key(base: bytes, edits: list, arch: str) -> str:
     """Everything a file's edited bytes depend on: equal keys, equal bytes."""
     blob = json.dumps({"base": sha(base), "arch": arch, "edits": [e.to_json() for e in sorted(edits, key=lambda e: e.id)],
                        "code": EDITS_CODE_VERSION}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return sha256(blob.encode())
 
 
 def _reuse_edits(p: ApplyPlan, rel: str, edits: list, key: str) -> bool:
@@ -421,6 +421,3 @@ def apply_overlay(tree: Path | str, loaded: LoadedSpec, pretend: bool = False,
         plan = plan_apply(tree, adapter, loaded, progress)
         plan.result.recovered, plan.result.pretend = recovered, pretend
         return plan.result if pretend else commit_apply(plan, progress)
-
-
-__all__ = ["ApplyPlan", "apply_overlay", "commit_apply", "plan_apply"]

@@ -46,6 +46,7 @@ land inside step 3.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -59,6 +60,7 @@ from pathlib import Path
 
 from codegen.core.contain import Escape, inside, perm_bits
 from codegen.core.errors import UserError, os_reason
+from codegen.core.fsutil import sha256, sha256_file
 from codegen.models.journal import STATE_DIR, TXN_DIR, Journal, JournalOp
 from codegen.models.records import RecordError, read_record
 
@@ -181,11 +183,7 @@ def state_of(path: Path) -> str:
         return "dir"
     if not stat.S_ISREG(st.st_mode):
         return "other"
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 @dataclass
@@ -303,7 +301,7 @@ def _stage(txn: Path, n: int, op: Op, dest: Path) -> JournalOp:
     elif op.op == "write":
         assert op.data is not None
         write_durable(txn / "new" / str(n), op.data, op.mode)
-        ent.update(stage=str(n), new=hashlib.sha256(op.data).hexdigest(), mode=perm_bits(op.mode))
+        ent.update(stage=str(n), new=sha256(op.data), mode=perm_bits(op.mode))
     elif op.op == "check":
         ent["new"] = op.sha
     if op.op in ("write", "delete") and dest.is_file() and not dest.is_symlink():
@@ -500,14 +498,10 @@ def _cleanup_state_dir(tree: Path) -> None:
         return
     for d in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()),
                     key=lambda p: len(p.parts), reverse=True):
-        try:
+        with contextlib.suppress(OSError):
             d.rmdir()
-        except OSError:
-            pass
-    try:
+    with contextlib.suppress(OSError):
         root.rmdir()
-    except OSError:
-        pass
 
 
 def pending(tree: Path) -> str | None:
@@ -621,8 +615,3 @@ def tree_lock(tree: Path):
         yield
     finally:
         os.close(fd)
-
-
-__all__ = ["CHUNK", "Diverged", "Finished", "Journal", "JournalOp", "Mismatch", "RollbackIncomplete", "RootsDiffer",
-           "STATE_DIR", "StagedDiffers", "StateDamaged", "TXN_DIR", "Transaction", "TreeBusy", "TxnFailed",
-           "copy_durable", "journal_label", "pending", "recover", "state_of", "tree_lock"]

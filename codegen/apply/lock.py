@@ -13,7 +13,7 @@ from pathlib import Path
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
 from codegen.apply.journal import StateDamaged
-from codegen.models.lock import LOCK_NAME, LOCK_VERSION, ApplyLock, LockEntry
+from codegen.models.lock import LOCK_NAME, ApplyLock
 from codegen.models.records import RecordError, read_record
 
 
@@ -35,6 +35,3 @@ def read_lock(tree: Path | str) -> ApplyLock | None:
         raise StateDamaged(f"{p}: this tree's state file is damaged (unreadable lock file"
                            f"{', not what mi100-codegen writes' if shape else ''}: {why}); nothing was changed",
                            hint=hint) from None
-
-
-__all__ = ["LOCK_NAME", "LOCK_VERSION", "ApplyLock", "LockEntry", "read_lock"]

@@ -42,6 +42,3 @@ def strip_mentions(text: str, arch: str, edits: list[EditRecord]) -> str:
         if not rx.search(line):
             out.append(line)
     return "".join(out)
-
-
-__all__ = ["arch_mentions", "strip_mentions"]

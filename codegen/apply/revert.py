@@ -115,7 +115,3 @@ def recover_tree(tree: Path | str) -> str | None:
     tree = Path(tree).resolve()
     with Locked(tree):
         return recover_state(tree, "recover")
-
-
-
-__all__ = ["recover_tree", "revert_tree"]

@@ -4,13 +4,13 @@ still hold what apply wrote, and the transaction commit. Imports neither libcst 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside, perm_bits
 from codegen.core.errors import SystemFailure, UserError, os_failure, os_reason
+from codegen.core.fsutil import sha256
 from codegen.apply.journal import STATE_DIR, RollbackIncomplete, Transaction, TreeBusy, TxnFailed, recover, tree_lock
 from codegen.apply.lock import LOCK_NAME, ApplyLock
 from codegen.models.lock import TableRows
@@ -74,7 +74,7 @@ class Result:
 
 
 def sha(data: bytes | None) -> str | None:
-    return None if data is None else hashlib.sha256(data).hexdigest()
+    return None if data is None else sha256(data)
 
 
 def read_rel(tree: Path, rel: str) -> bytes | None:
@@ -188,7 +188,3 @@ def recover_state(tree: Path, command: str) -> str | None:
         raise txn_failure(exc, tree, f"finishing an interrupted {command}") from None
     except RollbackIncomplete as exc:
         raise rollback_failure(exc, tree, command) from None
-
-
-__all__ = ["BACKUP_DIR", "VERDICTS", "ApplyConflict", "EditVerdict", "FileVerdict", "Locked", "Result", "check_state",
-           "commit_txn", "conflict_message", "link_of", "mode_of", "read_rel", "recover_state", "sha"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 
 try:  # Ctrl-C while the CLI starts up: one line and exit 130, never a traceback
+    import contextlib
     import errno
     import functools
     import importlib
@@ -84,6 +85,13 @@ def _stage_group(module: str):
     importlib.import_module(module).register(sub, guarded)
     sub.callback()(lambda: None)  # a group even when the module has one command
     return typer.main.get_command(sub)
+
+
+def add_group(app: typer.Typer, group: typer.Typer, name: str, guard: Callable) -> None:
+    """A stage's command group (torch, bundle, tune) under `name`, each command's body guarded."""
+    for cmd in group.registered_commands:
+        cmd.callback = guard(cmd.callback)
+    app.add_typer(group, name=name)
 
 
 def stage_command(name: str):
@@ -329,7 +337,7 @@ def _reopen_closed_streams() -> None:
     for name, fd in (("stdout", 1), ("stderr", 2)):
         if getattr(sys, name) is not None:
             continue
-        try:
+        with contextlib.suppress(OSError):  # no /dev/null: leave it (the command's errors still exit non-zero)
             try:
                 os.fstat(fd)
             except OSError:  # closed: /dev/null takes its number
@@ -340,8 +348,6 @@ def _reopen_closed_streams() -> None:
                 setattr(sys, name, open(fd, "w", encoding="utf-8", errors="replace", closefd=False))
             else:  # something else holds the number: never write into it
                 setattr(sys, name, open(os.devnull, "w", encoding="utf-8"))
-        except OSError:  # no /dev/null: leave it; the command's own errors still exit non-zero
-            pass
 
 
 class _DroppingStderr:

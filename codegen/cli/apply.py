@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Optional
 
@@ -58,9 +59,7 @@ def _print_result(console: Console, result, show_edits: bool = True, report: Pat
                 table.add_row(Text(e.verdict, style=STYLES[e.verdict]), Text(f"{e.path} ({e.id})"), Text(e.detail))
     _print_table(console, table)
     _print_compile_check(console, result, report)
-    counts: dict[str, int] = {}
-    for f in result.files:
-        counts[f.verdict] = counts.get(f.verdict, 0) + 1
+    counts = Counter(f.verdict for f in result.files)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) or "nothing to do"
     console.print(f"{result.command}: {summary}")
 

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.text import Text
 
-from codegen.cli import SpecOpt
+from codegen.cli import SpecOpt, add_group
 
 from codegen.cli.build import AITER_HELP, KERNELS_HELP, check_outputs
 from codegen.cli.precompile import PYTHON_HELP, TRITON_HELP
@@ -205,6 +205,4 @@ def matrix(
 
 
 def register(app: typer.Typer, guarded) -> None:
-    for cmd in bundle_app.registered_commands:  # guard the command bodies
-        cmd.callback = guarded(cmd.callback)
-    app.add_typer(bundle_app, name="bundle")
+    add_group(app, bundle_app, "bundle", guarded)

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
-from codegen.cli import SpecOpt
+from codegen.cli import SpecOpt, add_group
 from codegen.core import ui
 from codegen.core.errors import EXIT_UPSTREAM, UserError
 
@@ -97,7 +97,8 @@ def install(
     if index is not None or build_locally:
         raise UserError("--index and --build-locally go with --bundle auto")
     # CLI start-up: the install stage loads when the command runs
-    from codegen.ship.install import backup_location, install_into, open_bundle_prefix
+    from codegen.formats.bundle_zip import open_bundle
+    from codegen.ship.install import backup_location, bundle_prefix, install_into
     from codegen.ship.layout import inspect_prefix, inspect_torch
 
     if (prefix is None) == (bundle is None):
@@ -105,7 +106,7 @@ def install(
     t = inspect_torch(torch_dir)
     bdir = backup_location(t, backup_dir)
     if bundle is not None:
-        res = install_into(t, bdir, lambda work: open_bundle_prefix(Path(bundle), work / "bundle", t, arch), dry_run,
+        res = install_into(t, bdir, lambda work: bundle_prefix(open_bundle(Path(bundle)), work / "bundle", t, arch), dry_run,
                            replace_shipped=replace_shipped)
     else:
         res = install_into(t, bdir, lambda work: (inspect_prefix(prefix), _arch(arch, spec), None), dry_run,
@@ -203,6 +204,4 @@ def rebuild_recipe(
 
 
 def register(app: typer.Typer, guarded) -> None:
-    for cmd in torch_app.registered_commands:  # guard the command bodies
-        cmd.callback = guarded(cmd.callback)
-    app.add_typer(torch_app, name="torch")
+    add_group(app, torch_app, "torch", guarded)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
-from codegen.cli import SpecOpt
+from codegen.cli import SpecOpt, add_group
 from codegen.core.preflight import finite, iso_date, path_option
 
 
@@ -81,7 +81,4 @@ def import_cmd(
 
 
 def register(app: typer.Typer, guarded) -> None:
-    # guard the command bodies (the group itself has no body)
-    for cmd in tune_app.registered_commands:
-        cmd.callback = guarded(cmd.callback)
-    app.add_typer(tune_app, name="tune")
+    add_group(app, tune_app, "tune", guarded)   # the group itself has no body

@@ -25,6 +25,7 @@ bounded: `evict` removes the least recently used entries above `max_bytes`, unde
 
 from __future__ import annotations
 
+import contextlib
 import ast
 import hashlib
 import json
@@ -359,10 +360,8 @@ class CompileCache:
         left alone may be another writer's, put a moment ago, and eviction sweeps orphans."""
         self.stats["corrupt"] += 1
         self.problems.append((key, why))
-        try:
+        with contextlib.suppress(OSError, UserError):
             self._entry(key, ".json").unlink()
-        except (OSError, UserError):
-            pass
 
     def get(self, ident: KernelIdent) -> dict | None:
         """The record of `ident`, its code object checked against the sha256 it records and
@@ -403,16 +402,9 @@ class CompileCache:
         record = rec.to_json()
         record["_hsaco"] = image
         self.stats["hits"] += 1
-        try:  # least recently used first out: a hit is a use
+        with contextlib.suppress(OSError, UserError):  # least recently used first out: a hit is a use
             os.utime(self._entry(key, ".json"), follow_symlinks=False)
-        except (OSError, UserError):
-            pass
         return record
-
-    def hsaco(self, ident: KernelIdent) -> bytes | None:
-        """The checked code object of an `ok` entry (None when absent or corrupt)."""
-        record = self.get(ident)
-        return record.get("_hsaco") if record else None
 
     def _subfolder(self, key: str) -> bool:
         """The entry's subfolder, created under the containment rule and checked again after
@@ -541,6 +533,3 @@ class CompileCache:
                 removed += 1
         self.stats["evicted"] += removed
         return removed
-
-
-KernelCache = CompileCache

@@ -28,11 +28,12 @@ starts the process with the standard library itself.
 """
 
 import atexit
+import contextlib
 import os
 import sys
 
 POOL_ENV = "MI100_CODEGEN_COMPILE_POOL"
-REACH_ENV = "MI100_CODEGEN_REACH"  # its one owner (this file is standard library only); codegen.imagebuild.reach imports it
+REACH_ENV = "MI100_CODEGEN_REACH"  # its one owner (this file is standard library only)
 _FORWARDED_ENV = ("TRITON_F32_DEFAULT",)
 
 
@@ -53,10 +54,8 @@ def _write(path, data):
             fh.write(data)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

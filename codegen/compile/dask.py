@@ -19,6 +19,7 @@ kernel cache and answers ninja's edge, exactly as for local workers.
 
 from __future__ import annotations
 
+import contextlib
 import concurrent.futures
 import hashlib
 import logging
@@ -60,10 +61,8 @@ def _materialize(files: dict[str, bytes], digest: str) -> Path:
                 raise ValueError(f"source {rel!r} escapes its folder")
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
-        try:
+        with contextlib.suppress(OSError):  # another task of this worker got there first
             move_into_place(tmp, root)
-        except OSError:  # another task of this worker got there first
-            pass
     return root
 
 
@@ -181,11 +180,6 @@ class DaskExecutor:
     def close(self) -> None:
         for obj in (self._client, self._cluster):
             if obj is not None:
-                try:
+                with contextlib.suppress(Exception):  # noqa: BLE001 - closing what is already gone
                     obj.close()
-                except Exception:  # noqa: BLE001 - closing what is already gone
-                    pass
         self._client = self._cluster = None
-
-
-__all__ = ["DaskExecutor", "compile_remote"]

@@ -67,6 +67,3 @@ def plan_round(entries: list[KernelEntry], results: list[KernelResult], hw: Hard
             seen.add(new.id)
             plan.entries.append(new)
     return plan
-
-
-__all__ = ["DescendPlan", "plan_round", "vgpr_budget"]

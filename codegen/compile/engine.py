@@ -20,15 +20,11 @@ from codegen.compile.pool import WorkerPool
 from codegen.compile.report import KernelResult, kernel_result
 
 
-def installed_triton() -> str | None:
-    return installed_triton_version()
-
-
 def triton_version(compiler: CompilerPython | None = None) -> str:
     """The Triton the kernels are compiled with: the compiler Python's, else this Python's."""
     if compiler is not None:
         return compiler.triton
-    version = installed_triton()
+    version = installed_triton_version()
     if version is None:
         raise EnvironmentMissing(
             "precompile needs Triton in this Python",
@@ -78,11 +74,6 @@ def entry_ident(tree: Path, e: KernelEntry, warp_size: int, version: str) -> Ker
                         warp_size=warp_size, triton_version=version)
 
 
-def entry_cache_key(tree: Path, e: KernelEntry, warp_size: int, version: str) -> str:
-    """The kernel cache key of a planned kernel; scripts/bench_build_compile.py's reuse shares use it."""
-    return entry_ident(tree, e, warp_size, version).key
-
-
 def _keep_image(keep: Path | None, entry: KernelEntry, data: bytes | None) -> None:
     """--keep: the code object under KEEP/<its path in the build dir>."""
     if keep is not None and data:
@@ -114,15 +105,12 @@ def compile_entries(
     results: dict[str, KernelResult] = {}
     todo: list[dict] = []
 
-    def keep_image(entry: KernelEntry, data: bytes | None) -> None:
-        _keep_image(keep, entry, data)
-
     for e in entries:
         record = cache.get(idents[e.id]) if cache is not None else None
         if record is not None:
             r = kernel_result(e, record, spec.hardware, cached=True)
             results[e.id] = r
-            keep_image(e, record.get("_hsaco"))
+            _keep_image(keep, e, record.get("_hsaco"))
             if on_progress:
                 on_progress(r)
         else:
@@ -134,7 +122,7 @@ def compile_entries(
         if cache is not None and not raw.get("timeout") and not raw.get("crashed"):
             record = {k: v for k, v in raw.items() if k in ("ok", "id", "compile_s", "error", "resources", "sidecar")}
             cache.put(idents[e.id], record, hsaco if raw.get("ok") else None)
-        keep_image(e, hsaco)
+        _keep_image(keep, e, hsaco)
         r = kernel_result(e, raw, spec.hardware, cached=False)
         results[e.id] = r
         if on_progress:

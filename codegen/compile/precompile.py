@@ -4,6 +4,7 @@ prints), then what the results feed (`follow_up`: --descend, --tuning-report, --
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,12 +119,7 @@ def _descend(tree, spec, entries, results, info, triton, previous, jobs, timeout
         except KeyboardInterrupt:
             # keep the variants whose kernels all finished (a partial variant's verdict would
             # speak for kernels never compiled); the caller writes the report, then exits 130
-            want: dict[str, int] = {}
-            for e in plan.entries:
-                want[e.config.name] = want.get(e.config.name, 0) + 1
-            got: dict[str, int] = {}
-            for r in done:
-                got[r.config] = got.get(r.config, 0) + 1
+            want, got = Counter(e.config.name for e in plan.entries), Counter(r.config for r in done)
             complete = [r for r in done if got[r.config] == want[r.config]]
             err.print(f"descend round {rnd} interrupted: keeping {len(complete)} of {len(done)} finished kernel(s) "
                       f"(complete variants only)")

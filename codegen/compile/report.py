@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
 
 from codegen.models import FAMILIES
 from codegen.models.limits import VERDICTS
+from codegen.models.records import Record
 from codegen.models.target import Hardware
 from codegen.plan.kernel_list import KernelEntry
 from codegen.compile.resources import Resources, occupancy
@@ -18,9 +18,7 @@ from codegen.compile.resources import Resources, occupancy
 Status = Literal["ok", "failed", "timeout"]
 
 
-class KernelResult(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class KernelResult(Record):
     id: str
     config: str
     family: str
@@ -89,17 +87,13 @@ def kernel_result(entry: KernelEntry, raw: dict, hw: Hardware, cached: bool) -> 
 
 
 def _dot_mix(results) -> str | None:
-    counts: dict[str, int] = defaultdict(int)
-    for r in results:
-        counts[r.resources.dot_instruction] += 1
+    counts = Counter(r.resources.dot_instruction for r in results)
     return " ".join(f"{k}:{n}" for k, n in sorted(counts.items())) or None
 
 
-class GroupStats(BaseModel):
+class GroupStats(Record):
     """A group of kernels (one family, head dim, dtype or config): counts, the resources' maxima
     (occupancy and MFMA count: minima; None where nothing compiled) and the worst verdict."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     kernels: int
     compiled: int
@@ -160,9 +154,7 @@ def summaries(results: list[KernelResult]) -> dict[str, dict[str, GroupStats]]:
     return out
 
 
-class RunInfo(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class RunInfo(Record):
     gpu: str
     arch: str
     release: str
@@ -186,11 +178,9 @@ class Totals(GroupStats):
     config_verdicts: dict[str, int]   # verdict -> how many configs have it as their worst
 
 
-class PrecompileReport(BaseModel):
+class PrecompileReport(Record):
     """A precompile run: what ran, the totals, the groups by family, head dim, dtype and config,
     and every kernel (sorted) with its result; `precompile --json` writes `to_json()`."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     run: RunSummary
     totals: Totals
@@ -209,9 +199,7 @@ class PrecompileReport(BaseModel):
 
 def precompile_report(info: RunInfo, results: list[KernelResult]) -> PrecompileReport:
     s = summaries(results)
-    verdict_counts: dict[str, int] = defaultdict(int)
-    for cfg in s["by_config"].values():
-        verdict_counts[cfg.verdict] += 1
+    verdict_counts = Counter(cfg.verdict for cfg in s["by_config"].values())
     compiled_now = info.compiled_now
     return PrecompileReport(
         run=RunSummary(**info.model_dump(), kernels_per_min=round(compiled_now / info.wall_s * 60, 1)

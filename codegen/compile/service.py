@@ -17,6 +17,7 @@ run; a client that finds it gone fails its edge with a message saying so.
 
 from __future__ import annotations
 
+import contextlib
 import argparse
 import json
 import shutil
@@ -156,17 +157,13 @@ class CompileService:
     def close(self) -> None:
         self._closing.set()
         if self._sock is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self._sock.close()
-            except OSError:
-                pass
         if self._executor is None:
             if getattr(self, "_feed_w", None) is not None:
-                try:
+                with contextlib.suppress(OSError):
                     with self._lock:
                         self._feed_w.send(None)
-                except OSError:
-                    pass
             if getattr(self, "_pool_thread", None) is not None:
                 self._pool_thread.join(timeout=30)
         else:
@@ -277,6 +274,3 @@ class CompileService:
             return {"ok": False, "error": record.get("error") or "compile failed",
                     "traceback": record.get("traceback", "")}, b""
         return {"ok": True, "out": job["out"], "sidecar": record["sidecar"], "cached": cached}, image
-
-
-__all__ = ["CompileService", "HOOK_MODULE", "POOL_ENV", "ServiceStats", "install_client", "parse_request"]

@@ -102,6 +102,3 @@ def is_rel_path(value: object) -> bool:
     except ValueError:
         return False
     return True
-
-
-__all__ = ["Escape", "PERM_BITS", "RelPath", "inside", "is_rel_path", "perm_bits", "rel_path"]

@@ -3,12 +3,13 @@ reader sees the old bytes or the new ones, never a torn file; a failure leaves n
 The one place (with the apply journal) that renames files into place. Also the two rules for
 reading what we did not write: `read_input`/`open_input` (a bounded regular file, never a FIFO or a device)
 and `trusted_storage` (a folder or file we believe without checking each byte: only this user
-can have written it)."""
+can have written it); and the sha256 of bytes and of a file (read in pieces)."""
 
 from __future__ import annotations
 
 import errno
 import grp
+import hashlib
 import os
 import pwd
 import shutil
@@ -19,6 +20,20 @@ from typing import BinaryIO
 
 from codegen.core.errors import UntrustedStorage, UserError
 from codegen.core.ui import printable
+
+CHUNK = 1 << 20   # bytes of one read of a file being hashed
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def atomic_write(path: str | Path, data: bytes | str, *, mode: int = 0o644) -> None:

@@ -15,6 +15,7 @@ hook (`codegen.compile.client`), which runs in another interpreter without codeg
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,10 +29,8 @@ def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError, OSError):
-        try:
+        with contextlib.suppress(OSError):
             proc.send_signal(sig)
-        except OSError:
-            pass
 
 
 def start(cmd: list[str], **kw: Any) -> subprocess.Popen:
@@ -42,10 +41,8 @@ def start(cmd: list[str], **kw: Any) -> subprocess.Popen:
 
 def _drain(proc: subprocess.Popen) -> None:
     """After a kill: reap the process, reading what is left in its pipes for a few seconds."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a descendant out of the group holds a pipe
         proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # a descendant that left the group still holds a pipe
-        pass
 
 
 def run(cmd: list[str], *, timeout: float | None, capture_output: bool = False, input: Any = None,
@@ -94,16 +91,11 @@ def stream(cmd: list[str], on_line: Callable[[str], None], *, timeout: float | N
         except BaseException:
             if proc.poll() is None and interrupt_grace > 0:
                 kill_group(proc, signal.SIGINT)
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=interrupt_grace)
-                except subprocess.TimeoutExpired:
-                    pass
             kill_group(proc)
             _drain(proc)
             raise
         finally:
             if timer is not None:
                 timer.cancel()
-
-
-__all__ = ["kill_group", "run", "start", "stream"]

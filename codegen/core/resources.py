@@ -3,6 +3,7 @@ checkout or an editable install, at the repository's top level."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -96,8 +97,6 @@ def display_path(path: Path) -> str:
         return str(path)
     inside_package = _PKG in resolved.parents
     if not inside_package:
-        try:
+        with contextlib.suppress(ValueError, OSError):
             return str(resolved.relative_to(Path.cwd().resolve()))
-        except (ValueError, OSError):
-            pass
     return _embedded(resolved) or str(path)

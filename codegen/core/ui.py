@@ -95,6 +95,3 @@ def progress(on: "Console", *, label: str = "[bold]{task.description}", detail: 
     columns += [TimeElapsedColumn()] + ([TimeRemainingColumn()] if remaining else [])
     columns += [TextColumn(tail)] if tail else []
     return Progress(*columns, console=on, transient=False, disable=disable)
-
-
-__all__ = ["STYLES", "console", "printable", "progress", "say", "use_color", "warn"]

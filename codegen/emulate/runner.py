@@ -184,7 +184,7 @@ class Runner:
     def _workgroup(self, prog: Program, group, counts: Counter, executed: int, budget: int) -> int:
         waves = group.waves
         done = [False] * len(waves)
-        compiler, at, ctl, trace = self.compiler, prog.at, self.ctl, self.trace
+        at, ctl, trace = prog.at, self.ctl, self.trace
         while not all(done):
             for wi, wave in enumerate(waves):
                 if done[wi]:

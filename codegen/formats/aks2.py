@@ -451,24 +451,14 @@ class LibraryRefs:
 def library_references(data: bytes, pack: str) -> LibraryRefs:
     """The image packages a built AOTriton library names for the images folder `pack` (e.g.
     `amd-gfx908`), read from its bytes (see the module doc). A string that is not text is skipped."""
-    paths, members = set(), set()
-    for m in _LIB_PATH_RE.finditer(data):
-        try:
-            paths.add(m.group().decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
-    for m in _LIB_MEMBER_RE.finditer(data):
-        try:
-            members.add(m.group().decode("utf-8"))
-        except UnicodeDecodeError:
-            continue
+    def texts(rx: re.Pattern) -> set[str]:
+        out = set()
+        for m in rx.finditer(data):
+            with contextlib.suppress(UnicodeDecodeError):
+                out.add(m.group().decode("utf-8"))
+        return out
+
+    paths, members = texts(_LIB_PATH_RE), texts(_LIB_MEMBER_RE)
     mine = {p for p in paths if p.startswith(pack + "/")}
     return LibraryRefs(packages=frozenset(p + ".aks2" for p in mine if p.count("/") == 3 and not p.endswith(".zip")),
                        zips=frozenset(p for p in mine if p.endswith(".zip")), members=frozenset(members))
-
-
-__all__ = ["AKS2_MAGIC", "ImageError", "KernelRef", "LibraryRefs", "MAX_PACKAGE_BYTES", "PackedEntry", "ZipRef",
-           "blake2b_64", "container_kernel", "container_name", "dispatch_tables", "library_references",
-           "package_images", "packed_containers", "packed_kernels", "parse_dispatch_table", "parse_zip_table",
-           "read_aks2_directory", "read_aks2_images", "read_zip_clusters", "read_zip_images", "referenced_kernels",
-           "referenced_zip_kernels", "split_container", "verify_images", "verify_package", "zip_without"]

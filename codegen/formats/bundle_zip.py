@@ -40,7 +40,7 @@ from pathlib import Path
 
 from codegen.core.contain import Escape, inside, rel_path
 from codegen.core.errors import UserError, os_failure, os_reason
-from codegen.core.fsutil import move_into_place, open_input, stage_write
+from codegen.core.fsutil import move_into_place, open_input, sha256, stage_write
 from codegen.models.bundle import MANIFEST_FORMAT, MANIFEST_LIMIT, BundleManifest
 from codegen.models.records import clip, parse_record, validate_record, write_json
 from codegen.upstream.releases import SUPPORTED, version_text
@@ -62,10 +62,6 @@ class BundleError(UserError):
 def bundle_name(release: str, arch: str, hip: int) -> str:
     """`aotriton-0.11b-gfx908-hip6.mi100-bundle.zip`"""
     return f"aotriton-{release}-{arch}-hip{hip}.mi100-bundle.zip"
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 _HINT = "the bundle was changed after it was built, or made by something else: download or build it again"
@@ -268,7 +264,3 @@ def extract(bundle: Bundle, dest: Path) -> Path:
     except OSError as exc:
         raise os_failure(f"{bundle.path}: cannot extract it into {dest} ({os_reason(exc)})", exc) from None
     return dest
-
-
-__all__ = ["BUNDLE_LIMIT", "Bundle", "BundleError", "FORMAT", "MANIFEST", "Members", "SPEC", "bundle_name", "extract",
-           "manifest_of", "open_bundle", "sha256", "write_bundle"]

@@ -254,9 +254,3 @@ def image_refs(v3src: Path) -> dict[str, KernelRef | ZipRef]:
     names = entry_names(v3src)
     return {h: ZipRef(*where[c.cluster_file], names[h]) for c in clusters if c.cluster_file in where
             for h in c.images if h in names}
-
-
-__all__ = ["AKS2_DIR", "CLUSTER_LIST", "COMPILE_LIST", "FLATZIP_LIST", "IMAGE_SUFFIX", "Cluster", "CompileLine", "ZipRewrite",
-           "clusters_without", "compile_list_without", "count_compiled", "entry_names", "image_names", "image_refs", "images_of",
-           "member_list", "parse_compile_line", "read_clusters", "read_compile_list", "read_lines", "rel",
-           "zips_without"]

@@ -501,7 +501,3 @@ def kernel_descriptor(image: bytes, loaded: bytes, name: str, what: str = "code 
                             private_segment_fixed_size=private, kernarg_size=kernarg, rsrc1=rsrc1,
                             rsrc2=rsrc2, rsrc3=rsrc3, properties=props)
 
-
-__all__ = ["AMDGPU_MACH", "AMDHSA_TRIPLE", "CodeObject", "DynamicInfo", "ElfError", "amdgpu_metadata", "elf_extent",
-           "KernelDescriptor", "kernel_descriptor", "loaded_digest", "loaded_image", "loaded_sections",
-           "parse_dynamic", "parse_target_id", "read_code_object", "read_dynamic", "text_size", "version_key"]

@@ -144,7 +144,3 @@ def read_bwd_op_table(flash: Path) -> BwdOpTable | None:
             raise _fail(iface, f"entry {name} has no lookup table in {TUNED_DIR}/")
     fused = tuple(any(can[a * n + i] for a in range(len(can) // n)) for i in range(n))
     return BwdOpTable(fields, fused)
-
-
-__all__ = ["BwdOpTable", "FUSED_BACKEND", "FUSED_BACKEND_INDEX", "FUSED_FAMILY", "FUSED_FUNCTIONAL",
-           "read_bwd_op_table"]

@@ -8,7 +8,6 @@ cross-field diagnostics. All errors are reported at once.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from codegen.core.errors import SpecError, UserError
 from codegen.core.ui import printable
-from codegen.core.fsutil import read_input
+from codegen.core.fsutil import read_input, sha256
 from codegen.models import Diagnostic, TargetSpec, check_target
 from codegen.core.resources import default_spec_path, display_path
 
@@ -49,7 +48,7 @@ class LoadedSpec:
 def spec_sha256(spec: TargetSpec) -> str:
     """Hash of the spec's meaning (canonical JSON), not of its comments or layout."""
     canon = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canon.encode()).hexdigest()
+    return sha256(canon.encode())
 
 
 def format_loc(loc: Loc) -> str:

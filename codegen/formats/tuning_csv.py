@@ -23,43 +23,36 @@ import csv
 import io
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from codegen.core.errors import DataFileError
 from codegen.core.ui import printable
 from codegen.core.fsutil import read_input, write_if_changed
 from codegen.models import TargetSpec
-from codegen.models.target import tile_problems
+from codegen.models.functional import FIELDS
+from codegen.models.records import Record
+from codegen.models.target import DType, tile_problems
 from codegen.core.resources import display_path
 
-WINNER_COLUMNS = (
-    "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k",
-    "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v",
-    "config", "time_ms", "device", "proxy",
-)
+# Row identity: one winner per (gpu, family, functional key: codegen.models.functional).
+KEY_COLUMNS = ("gpu", "family", *FIELDS)
+WINNER_COLUMNS = KEY_COLUMNS + ("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v",
+                                "config", "time_ms", "device", "proxy")
 # Provenance columns of the CSV after the ones render passes on (render ignores them).
 WINNER_META_COLUMNS = ("entry", "triton", "torch", "date", "source", "candidates")
 WINNER_CSV_COLUMNS = WINNER_COLUMNS + WINNER_META_COLUMNS
 
 MEASUREMENT_COLUMNS = (
-    "entry", "gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias", "seqlen_q",
-    "seqlen_k", "config", "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
+    "entry", *KEY_COLUMNS, "config", "block_m", "block_n", "waves_per_eu", "num_warps", "num_stages",
     "pre_load_v", "status", "time_ms", "errors", "same_kernel_as", "device", "proxy", "triton",
     "torch", "date", "source",
 )
-INT_COLUMNS = ("head_dim", "causal", "dropout", "bias", "seqlen_q", "seqlen_k", "block_m",
-               "block_n", "waves_per_eu", "num_warps", "num_stages", "pre_load_v", "candidates")
-FLOAT_COLUMNS = ("time_ms",)
 
 CSV_LIMIT = 256 << 20  # bytes; a full tuning run's measurements.csv is a few MB
 WINNERS_FILE = "winners.csv"
 MEASUREMENTS_FILE = "measurements.csv"
-
-# Row identity: one winner per (gpu, family, functional inputs).
-KEY_COLUMNS = ("gpu", "family", "dtype", "head_dim", "causal", "dropout", "bias",
-               "seqlen_q", "seqlen_k")
 
 
 
@@ -70,16 +63,14 @@ TimeMs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Name = Annotated[str, Field(min_length=1)]
 
 
-class _Row(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class _Row(Record):
     gpu: Name
     family: Name
-    dtype: Literal["fp16", "bf16", "fp32"]
+    dtype: DType
     head_dim: Positive
     causal: Flag
     dropout: Flag
-    bias: Count
+    bias: Flag
     seqlen_q: Positive
     seqlen_k: Positive
     config: Name
@@ -291,11 +282,6 @@ def format_csv(rows: list[dict], columns: tuple[str, ...], sort_by: tuple[str, .
     return SortedCsv(rows, columns, sort_by).text()
 
 
-def write_text_atomic(path: Path, text: str) -> bool:
-    """Write-if-changed via atomic replace; returns whether the file changed."""
-    return write_if_changed(path, text)
-
-
 def winners_table(rows: list[dict]) -> SortedCsv:
     return SortedCsv(rows, WINNER_CSV_COLUMNS, KEY_COLUMNS + ("config",))
 
@@ -305,13 +291,14 @@ def measurements_table(rows: list[dict]) -> SortedCsv:
 
 
 def write_winners(folder: Path, rows: list[dict] | SortedCsv) -> bool:
+    """Write-if-changed (atomic); whether the file changed. Likewise `write_measurements`."""
     table = rows if isinstance(rows, SortedCsv) else winners_table(rows)
-    return write_text_atomic(Path(folder) / WINNERS_FILE, table.text())
+    return write_if_changed(Path(folder) / WINNERS_FILE, table.text())
 
 
 def write_measurements(folder: Path, rows: list[dict] | SortedCsv) -> bool:
     table = rows if isinstance(rows, SortedCsv) else measurements_table(rows)
-    return write_text_atomic(Path(folder) / MEASUREMENTS_FILE, table.text())
+    return write_if_changed(Path(folder) / MEASUREMENTS_FILE, table.text())
 
 
 def load_winner_rows(folder: Path, spec: TargetSpec) -> list[dict]:

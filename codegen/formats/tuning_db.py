@@ -1,7 +1,7 @@
 """Upstream's tuning database: its archive (the one reader and writer), its tables (the one reader:
 `read_tables`, `table_names`, `table_columns`), table and column names, the functional key a row
-is looked up by (`Functional`) and upstream's LUT lookup (`Table.lookup`), and how a measured
-winner becomes a row.
+is spelled as (`functional_inputs`: the key is codegen.models.functional's) and upstream's LUT
+lookup (`Table.lookup`), and how a measured winner becomes a row.
 
 The archive (`<name>.sqlite3.tar.xz` in a tree: codegen.upstream.releases names them) is one
 sqlite file in a tar in xz. `read_archive` takes its one member out (one copy, never a stream),
@@ -30,6 +30,7 @@ from codegen.core.errors import UserError
 from codegen.core.fsutil import atomic_write, read_input
 from codegen.formats.xzstore import xz_stored
 from codegen.models.dtypes import DTYPE_INFO
+from codegen.models.functional import Functional
 from codegen.models.rows import Winner
 
 ARCHIVE_FORMAT = "tar (GNU, one member) in xz of stored LZMA2 chunks, CRC32"  # what write_archive makes
@@ -158,27 +159,15 @@ def table_columns(conn: sqlite3.Connection, table: str, schema: str = "main") ->
     return [r[1] for r in conn.execute(f"PRAGMA {schema}.table_info({quote(table)})")]
 
 
-@dataclass(frozen=True, order=True)
-class Functional:
-    """The functional key of a row: what upstream's LUT is indexed by besides the GPU, the seqlens
-    by bin. Every other `inputs$` column of a table is a feature the key leaves off (0, or NULL
-    where a table keeps it unset): a release that adds one needs nothing here."""
-
-    dtype: str          # 'fp16'
-    head_dim: int
-    causal: bool
-    dropout: bool
-    bias: bool
-    seqlen_q: int
-    seqlen_k: int
-
-    def inputs(self, head_dim: int | None = None) -> dict[str, object]:
-        """Its rows' `inputs$` values but the seqlens (`head_dim`: the table's bucket of its head
-        dim). PADDED_HEAD is looked up as False, a padded head too: upstream's rules list it among
-        the PARTIALLY_TUNED_FUNCTIONALS."""
-        return {DTYPE: DTYPE_INFO[self.dtype].db_value, HEAD_DIM: self.head_dim if head_dim is None else head_dim,
-                CAUSAL: CAUSAL_TYPE_CAUSAL if self.causal else 0, DROPOUT: int(self.dropout), PADDED_HEAD: 0,
-                BIAS: int(self.bias)}
+def functional_inputs(f: Functional, head_dim: int | None = None) -> dict[str, object]:
+    """The `inputs$` values of the rows of a functional key (codegen.models.functional) but the
+    seqlens (`head_dim`: the table's bucket of its head dim). Every other `inputs$` column of a
+    table is a feature the key leaves off (0, or NULL where a table keeps it unset). PADDED_HEAD
+    is looked up as False, a padded head too: upstream's rules list it among the
+    PARTIALLY_TUNED_FUNCTIONALS."""
+    return {DTYPE: DTYPE_INFO[f.dtype].db_value, HEAD_DIM: f.head_dim if head_dim is None else head_dim,
+            CAUSAL: CAUSAL_TYPE_CAUSAL if f.causal else 0, DROPOUT: int(f.dropout), PADDED_HEAD: 0,
+            BIAS: int(f.bias)}
 
 
 def bin_of(bins, n: int) -> int:
@@ -211,8 +200,9 @@ class Table:
         if sq is None or sk is None or GPU not in cols:
             return None
         dims = [d for d in self.head_dims if d >= f.head_dim]
-        key = [(cols.index(c), v) for c, v in f.inputs(dims[0] if dims else f.head_dim).items() if c in cols]
-        off = [i for i, c in enumerate(cols) if c.startswith(INPUT_PREFIX) and c not in f.inputs() and c not in (sq, sk)]
+        inputs = functional_inputs(f, dims[0] if dims else f.head_dim)
+        key = [(cols.index(c), v) for c, v in inputs.items() if c in cols]
+        off = [i for i, c in enumerate(cols) if c.startswith(INPUT_PREFIX) and c not in inputs and c not in (sq, sk)]
         gi, qi, ki = cols.index(GPU), cols.index(sq), cols.index(sk)
         cands = [r for r in self.rows if r[gi] == gpu and all(r[i] == v for i, v in key)
                  and all(r[i] in (0, None) for i in off)]
@@ -258,10 +248,7 @@ def table_of(family: str) -> str:
 
 def column(cols: list[str], name: str) -> str | None:
     """Case-insensitive column lookup."""
-    for c in cols:
-        if c.lower() == name.lower():
-            return c
-    return None
+    return next((c for c in cols if c.lower() == name.lower()), None)
 
 
 def winner_config(w: Winner) -> dict[str, int]:
@@ -279,14 +266,12 @@ def winner_row(w: Winner) -> tuple[str, dict]:
     is gpu + every `inputs$` column: replacing a seeded row means deleting the rows whose key
     matches (compare with `IS`, NULLs occur) and inserting this one."""
     fwd = w.family == "attn_fwd"
-    causal = bool(w.causal)
     seq = ("inputs$Max_seqlen_q", "inputs$Max_seqlen_k") if fwd else (SEQLEN_Q, SEQLEN_K)
-    f = Functional(w.dtype, w.head_dim, causal, bool(w.dropout), bool(w.bias), w.seqlen_q, w.seqlen_k)
-    cols: dict = {GPU: w.gpu, seq[0]: w.seqlen_q, seq[1]: w.seqlen_k, **f.inputs()}
+    cols: dict = {GPU: w.gpu, seq[0]: w.seqlen_q, seq[1]: w.seqlen_k, **functional_inputs(w.functional)}
     extra = ("inputs$USE_ALIBI", "inputs$INT8", "inputs$INT8_KV", "inputs$USE_P_SCALE")
     if fwd:
         cols.update({c: 0 for c in extra})
-        cols.update({"tuned_kernel$PERSISTENT_TYPE": 2 if causal else 0, "tuned_kernel$GRID_CU_MULTIP": 2})
+        cols.update({"tuned_kernel$PERSISTENT_TYPE": 2 if w.causal else 0, "tuned_kernel$GRID_CU_MULTIP": 2})
     elif w.family == "bwd_kernel_fuse":
         # stored as NULL in every FLASH$bwd_kernel_fuse row of 0.11b (and SQLite's UNIQUE treats
         # NULLs as distinct), so an ON CONFLICT upsert never fires: delete with `IS`, then insert.
@@ -297,11 +282,3 @@ def winner_row(w: Winner) -> tuple[str, dict]:
         cols["tuned_kernel$PRE_LOAD_V"] = cfg["tuned_kernel$PRE_LOAD_V"]
     cols.update({k: cfg[k] for k in CO_COLUMNS})
     return table_of(w.family), cols
-
-
-__all__ = ["ARCHIVE_FORMAT", "ArchiveError", "BIAS", "BWD_BACKEND_FUSED", "BWD_BACKEND_SPLIT", "CAUSAL",
-           "CAUSAL_TYPE_CAUSAL", "CONFIG_COLUMNS", "CO_COLUMNS", "DROPOUT", "DTYPE", "FLAG_COLUMNS", "Functional", "GPU",
-           "HEAD_DIM", "OP_ATTN_BWD_TABLE", "OP_BACKEND", "PADDED_HEAD", "SEQLEN_BINS", "SEQLEN_K", "SEQLEN_Q",
-           "TUNED_PREFIX", "Table", "bin_of", "column", "extract_archive", "family_of", "member_name", "open_archive",
-           "quote", "read_archive", "read_archive_file", "read_tables", "table_columns", "table_names", "table_of",
-           "tar_bytes", "winner_config", "winner_row", "write_archive"]

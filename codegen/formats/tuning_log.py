@@ -146,6 +146,3 @@ def json_lines(path: Path):
                 yield lineno, j, None
             else:
                 yield lineno, None, f"{path}:{lineno}: expected a JSON object per line, found {type(j).__name__}"
-
-
-__all__ = ["LOG_LIMIT", "TuningRecord", "json_lines", "read_record", "shown"]

@@ -73,6 +73,3 @@ def xz_stored(data: bytes) -> bytes:
     tail = struct.pack("<I", len(index) // 4 - 1) + flags
     footer = _crc32(tail) + tail + FOOTER_MAGIC
     return b"".join((header, block, index, footer))
-
-
-__all__ = ["xz_stored"]

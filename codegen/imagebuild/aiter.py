@@ -84,6 +84,3 @@ def place_stand_in(tree: Path, build_dir: Path, release, arch: str) -> str:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return "placed"
-
-
-__all__ = ["MARKER", "aiter_tag", "place_stand_in", "refuse_stand_in"]

@@ -106,8 +106,6 @@ class BuildReport:
         return d
 
 
-
-
 @dataclass(frozen=True)
 class BuildOptions:
     """What `mi100-codegen build` was asked for (codegen.cli.build parses it)."""
@@ -361,6 +359,3 @@ def _configure_and_build(opts: BuildOptions, build_dir: Path, plan, tc, report: 
         report.kernels_compiled = res.kernels_compiled
     report.edges_total = res.edges_total
     return proven_reach(build_dir, opts.tree) if leaves_out else None   # again: ninja may have configured again
-
-
-__all__ = ["BuildOptions", "BuildReport", "CheckedTree", "build_tree", "check_tree"]

@@ -11,7 +11,6 @@ CMAKE_PROJECT_INCLUDE_BEFORE (so a re-configure triggered by ninja sees them), a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from codegen.core import processes
 from codegen.core.errors import UpstreamError, UserError
-from codegen.core.fsutil import write_if_changed
+from codegen.core.fsutil import sha256, sha256_file, write_if_changed
 from codegen.models.configure import ConfigureRecord
 from codegen.models.records import read_record, write_json
 from codegen.upstream import Adapter
@@ -35,7 +34,6 @@ SUPPORT_DIR = "mi100-codegen"  # inside the build directory
 VENV_NAME = "venv"  # build-owned virtual environment (VENV_DIR)
 PTH_NAME = "_mi100_codegen_env.pth"
 REACH_MODULE = "codegen.imagebuild.reach"  # what the client runs after the generator (`python -m`)
-
 
 
 @dataclass(frozen=True)
@@ -68,9 +66,9 @@ class ConfigurePlan:
     @property
     def fingerprint(self) -> str:
         blob = json.dumps({"cache": self.cache, "knobs": self.knobs, "inputs": self.inputs,
-                           "files": [(p, hashlib.sha256(b).hexdigest()) for p, b, _ in self.files]},
+                           "files": [(p, sha256(b)) for p, b, _ in self.files]},
                           sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
+        return sha256(blob.encode())
 
     def cmake_args(self, tree: Path, build_dir: Path) -> list[str]:
         return ["-S", str(tree), "-B", str(build_dir), "-G", "Ninja",
@@ -112,10 +110,10 @@ def configure_inputs(tree: Path, paths: list[str]) -> tuple[tuple[str, str], ...
     for rel in sorted(set(paths)):
         p = tree / rel
         if p.is_file():
-            out.append((rel, hashlib.sha256(p.read_bytes()).hexdigest()))
+            out.append((rel, sha256_file(p)))
         elif p.is_dir():
             for f in sorted(q for q in p.rglob("*") if q.is_file()):
-                out.append((f.relative_to(tree).as_posix(), hashlib.sha256(f.read_bytes()).hexdigest()))
+                out.append((f.relative_to(tree).as_posix(), sha256_file(f)))
     return tuple(out)
 
 
@@ -177,11 +175,6 @@ def plan_configure(req: BuildRequest, tc: Toolchain, adapter: Adapter,
     )
 
 
-def _atomic_write(path: Path, data: bytes, executable: bool = False) -> bool:
-    """Write-if-changed through the one atomic writer; True when the file changed."""
-    return write_if_changed(path, data, mode=0o755 if executable else 0o644)
-
-
 def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
     """A build-owned venv (VENV_DIR) that sees the caller's environment through a .pth file.
 
@@ -212,10 +205,10 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
         raise UpstreamError(f"the build venv {venv} did not answer within 60 s (killed)") from None
     if site.returncode != 0:
         raise UpstreamError(f"the build venv {venv} does not run: {site.stderr.strip()[-500:]}")
-    _atomic_write(marker, (tc.python + "\n").encode())
+    write_if_changed(marker, (tc.python + "\n").encode())
     own = Path(site.stdout.strip())
     paths = [p for p in tc.site_packages if Path(p).is_dir() and Path(p) != own]
-    _atomic_write(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
+    write_if_changed(own / PTH_NAME, ("\n".join(paths) + "\n").encode())
     install_client(own, after_generator=REACH_MODULE)
     return venv
 
@@ -223,7 +216,7 @@ def prepare_venv(build_dir: Path, tc: Toolchain) -> Path:
 def write_support_files(plan: ConfigurePlan, build_dir: Path) -> list[str]:
     changed = []
     for rel, data, executable in plan.files:
-        if _atomic_write(build_dir / rel, data, executable):
+        if write_if_changed(build_dir / rel, data, mode=0o755 if executable else 0o644):
             changed.append(rel)
     return changed
 
@@ -250,16 +243,10 @@ def check_generator(build_dir: Path) -> None:
 def record_fingerprint(plan: ConfigurePlan, build_dir: Path) -> None:
     record = ConfigureRecord(fingerprint=plan.fingerprint, release=plan.release, cache=list(plan.cache),
                              knobs=list(plan.knobs))
-    _atomic_write(build_dir / SUPPORT_DIR / "configure.json", write_json(record))
+    write_if_changed(build_dir / SUPPORT_DIR / "configure.json", write_json(record))
 
 
 def configure_env(plan: ConfigurePlan) -> dict[str, str]:
     env = dict(os.environ)
     env.update(dict(plan.knobs))
     return env
-
-
-__all__ = ["BuildRequest", "ConfigurePlan", "SUPPORT_DIR", "check_generator", "commit_ids",
-           "configure_inputs",
-           "configure_env", "configured_fingerprint", "plan_configure", "prepare_venv", "record_fingerprint",
-           "write_support_files"]

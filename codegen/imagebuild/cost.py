@@ -48,6 +48,3 @@ def estimate_s(cost: Cost, cores: int) -> float:
     """Wall seconds of a whole bundle build from an empty kernel cache on `cores` cores (a warm
     cache leaves about REST_CPU_S / cores)."""
     return (cost.cpu_s + REST_CPU_S) / max(cores, 1)
-
-
-__all__ = ["BUILD_COST", "Cost", "REST_CPU_S", "build_cost", "estimate_s"]

@@ -10,13 +10,13 @@ the target in upstream's GPU tables (`codegen.upstream.registration`). Reads onl
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.apply.lock import LOCK_NAME, ApplyLock, read_lock
 from codegen.core.errors import UserError
+from codegen.core.fsutil import sha256_file
 from codegen.upstream.layouts import DEFAULT_LAYOUT, layout_of
 from codegen.upstream.registration import registration_gaps
 
@@ -55,7 +55,7 @@ def _changed_since_apply(tree: Path, lock: ApplyLock) -> list[str]:
         if not ent.after:
             continue
         p = tree / rel
-        have = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        have = sha256_file(p) if p.is_file() else None
         if have != ent.after:
             out.append(rel)
     return out
@@ -114,6 +114,3 @@ def check_overlay(tree: Path, *, gpus: list[str], layout: str = DEFAULT_LAYOUT, 
         manifest_sha256=str(lock_manifest) if lock_manifest else None,
         upstream_commit=str(commit) if commit and re.fullmatch(r"[0-9a-f]{40}", str(commit)) else None,
     )
-
-
-__all__ = ["MODULE_PATH", "OverlayError", "OverlayState", "check_overlay", "module_spec_sha"]

@@ -3,8 +3,8 @@ command that installs it (Debian 12 package names; pip where that is the usual r
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import os
 import re
 import shutil
@@ -19,7 +19,8 @@ from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing
 from codegen.models import TargetSpec
 from codegen.formats.spec import load_spec
-from codegen.toolchain import TRITON_DISTRIBUTIONS, generator_requirements, requirement_names, triton_mismatch, venv_fix
+from codegen.toolchain import generator_requirements, triton_mismatch, venv_fix
+from codegen.toolchain.interpreter import probe as probe_python
 
 # The Triton that compiles the kernels comes from the spec (toolchain.triton; codegen.toolchain):
 # for gfx908 3.5.1 .. 3.8.x (3.4 needs an external ld.lld; 3.3.1 and 3.9.0 fail), gfx906 3.8 only.
@@ -85,9 +86,9 @@ def _pkg_config_lacks(pkgconfig: str, package: str) -> bool:
         return True
 
 
-def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B006 (read-only)
+def _tool_version(exe: str) -> str:
     try:
-        out = _run([exe, *args], timeout=60).stdout
+        out = _run([exe, "--version"], timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
     m = re.search(r"(\d+\.\d+(\.\d+)?)", out)
@@ -95,19 +96,10 @@ def _tool_version(exe: str, args: list[str] = ["--version"]) -> str:  # noqa: B0
 
 
 def _prefixes() -> list[Path]:
-    out: list[Path] = []
-    for var in ("CMAKE_PREFIX_PATH",):
-        out += [Path(p) for p in os.environ.get(var, "").split(os.pathsep) if p]
-    for var in ("ROCM_PATH", "HIP_PATH"):
-        if os.environ.get(var):
-            out.append(Path(os.environ[var]))
-    out += [Path("/opt/rocm"), Path("/usr"), Path("/usr/local")]
-    seen, uniq = set(), []
-    for p in out:
-        if p not in seen:
-            seen.add(p)
-            uniq.append(p)
-    return uniq
+    """CMAKE_PREFIX_PATH's folders, $ROCM_PATH, $HIP_PATH, then the usual ones; each once."""
+    out = [Path(p) for p in os.environ.get("CMAKE_PREFIX_PATH", "").split(os.pathsep) if p]
+    out += [Path(os.environ[var]) for var in ("ROCM_PATH", "HIP_PATH") if os.environ.get(var)]
+    return list(dict.fromkeys(out + [Path("/opt/rocm"), Path("/usr"), Path("/usr/local")]))
 
 
 def find_cmake_package(name: str, prefixes: list[Path] | None = None) -> Path | None:
@@ -128,10 +120,8 @@ def hip_header(hip_dir: Path | None, name: str) -> Path | None:
     if hip_dir is not None:
         # <prefix>/lib[/<multiarch>]/cmake/hip -> <prefix>/include
         for up in (3, 4):
-            try:
+            with contextlib.suppress(IndexError):
                 candidates.append(hip_dir.parents[up - 1] / "include" / "hip" / name)
-            except IndexError:
-                pass
     candidates += [p / "include" / "hip" / name for p in _prefixes()]
     return next((c for c in candidates if c.is_file()), None)
 
@@ -146,36 +136,6 @@ def hip_version_of(hip_dir: Path | None) -> tuple[int, int, int] | None:
     if all(parts):
         return tuple(int(p.group(1)) for p in parts)  # type: ignore[return-value]
     return None
-
-
-_PY_PROBE = r"""
-import importlib.metadata as md, json, site, sys
-names = json.loads(sys.argv[1])
-found = {}
-for n in names:
-    try:
-        found[n] = md.version(n)
-    except md.PackageNotFoundError:
-        found[n] = None
-paths = []
-try:
-    paths = list(site.getsitepackages())
-except AttributeError:
-    pass
-if getattr(site, 'ENABLE_USER_SITE', False) and site.getusersitepackages():
-    paths.append(site.getusersitepackages())
-print(json.dumps({"found": found, "site": paths, "version": list(sys.version_info[:3])}))
-"""
-
-
-def probe_python(python: str, names: list[str]) -> dict:
-    try:
-        proc = _run([python, "-c", _PY_PROBE, json.dumps(names)], timeout=120)
-    except OSError as exc:
-        raise PrerequisiteError(f"cannot run Python interpreter {python}: {exc.strerror}") from None
-    if proc.returncode != 0:
-        raise PrerequisiteError(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
-    return json.loads(proc.stdout)
 
 
 def clang_major(exe: str | None) -> int | None:
@@ -263,12 +223,11 @@ def _check_hip(missing: list[str], hip_prefix: Path | None = None) -> tuple[Path
     hip_dir = find_cmake_package("hip", prefixes)
     wanted = [(n, p) for n, p in HIP_CMAKE_PACKAGES if hip_prefix is None or n != "AMDDeviceLibs"]
     absent = [(name, pkg) for name, pkg in wanted if find_cmake_package(name, prefixes) is None]
+    names = ", ".join(f"'{name}'" for name, _ in absent)
     if absent and hip_prefix is not None:
-        names = ", ".join(f"'{name}'" for name, _ in absent)
         missing.append(f"HIP: the sysroot {hip_prefix} lacks the CMake package(s) {names}: remove that "
                        f"folder and run the command again (it is made anew; docs/bundles.md)")
     elif absent:
-        names = ", ".join(f"'{name}'" for name, _ in absent)
         missing.append(f"HIP: CMake package(s) {names} (HIP headers and CMake config): apt-get install -y "
                        f"{' '.join(sorted({pkg for _, pkg in absent}))}   (all of HIP on Debian 12: apt-get "
                        f"install -y {HIP_PACKAGES}; or ROCm under /opt/rocm, or set ROCM_PATH)")
@@ -285,8 +244,8 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
                   warnings: list[str], spec: TargetSpec | None = None) -> dict:
     """The interpreter's version, the tree's requirements and (for images) a compatible Triton."""
     names = list(generator_requirements(tree, python_binding))
-    probe = probe_python(python, names + list(TRITON_DISTRIBUTIONS))
-    py_v = tuple(probe["version"])
+    probe = probe_python(python, names)
+    py_v = tuple(probe["python"])
     if py_v < (3, 10):
         missing.append(f"Python >= 3.10 (found {'.'.join(map(str, py_v))} at {python})")
     absent = [n for n in names if probe["found"].get(n) is None]
@@ -294,7 +253,7 @@ def _check_python(tree: Path, python: str, need_triton: bool, python_binding: bo
         missing.append(f"Python packages of the tree's requirements.txt in {python}'s environment: "
                        f"leave out --python (the build venv holds them), or, where that environment is yours "
                        f"to change and not the torch one: {python} -m pip install {' '.join(absent)}")
-    triton_v = next((probe["found"][d] for d in TRITON_DISTRIBUTIONS if probe["found"].get(d)), None)
+    triton_v = probe["triton"]
     if need_triton:
         target = spec or load_spec(None).spec
         why = triton_mismatch(target, triton_v)
@@ -331,7 +290,3 @@ def check_prerequisites(tree: Path, python: str | Callable[[], str], *, need_tri
         _refuse(missing)
     return Toolchain(**tools, hip_dir=str(hip_dir) if hip_dir else None, hip_version=hip_version,
                      python=python, **py, warnings=tuple(warnings))
-
-
-__all__ = ["APT_ALL", "HIP_PACKAGES", "PrerequisiteError", "Toolchain", "check_prerequisites",
-           "find_cmake_package", "hip_version_of", "requirement_names"]

@@ -33,6 +33,7 @@ from the launch, as upstream's own builds do for a kernel that failed to compile
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -46,7 +47,6 @@ from codegen.models.reach import REACH_FORMAT, LeftOut, Reach
 from codegen.models.records import read_record, write_json
 from codegen.plan.reach import plan_reach
 from codegen.upstream.releases import IMAGES_DIR
-from codegen.compile.client import REACH_ENV  # noqa: F401  (the knob; its owner is the stdlib-only client)
 
 REACH_FILE = "mi100-codegen/reach.json"  # below the build dir, and below an install prefix
 KEPT_DIR = "mi100-codegen/generated"     # below the build dir: the lists prune rewrote, as the generator wrote them
@@ -104,10 +104,8 @@ def is_current(build_dir: Path) -> bool:
 def forget(build_dir: Path) -> None:
     """A configure that builds every kernel (or a prefix whose images lack nothing): no record
     (read_reach then returns None) and no kept lists."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (Path(build_dir) / REACH_FILE).unlink()
-    except FileNotFoundError:
-        pass
     _forget_kept(build_dir)
 
 

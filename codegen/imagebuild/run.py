@@ -126,6 +126,3 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
-
-
-__all__ = ["BuildFailed", "NinjaResult", "cpu_count", "run_cmake", "run_ninja"]

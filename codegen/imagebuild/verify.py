@@ -170,6 +170,3 @@ def _verify_zips(v: Verification, libdir: Path, build_dir: Path, gone: set[tuple
             entries = clusters.get(r.member)
             _count(v, entries.get(r.entry) if entries is not None else None, f"{rel}: {r.member} {r.entry}")
     _report_unpacked(v, "the installed image zips")
-
-
-__all__ = ["REQUIRED_SYMBOLS", "V2_ATTN_SYMBOLS", "V3_SYMBOLS", "Verification", "VerifyError", "defined_symbols", "verify_install"]

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError
+
+from codegen.core.errors import UserError
 
 LLVM_AMDGPU_TARGETS: tuple[str, ...] = (
     "gfx600", "gfx601", "gfx602",
@@ -34,6 +36,15 @@ def _known(value: str) -> str:
 
 Arch = Annotated[str, Field(max_length=16), AfterValidator(_known)]
 """One of LLVM_AMDGPU_TARGETS (a name, never a path)."""
+
+
+def arch_option(arch: str) -> str:
+    """`--arch ARCH`, checked as a record's `Arch` is (it names a folder: a processor, never a
+    path); UserError (exit 2) otherwise."""
+    try:
+        return TypeAdapter(Arch).validate_python(arch)
+    except ValidationError as exc:
+        raise UserError(f"--arch: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}") from None
 
 # The environment variable that makes ROCm's runtime take every GPU for the processor it names.
 HSA_OVERRIDE_ENV = "HSA_OVERRIDE_GFX_VERSION"
@@ -58,6 +69,3 @@ def hsa_version(arch: str) -> str:
     """`HSA_OVERRIDE_GFX_VERSION`'s spelling of a processor: 'gfx1030' -> '10.3.0', 'gfx90a' -> '9.0.10'."""
     digits = arch.removeprefix("gfx")
     return f"{int(digits[:-2])}.{int(digits[-2], 16)}.{int(digits[-1], 16)}"
-
-
-__all__ = ["Arch", "HSA_OVERRIDE_ENV", "LLVM_AMDGPU_TARGETS", "RUNS_AS", "arch_of_target_version", "hsa_version"]

@@ -63,6 +63,3 @@ class BackupManifest(Record):
     bundle: BundleRecord | None = None
     created_dirs: list[RelPath] = []
     entries: list[BackupEntry]
-
-
-__all__ = ["BACKUP_SCHEMA", "BackupEntry", "BackupManifest", "BundleRecord"]

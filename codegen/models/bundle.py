@@ -237,8 +237,3 @@ class BundleManifest(Record):
             if rel is not None and rel not in self.files:
                 raise ValueError(f"{what}: {rel!r} is not among the files the manifest lists")
         return self
-
-
-__all__ = ["MANIFEST_FORMAT", "MANIFEST_LIMIT", "BuiltWith", "BundleManifest", "ClaimRecord",
-           "CompileReportSummary", "DispatchSummary", "FileRecord", "GlibcNode", "GlibcxxNode", "KernelCounts",
-           "Library", "Needs", "Project", "RowsAdded", "TorchLine", "VersionText", "SpecRecord", "Verified"]

@@ -30,6 +30,3 @@ class CacheRecord(Record):
     resources: Resources | None = None
     sidecar: Annotated[str, Field(max_length=1 << 20)] | None = None
     hsaco_sha256: Sha256 | None = None
-
-
-__all__ = ["CACHE_FORMAT", "CacheRecord"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from codegen.models import TargetSpec
+from codegen.models.functional import Functional
 
 
 @dataclass(frozen=True, order=True)
@@ -55,26 +56,33 @@ def dispatch_limit(backend: str, case: "Case") -> str | None:
     return None
 
 
-@dataclass(frozen=True, order=True)
-class Case:
-    dtype: str
-    head_dim: int
-    causal: bool
-    shape: Shape
+@dataclass(frozen=True, order=True, kw_only=True)
+class Case(Functional):
+    """One SDPA run: a functional key (no dropout, no bias: validate's call passes neither) at a
+    shape's batch and heads."""
+
+    batch: int
+    heads_q: int
+    heads_k: int
+
+    @classmethod
+    def at(cls, dtype: str, head_dim: int, causal: bool, shape: Shape) -> "Case":
+        return cls(dtype, head_dim, causal, False, False, shape.seqlen_q, shape.seqlen_k, batch=shape.batch,
+                   heads_q=shape.heads_q, heads_k=shape.heads_k)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.batch, self.heads_q, self.heads_k, self.seqlen_q, self.seqlen_k)
 
     @property
     def name(self) -> str:
         return f"{self.dtype}.d{self.head_dim}.{'causal' if self.causal else 'full'}.{self.shape.tag}"
 
 
-def sdpa_cases(spec: TargetSpec, shapes: tuple[Shape, ...] = SHAPES) -> list[Case]:
-    out = []
-    for dtype in spec.dtypes:
-        for hd in sorted(spec.head_dims):
-            for causal in (False, True):
-                for shape in shapes:
-                    out.append(Case(dtype, hd, causal, shape))
-    return sorted(out)
+def sdpa_cases(spec: TargetSpec) -> list[Case]:
+    """Validate's matrix, sorted (by key, then batch and heads: SHAPES by their seqlens)."""
+    return sorted(Case.at(dtype, hd, causal, shape) for dtype in spec.dtypes for hd in sorted(spec.head_dims)
+                  for causal in (False, True) for shape in SHAPES)
 
 
 # Tolerances: |x - ref| <= atol + rtol * max|ref|, or within FUDGE times the error of PyTorch's

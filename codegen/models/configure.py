@@ -19,6 +19,3 @@ class ConfigureRecord(Record):
     release: Name
     cache: list[tuple[Name, Name, Value]]    # (name, type, value), sorted by name
     knobs: list[tuple[Name, Value]]          # environment knobs, sorted
-
-
-__all__ = ["ConfigureRecord"]

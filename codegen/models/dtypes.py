@@ -53,17 +53,8 @@ def served_dtypes(spec_dtypes) -> list[str]:
 
 def by_torch(spelling: str) -> DtypeInfo | None:
     """The dtype whose torch spelling ('torch.float16' or 'float16') is `spelling`."""
-    for d in DTYPE_INFO.values():
-        if spelling in (d.torch, d.torch_attr):
-            return d
-    return None
+    return next((d for d in DTYPE_INFO.values() if spelling in (d.torch, d.torch_attr)), None)
 
 
 def by_signature(sig: str) -> DtypeInfo | None:
-    for d in DTYPE_INFO.values():
-        if sig == d.triton_signature:
-            return d
-    return None
-
-
-__all__ = ["DTYPE_INFO", "UPSTREAM_BUILDS", "DtypeInfo", "by_signature", "by_torch", "served_dtypes"]
+    return next((d for d in DTYPE_INFO.values() if sig == d.triton_signature), None)

@@ -62,7 +62,3 @@ class SysrootRecord(Record):
     suite: Name
     packages: dict[Name, DebPackage]
     runtime: RelPath
-
-
-__all__ = ["HIP_MAJORS", "HIP_SOURCES", "SYSROOT_FORMAT", "SYSROOT_RECORD", "DebPackage", "HipMajor", "HipSource",
-           "SysrootRecord"]

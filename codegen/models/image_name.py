@@ -140,5 +140,3 @@ SIG = Spelling("sig (0.10b-0.12.1b)",
                "--Arch_{arch}", head="{kernel}-Sig-F__{functional}")
 ENTRY = Spelling("entry (0.13b+)", ";;#F;{functional};;#P;{perf};;#CO;waves_per_eu={waves_per_eu};"
                  "num_warps={num_warps};num_stages={num_stages};;arch={arch}", sep=";", named=True, digest_files=True)
-
-__all__ = ["ENTRY", "SIG", "ImageName", "Spelling"]

@@ -160,7 +160,3 @@ class BundleIndex(Record):
             files.add(e.file)
             keys.add(e.key)
         return self
-
-
-__all__ = ["INDEX_ENTRIES", "INDEX_FILE", "INDEX_FORMAT", "INDEX_LIMIT", "URL_LIMIT", "BundleIndex", "BundleUrl",
-           "IndexEntry", "IndexSpec", "Provenance"]

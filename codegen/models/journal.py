@@ -75,6 +75,3 @@ class Journal(Record):
             if op.root > len(self.roots):
                 raise ValueError(f"ops.{n}: root {op.root} is not one of the journal's")
         return self
-
-
-__all__ = ["Journal", "JournalOp", "MAX_ROOTS", "STATE_DIR", "TXN_DIR"]

@@ -87,6 +87,3 @@ class Resources(Record):
         """The instruction kind the kernel's products run on: the first of mfma, wmma, dot2, fma
         it uses (matrix cores first), or 'none'."""
         return next((k for k in DOT_KINDS if getattr(self, k)), "none")
-
-
-__all__ = ["DOT_KINDS", "KernelEntry", "Resources"]

@@ -27,7 +27,7 @@ from codegen.models.space import KernelConfig
 # increasing severity; "not dispatched": a fused-backward kernel the spec's rows.split_backward
 # routes away (compiled because upstream compiles every backend, never run)
 VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed")
-Verdict = Literal["ok", "not dispatched", "low occupancy", "no matrix cores", "spills", "failed"]
+Verdict = Literal[VERDICTS]     # type: ignore[valid-type]
 # compiled and no VGPR spill, or never dispatched (rows.split_backward)
 CLEAN_VERDICTS = ("ok", "not dispatched", "low occupancy", "no matrix cores")
 
@@ -155,7 +155,3 @@ def largest_clean_waves_per_eu(limits: dict | None, cfg: KernelConfig) -> int | 
         return None
     clean = [w for w in entry["clean"] if 1 <= w <= cfg.waves_per_eu]
     return max(clean) if clean else None
-
-
-__all__ = ["CLEAN_VERDICTS", "VERDICTS", "CompileReport", "CompileReportEntry", "cap_waves_per_eu", "largest_clean_waves_per_eu", "variant_status",
-           "waves_per_eu_limits"]

@@ -77,6 +77,3 @@ class ApplyLock(Record):
 
     def to_bytes(self) -> bytes:
         return write_json(self)
-
-
-__all__ = ["ApplyLock", "LOCK_NAME", "LOCK_VERSION", "LockEntry", "TreePath"]

@@ -68,6 +68,3 @@ class Machine(Record):
     card: CardMatch | None = None   # None: no GPU found and no --arch
     torch: TorchFacts | None = None
     notes: list[str] = []
-
-
-__all__ = ["CardMatch", "Family", "Gpu", "Machine", "TorchFacts"]

@@ -35,6 +35,3 @@ def rule_matches(rule: Any, cfg: Any) -> bool:
     if area is not None and cfg.block_m * cfg.block_n < area:
         return False
     return True
-
-
-__all__ = ["AXES", "rule_matches"]

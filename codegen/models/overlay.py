@@ -34,6 +34,3 @@ class OverlayManifest(Record):
     layout: Name
     outputs: list[OverlayOutput]
     edits: list[OverlayEdit]
-
-
-__all__ = ["OVERLAY_TOOLKIT", "OverlayEdit", "OverlayManifest", "OverlayOutput"]

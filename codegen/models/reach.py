@@ -81,6 +81,3 @@ class ReachSummary(Record):
     packages_left_out: Count
     left_out: list[LeftOut]
     held: Functional | None
-
-
-__all__ = ["KERNEL_MODES", "REACH_FORMAT", "Functional", "LeftOut", "Reach", "ReachSummary"]

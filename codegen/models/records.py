@@ -193,7 +193,3 @@ Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_print
 """A short printable name or label (at most 200 characters)."""
 Count = Annotated[StrictInt, Field(ge=0, le=1 << 40)]
 """A count or size: an integer (never a float or a bool), 0 .. 2**40."""
-
-
-__all__ = ["Count", "M", "Name", "RECORD_LIMIT", "Record", "RecordError", "Sha256", "Text", "clip",
-           "describe", "parse_json", "parse_record", "read_record", "validate_record", "write_json"]

@@ -9,8 +9,9 @@ small pure functions (`codegen.apply.dbrows`); `to_json()` is what `rows/<arch>.
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import ConfigDict, create_model, field_validator
 
+from codegen.models.functional import Functional, row_fields
 from codegen.models.match import rule_matches
 from codegen.models.target import SplitBackward, TargetSpec, TileReplacement, WavesCap
 
@@ -21,22 +22,13 @@ def _empty_to_none(v: Any) -> Any:
     return None if v is None or (isinstance(v, str) and v.strip() == "") else v
 
 
-class Winner(BaseModel):
+class Winner(create_model("KeyedRow", __config__=ConfigDict(frozen=True, extra="ignore"), gpu=(str, ...),
+                          family=(str, ...), **row_fields())):
     """One measured winner (a row of tuning/<arch>/winners.csv, as `mi100-codegen tune` wrote
-    it): the config measured fastest for one tuning-grid entry. Optional axes are None when the
-    CSV cell is empty (e.g. pre_load_v of a backward kernel)."""
+    it): the config measured fastest for one tuning-grid entry (its GPU, family and functional
+    key: codegen.models.functional). Optional axes are None when the CSV cell is empty (e.g.
+    pre_load_v of a backward kernel)."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    gpu: str
-    family: str
-    dtype: str
-    head_dim: int
-    causal: int | None = None
-    dropout: int | None = None
-    bias: int | None = None
-    seqlen_q: int
-    seqlen_k: int
     block_m: int | None = None
     block_n: int | None = None
     waves_per_eu: int | None = None
@@ -48,8 +40,7 @@ class Winner(BaseModel):
     device: str = ""
     proxy: str = ""
 
-    @field_validator("causal", "dropout", "bias", "block_m", "block_n", "waves_per_eu", "num_warps",
-                     "num_stages", "time_ms", mode="before")
+    @field_validator("block_m", "block_n", "waves_per_eu", "num_warps", "num_stages", "time_ms", mode="before")
     @classmethod
     def _optional(cls, v: Any) -> Any:
         return _empty_to_none(v)
@@ -65,14 +56,13 @@ class Winner(BaseModel):
     def _text(cls, v: Any) -> str:
         return "" if v is None else str(v)
 
+    @property
+    def functional(self) -> Functional:
+        return Functional.of(self)
+
     def to_json(self) -> dict:
-        """The CSV's spelling: empty cells as '', pre_load_v as 0/1."""
-        out = {}
-        for k, v in self.model_dump().items():
-            if k == "pre_load_v" and v is not None:
-                v = int(v)
-            out[k] = "" if v is None else v
-        return out
+        """The CSV's spelling: empty cells as '', booleans as 0/1."""
+        return {k: "" if v is None else int(v) if isinstance(v, bool) else v for k, v in self.model_dump().items()}
 
 
 @dataclass(frozen=True)
@@ -174,9 +164,6 @@ class RowsPlan:
         return [m for m in self.measured if m.family == family]
 
 
-
-
-
 @dataclass(frozen=True)
 class OverlayInputs:
     """What render needs besides the spec, already loaded by the caller: the measured winners
@@ -184,4 +171,3 @@ class OverlayInputs:
 
     measured: tuple[Winner, ...] = ()
     waves_per_eu_limits: dict | None = None
-__all__ = ["OverlayInputs", "RowTile", "RowsPlan", "Winner"]

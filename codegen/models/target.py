@@ -6,17 +6,17 @@ tuning space per kernel family, and where seeded tuning rows come from.
 """
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from codegen.models.dtypes import DTYPE_INFO
 
-DType = Literal["fp16", "bf16", "fp32"]
-Family = Literal["attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse"]
 FAMILIES: tuple[str, ...] = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 DTYPES: tuple[str, ...] = tuple(DTYPE_INFO)
+Family = Literal[FAMILIES]     # type: ignore[valid-type]
+DType = Literal[DTYPES]        # type: ignore[valid-type]
 DTYPE_BYTES = {k: d.bytes for k, d in DTYPE_INFO.items()}
 
 # \Z, not $: `$` also matches before a trailing newline, and these names are written into
@@ -31,20 +31,24 @@ DEVICE_TARGET_PATTERN = r"^gfx[0-9]{2,4}[a-z]?(:(sramecc|xnack)[+-])*$"  # pydan
 SRAMECC_ARCHS = frozenset({"gfx906", "gfx908", "gfx90a", "gfx940", "gfx941", "gfx942", "gfx950"})
 
 
-def gpu_arch(gpu: str) -> str:
-    """'gfx90a_mod0' -> 'gfx90a' (the one parser of AOTriton's GPU names; ValueError otherwise)."""
+def _gpu(gpu: str) -> re.Match:
+    """The one parser of AOTriton's GPU names; ValueError otherwise."""
     m = GPU_RE.match(gpu)
     if not m:
-        raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
-    return m.group(1)
+        raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0' (arch, '_mod', 0-99)")
+    return m
+
+
+def gpu_arch(gpu: str) -> str:
+    """'gfx90a_mod0' -> 'gfx90a'."""
+    return _gpu(gpu).group(1)
 
 
 def gpu_mod(gpu: str) -> int:
     """'gfx908_mod1' -> 1."""
-    m = GPU_RE.match(gpu)
-    if not m:
-        raise ValueError(f"'{gpu}' is not a GPU name like 'gfx908_mod0'")
-    return int(m.group(2))
+    return int(_gpu(gpu).group(2))
+
+
 RELEASE_RE = re.compile(r"^[0-9]+\.[0-9]+(\.[0-9]+)?b$|^[0-9]+\.[0-9]+\.[0-9]+-dev$")  # a tag, or a snapshot of main
 
 TILE_MIN, TILE_MAX = 16, 256
@@ -66,17 +70,39 @@ def tile_problems(block_m: int, block_n: int) -> list[str]:
 NumWarps = Literal[1, 2, 4, 8, 16]  # the num_warps a tuning space may hold (powers of two)
 
 
-def _gpu_name(v: str) -> str:
-    if not GPU_RE.match(v):
-        raise ValueError(f"'{v}' is not a GPU name like 'gfx908_mod0' (arch, '_mod', 0-99)")
+def _arch_name(v: str) -> str:
+    if not ARCH_RE.match(v):
+        raise ValueError(f"'{v}' is not an arch name like 'gfx908'")
     return v
 
 
-GpuName = Annotated[str, AfterValidator(_gpu_name)]
+def _unique(what: str) -> AfterValidator:
+    """A list without repeats; else 'duplicate <what>'."""
+    def check(v: list) -> list:
+        if len(set(v)) != len(v):
+            raise ValueError(f"duplicate {what}")
+        return v
+    return AfterValidator(check)
+
+
+GpuName = Annotated[str, AfterValidator(lambda v: _gpu(v).string)]
+ArchName = Annotated[str, AfterValidator(_arch_name)]
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    # fields left out of a dump while empty: a spec that does not use a field added later keeps its
+    # meaning hash (`spec_sha256`) and the committed overlay, which records it
+    _omit_empty: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler):
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in self._omit_empty:
+                if not getattr(self, name):
+                    out.pop(name, None)
+        return out
 
 
 class Hardware(_Model):
@@ -95,7 +121,7 @@ class Hardware(_Model):
     )
     vgpr_alloc_granule: int = Field(4, ge=1, le=16, description="VGPR allocation granule.")
     sgprs_per_wave: int = Field(ge=16, le=128, description="Addressable SGPRs per wave.")
-    matrix_core_dtypes: list[DType] = Field(
+    matrix_core_dtypes: Annotated[list[DType], _unique("dtype")] = Field(
         description="Dtypes with matrix-core (MFMA/WMMA) instructions; others run on plain ALUs."
     )
     matrix_instructions: Literal["mfma", "wmma", "none"] = Field(
@@ -120,13 +146,6 @@ class Hardware(_Model):
         None, ge=1024, le=1 << 20,
         description="LDS one workgroup can allocate. Default: lds_bytes_per_cu.",
     )
-
-    @field_validator("matrix_core_dtypes")
-    @classmethod
-    def _unique_dtypes(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate dtype")
-        return v
 
     @field_validator("sgpr_occupancy")
     @classmethod
@@ -154,10 +173,7 @@ class Hardware(_Model):
         """Waves per SIMD the SGPR count allows (None: SGPRs do not limit occupancy)."""
         if not self.sgpr_occupancy:
             return None
-        for max_sgprs, waves in self.sgpr_occupancy:
-            if sgprs <= max_sgprs:
-                return waves
-        return self.sgpr_occupancy[-1][1]
+        return next((w for most, w in self.sgpr_occupancy if sgprs <= most), self.sgpr_occupancy[-1][1])
 
 
 class Features(_Model):
@@ -235,13 +251,7 @@ class TileReplacement(_Model):
         "the family's tuning num_warps.")
     reason: str = Field(min_length=1)
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_warps(self, handler):
-        """No `min_num_warps` in the dump when unset: specs without it keep their meaning hash."""
-        out = handler(self)
-        if isinstance(out, dict) and self.min_num_warps is None:
-            out.pop("min_num_warps", None)
-        return out
+    _omit_empty = ("min_num_warps",)
 
 
 class SplitBackward(_Model):
@@ -269,11 +279,14 @@ class MinNumWarps(_Model):
         """family -> floor, for the families that have one."""
         return {f: n for f in FAMILIES if (n := getattr(self, f)) is not None}
 
+    def __bool__(self) -> bool:   # some family has a floor
+        return bool(self.as_dict())
+
 
 class Rows(_Model):
     """Where the target's own tuning-database rows come from until measured rows exist."""
 
-    donor_gpu: str = Field(description="Existing GPU whose tuned rows seed the target's rows.")
+    donor_gpu: GpuName = Field(description="Existing GPU whose tuned rows seed the target's rows.")
     waves_per_eu_caps: list[WavesCap] = Field([])
     default_max_waves_per_eu: int | None = Field(
         None, ge=0, le=10, description="Cap applied to every seeded row (after the specific caps)."
@@ -301,41 +314,18 @@ class Rows(_Model):
         "the target; measurements on the target itself are always used.",
     )
 
-    @field_validator("donor_gpu")
-    @classmethod
-    def _gpu_name(cls, v: str) -> str:
-        if not GPU_RE.match(v):
-            raise ValueError(f"'{v}' is not a GPU name like 'gfx90a_mod0'")
-        return v
-
-    @model_serializer(mode="wrap")
-    def _omit_unset_floors(self, handler):
-        """No `min_num_warps` in the dump when no family has a floor: a spec that does not use
-        the field keeps the meaning hash (`spec_sha256`) it had before the field existed."""
-        out = handler(self)
-        if isinstance(out, dict) and not self.min_num_warps.as_dict():
-            out.pop("min_num_warps", None)
-        if isinstance(out, dict) and not self.split_backward:
-            out.pop("split_backward", None)
-        return out
+    _omit_empty = ("min_num_warps", "split_backward")
 
 
 class Registration(_Model):
     """How the arch is registered upstream: by cloning a neighbour arch's entries."""
 
-    like: str = Field(description="Existing arch whose table entries are cloned (e.g. gfx90a).")
+    like: ArchName = Field(description="Existing arch whose table entries are cloned (e.g. gfx90a).")
     experimental: bool = Field(
         False,
         description="List the arch in upstream's experimental list: PyTorch then also needs "
         "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL=1.",
     )
-
-    @field_validator("like")
-    @classmethod
-    def _arch(cls, v: str) -> str:
-        if not ARCH_RE.match(v):
-            raise ValueError(f"'{v}' is not an arch name like 'gfx90a'")
-        return v
 
 
 class Toolchain(_Model):
@@ -360,7 +350,7 @@ class Toolchain(_Model):
 
 
 class Upstream(_Model):
-    releases: list[str] = Field(min_length=1, description="AOTriton release tags the spec is for.")
+    releases: Annotated[list[str], _unique("release")] = Field(min_length=1, description="AOTriton release tags the spec is for.")
 
     @field_validator("releases")
     @classmethod
@@ -368,8 +358,6 @@ class Upstream(_Model):
         for tag in v:
             if not RELEASE_RE.match(tag):
                 raise ValueError(f"'{tag}' is not a release tag like '0.11b' (or a snapshot like '0.14.0-dev')")
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate release")
         return v
 
 
@@ -379,8 +367,8 @@ class TargetSpec(_Model):
     schema_version: Literal[1] = 1
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="Short name of the target.")
     description: str = ""
-    arch: str = Field(description="LLVM target name, e.g. gfx908.")
-    gpus: list[GpuName] = Field(min_length=1, description="AOTriton GPU names (arch + _modN).")
+    arch: ArchName = Field(description="LLVM target name, e.g. gfx908.")
+    gpus: Annotated[list[GpuName], _unique("GPU")] = Field(min_length=1, description="AOTriton GPU names (arch + _modN).")
     warp_size: Literal[32, 64]
     production_line: Literal["CDNA", "RDNA"]
     device_target: str | None = Field(
@@ -393,34 +381,13 @@ class TargetSpec(_Model):
     )
     hardware: Hardware
     head_dims: list[Annotated[int, Field(ge=16, le=512)]] = Field(min_length=1)
-    dtypes: list[DType] = Field(min_length=1)
+    dtypes: Annotated[list[DType], _unique("dtype")] = Field(min_length=1)
     features: Features = Features()
     tuning: TuningSpace
     rows: Rows
     registration: Registration
     upstream: Upstream
     toolchain: Toolchain = Toolchain()
-
-    @field_validator("arch")
-    @classmethod
-    def _arch(cls, v: str) -> str:
-        if not ARCH_RE.match(v):
-            raise ValueError(f"'{v}' is not an arch name like 'gfx908'")
-        return v
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpus(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate GPU")
-        return v
-
-    @field_validator("dtypes")
-    @classmethod
-    def _dtypes(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("duplicate dtype")
-        return v
 
     @field_validator("device_target")
     @classmethod
@@ -439,14 +406,7 @@ class TargetSpec(_Model):
     def primary_gpu(self) -> str:
         return self.gpus[0]
 
-    @model_serializer(mode="wrap")
-    def _omit_unset_target(self, handler):
-        """No `device_target` in the dump when unset: specs without it keep their meaning hash
-        (and the committed overlay, which records it)."""
-        out = handler(self)
-        if isinstance(out, dict) and self.device_target is None:
-            out.pop("device_target", None)
-        return out
+    _omit_empty = ("device_target",)
 
     @property
     def target_string(self) -> str:

@@ -25,8 +25,7 @@ class VenvKey(Record):
     requirements: tuple[Name, ...]    # canonical names of the generator requirements it holds
 
     def as_dict(self) -> dict:
-        return {"format": self.format, "python": self.python, "base": self.base, "triton": self.triton,
-                "requirements": list(self.requirements)}
+        return self.model_dump(mode="json")
 
     @property
     def digest(self) -> str:
@@ -35,6 +34,3 @@ class VenvKey(Record):
     @property
     def dirname(self) -> str:
         return f"triton-{self.triton}-{self.python}-{self.digest[:12]}"
-
-
-__all__ = ["TOOLCHAIN_FORMAT", "TOOLCHAIN_RECORD", "VenvKey"]

@@ -61,6 +61,3 @@ def compose_database(adapter: Adapter, tree: Path, build_dir: Path, python: str,
         raise UpstreamError(f"{tree}: {adapter.db_compose_module} failed (rc {proc.returncode}): "
                             + last_line(proc.stderr or proc.stdout), hint=python_hint(proc.stderr, python))
     return db_dir
-
-
-__all__ = ["compose_database", "last_line", "python_hint"]

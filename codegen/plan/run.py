@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from codegen.core import preflight
 from codegen.apply.applied_spec import resolve_spec
 from codegen.formats.spec import LoadedSpec
-from codegen.upstream.knobs import ENABLE_FP32_ENV
+from codegen.upstream.knobs import ENABLE_FP32_ENV, HEAD_DIMS_ENV
 from codegen.plan.reach import dispatched_entries
 from codegen.plan.kernel_list import generate_kernel_list
 from codegen.plan.summary import PlanSummary, summarize
@@ -23,8 +23,6 @@ from codegen.render.inputs import load_winners
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-HEAD_DIM_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,8 @@ def plan_tree(opts: PlanOptions, console: "Console | None" = None) -> PlanReport
     """`plan`: the tree's kernels for the spec, timed (`console`: where the build venv's creation
     and --kernels dispatched report progress)."""
     notes = ()
-    if os.environ.get(HEAD_DIM_ENV):
-        notes = (f"{HEAD_DIM_ENV}={os.environ[HEAD_DIM_ENV]!r} is set: it overrides the tree's head dims, "
+    if os.environ.get(HEAD_DIMS_ENV):
+        notes = (f"{HEAD_DIMS_ENV}={os.environ[HEAD_DIMS_ENV]!r} is set: it overrides the tree's head dims, "
                  "as it would for cmake",)
     start, clock = time.perf_counter(), {}
     run = run_plan(opts, clock, console)

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pydantic import BaseModel, ConfigDict
-
+from codegen.models.records import Record
 from codegen.models.space import outside_space
 from codegen.models.target import TargetSpec
 from codegen.plan.kernel_list import KernelEntry
@@ -15,9 +14,7 @@ from codegen.plan.kernel_list import KernelEntry
 NO_HEAD_DIM = "none"
 
 
-class PlanSummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class PlanSummary(Record):
     gpu: str
     gpus: list[str]
     arch: str

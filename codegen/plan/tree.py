@@ -14,7 +14,6 @@ from pathlib import Path
 
 from codegen.core.errors import UpstreamError, UserError
 from codegen.upstream import Adapter, detect
-from codegen.upstream.generator import package_name
 from codegen.upstream.layouts import layout_of
 from codegen.upstream.registration import registration_gaps
 from codegen.upstream.knobs import ENABLE_FP32_ENV
@@ -28,10 +27,6 @@ class TreeInfo:
     @property
     def release(self) -> str:
         return self.adapter.release
-
-    @property
-    def package(self) -> str:
-        return package_name(self.adapter)
 
     @property
     def gpu_targets(self) -> Path:

@@ -70,16 +70,11 @@ def load_limits(spec: TargetSpec, report_path: Path | None = None) -> dict | Non
     return waves_per_eu_limits(report, spec.arch, set(spec.dtypes), set(spec.head_dims))
 
 
-def load_measured(spec: TargetSpec, folder: Path | None = None) -> list[Winner]:
-    """The winners of the spec's GPUs, dtypes and head dims (proxies only on opt-in) in
-    `folder`/winners.csv (default: the shipped tuning/<arch>/)."""
-    return [Winner(**rec) for rec in load_winner_rows(folder or data_dir("tuning") / spec.arch, spec)]
-
-
 def load_winners(loaded: LoadedSpec, files: dict[str, Path] | None = None) -> list[Winner]:
-    """The measured winners of the spec's home (codegen.render.workspace); none without them."""
+    """The measured winners of the spec's home (codegen.render.workspace) for the spec's GPUs,
+    dtypes and head dims (proxies only on opt-in); none without them."""
     files = overlay_results(loaded) if files is None else files
-    return load_measured(loaded.spec, files[WINNERS].parent) if WINNERS in files else []
+    return [Winner(**rec) for rec in load_winner_rows(files[WINNERS].parent, loaded.spec)] if WINNERS in files else []
 
 
 def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
@@ -93,7 +88,3 @@ def load_inputs(loaded: LoadedSpec) -> OverlayInputs:
 def render_overlay(loaded: LoadedSpec, layout: str = DEFAULT_LAYOUT) -> Overlay:
     """`plan_overlay` with the spec's results (its own, else those shipped for its arch)."""
     return plan_overlay(loaded, layout, load_inputs(loaded))
-
-
-__all__ = ["committed_report", "read_compile_report", "load_inputs", "load_limits", "load_measured", "load_winners",
-           "render_overlay"]

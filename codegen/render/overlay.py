@@ -8,7 +8,6 @@ kdesc hook lines. Writing the overlay is `codegen.render.overlay_dir`; loading t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,9 +21,10 @@ from codegen.models.dtypes import DTYPE_INFO
 from codegen.models.overlay import OVERLAY_TOOLKIT, OverlayManifest
 from codegen.models.rows import OverlayInputs, RowsPlan
 from codegen.core.resources import data_dir, user_cache_dir
+from codegen.core.fsutil import sha256
 from codegen.formats.spec import LoadedSpec
 from codegen.upstream.edits import CATALOGUE, EditRecord, edit_records
-from codegen.upstream.layouts import DEFAULT_LAYOUT, LAYOUTS, MODULE_NAME, Layout, layout_of
+from codegen.upstream.layouts import MODULE_NAME, Layout, layout_of
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RenderedFile:
 
     @property
     def sha256(self) -> str:
-        return hashlib.sha256(self.content).hexdigest()
+        return sha256(self.content)
 
 
 @dataclass
@@ -87,7 +87,7 @@ _ENV_OPTIONS = dict(keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=
 
 
 def environment() -> jinja2.Environment:
-    key = hashlib.sha256(json.dumps([jinja2.__version__, _ENV_OPTIONS], sort_keys=True).encode()).hexdigest()[:16]
+    key = sha256(json.dumps([jinja2.__version__, _ENV_OPTIONS], sort_keys=True).encode())[:16]
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined,
@@ -155,7 +155,7 @@ def _manifest(ov: Overlay, edits_json: list[dict]) -> RenderedFile:
         "outputs": [{"id": f.id, "path": f.path, "sha256": f.sha256, "template": f.template}
                     for f in sorted(ov.files.values(), key=lambda f: f.path)],
         "edits": [{"id": e["id"], "path": e["path"], "op": e["op"],
-                   "sha256": hashlib.sha256(json.dumps(e, sort_keys=True).encode()).hexdigest()}
+                   "sha256": sha256(json.dumps(e, sort_keys=True).encode())}
                   for e in edits_json],
     })
     return RenderedFile("manifest", "MANIFEST.json", "(manifest)", _json_bytes(manifest.to_json()))
@@ -179,6 +179,3 @@ def plan_overlay(loaded: LoadedSpec, layout: str | Layout, inputs: OverlayInputs
     ov.add(_space_file(space, sha))
     ov.add(_manifest(ov, edits_json))
     return ov
-
-
-__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "MODULE_NAME", "Overlay", "RenderedFile", "plan_overlay", "space_table"]

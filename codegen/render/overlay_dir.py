@@ -14,15 +14,15 @@ badly (permissions, not a directory), exit 3 for the machine (disk full, I/O err
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-import hashlib
 import os
 import stat
 from pathlib import Path
 
 from codegen.core.contain import Escape, inside
 from codegen.core.errors import CodegenError, SystemFailure, UserError, os_failure
-from codegen.core.fsutil import move_into_place, stage_write
+from codegen.core.fsutil import move_into_place, sha256, stage_write
 from codegen.models.overlay import OVERLAY_TOOLKIT, OverlayManifest
 from codegen.models.records import read_record
 from codegen.render.overlay import Overlay
@@ -72,7 +72,7 @@ def _our_files(ov: Overlay, out: Path) -> dict[str, bytes]:
         data = _read_ours(out, path)
         if data is None:
             continue
-        if path in ov.files or path == MARKER or hashlib.sha256(data).hexdigest() == previous[path]:
+        if path in ov.files or path == MARKER or sha256(data) == previous[path]:
             files[path] = data
     return files
 
@@ -175,10 +175,8 @@ def _stage_all(out: Path, files: dict[str, bytes]) -> list[tuple[Path, Path]]:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
         for d in reversed(created):
-            try:
+            with contextlib.suppress(OSError):
                 d.rmdir()
-            except OSError:
-                pass
         if isinstance(exc, Escape):
             raise UserError(f"render: {exc}; nothing was changed",
                             hint="choose another --out, or replace the link by a folder") from None

@@ -133,8 +133,3 @@ def writable_results_dir(loaded: "LoadedSpec", option: str = "--out") -> Path:
             hint=f"pass the spec you applied from (--spec YOUR_SPEC: results go to tuning/{loaded.spec.arch}/ "
                  f"beside it), or {option} DIR (docs/workspace.md)")
     return results_dir(loaded)
-
-
-__all__ = ["COMPILE_REPORT", "ENV_HOME", "RENDER_INPUTS", "WINNERS", "is_shipped",
-           "overlay_results", "result_file", "results_dir", "shipped_dir", "spec_home", "user_home",
-           "writable_results_dir"]

@@ -40,10 +40,10 @@ from codegen.core.errors import UpstreamError, UserError
 from codegen.apply.lock import read_lock
 from codegen.formats.spec import load_spec
 from codegen.render.workspace import COMPILE_REPORT, overlay_results
-from codegen.ship.layout import TORCH_LINES
-from codegen.upstream.releases import IMAGES_DIR, tag_line
-from codegen.formats.bundle_zip import (FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, sha256,
-                                       write_bundle)
+from codegen.ship.layout import torch_lines
+from codegen.upstream.releases import IMAGES_DIR
+from codegen.core.fsutil import sha256
+from codegen.formats.bundle_zip import FORMAT, MANIFEST, SPEC, bundle_name, extract, manifest_of, open_bundle, write_bundle
 from codegen.models.bundle import BundleManifest
 from codegen.ship.check import CheckReport, check_extracted
 from codegen.ship.dispatch import LABEL
@@ -88,11 +88,6 @@ class KernelBuild:
     show_progress: bool = False
     aiter_stand_in: bool = False
     kernels: str = "dispatched"          # 'dispatched' or 'all' (codegen.imagebuild.reach)
-
-
-def torch_lines(release: str) -> list[str]:
-    line = tag_line(release)
-    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
 
 
 def _copy_images(src: Path, dest: Path, arch: str) -> None:
@@ -334,7 +329,3 @@ def _compile_report(loaded) -> dict | None:
             "release": report.release, "triton": report.triton, "configs": len(configs),
             "verdicts": dict(sorted(Counter(c.verdict for c in configs).items())),
             "kernels": sum(c.kernels for c in configs)}
-
-
-__all__ = ["BUILDER_ENV", "BundleBuildError", "BundleResult", "KernelBuild", "add_rows", "build_bundle", "project_provenance",
-           "rows_member", "torch_lines"]

@@ -285,5 +285,3 @@ def check_opened(b: Bundle, *, progress: Callable[[str], None] = lambda s: None,
         root = extract(b, Path(td) / "bundle")
         return check_extracted(root, b.manifest, progress=progress, name=str(b.path), rows=rows, execute=execute)
 
-
-__all__ = ["NO_ROWS", "CheckReport", "check_bundle", "check_extracted", "check_opened", "check_rows"]

@@ -92,9 +92,9 @@ def declared(spec: TargetSpec) -> list[tuple[str, str]]:
 
 
 def axes_of(case: DispatchCase) -> set[tuple[str, str]]:
-    dtype, head, causal, bias, dropout, padded = case.functional
-    flags = (("causal", causal), ("bias", bias), ("dropout", dropout), ("padded head", padded))
-    return {("dtype", dtype), ("head dim", str(head))} | {("variant", v) for v, on in flags if on}
+    f, padded = case.package
+    flags = (("causal", f.causal), ("bias", f.bias), ("dropout", f.dropout), ("padded head", padded))
+    return {("dtype", f.dtype), ("head dim", str(f.head_dim))} | {("variant", v) for v, on in flags if on}
 
 
 def cover_axes(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport) -> list[AxisCover]:
@@ -177,7 +177,3 @@ def coverage(spec: TargetSpec, cases: list[DispatchCase], report: DispatchReport
     claims.append(Claim("every packed image package is loaded by some case", not unexplained, line,
                         "CPU: emulated dispatch"))
     return Coverage(axes, pc, claims)
-
-
-__all__ = ["AxisCover", "Coverage", "PackageCover", "axes_of", "cover_axes", "cover_packages", "coverage",
-           "declared", "some", "why_not_loaded"]

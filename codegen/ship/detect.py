@@ -30,15 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from pydantic import TypeAdapter, ValidationError
-
 from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing, UserError, os_reason
 from codegen.core.fsutil import read_input
 from codegen.core.resources import card_specs, display_path
 from codegen.core.ui import printable
 from codegen.formats.spec import load_spec
-from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, Arch, arch_of_target_version, hsa_version
+from codegen.models.archs import HSA_OVERRIDE_ENV, RUNS_AS, arch_of_target_version, arch_option, hsa_version
 from codegen.models.hip import HIP_MAJORS
 from codegen.models.machine import CardMatch, Family, Gpu, Machine, TorchFacts
 from codegen.models.target import DEVICE_TARGET_PATTERN
@@ -186,10 +184,7 @@ def match_card(gpus: list[Gpu], arch: str | None = None, env: Mapping[str, str] 
     flash attention away from the others."""
     env = os.environ if env is None else env
     if arch is not None:
-        try:
-            TypeAdapter(Arch).validate_python(arch)
-        except ValidationError as exc:
-            raise UserError(f"--arch: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}") from None
+        arch_option(arch)
     else:
         if not gpus:
             return None
@@ -296,8 +291,3 @@ def detect_machine(torch: TorchInstall | None, opts: DetectOptions = DetectOptio
 def has_gpu(machine: Machine) -> bool:
     """A GPU of the chosen card's arch is in this machine (validate can run)."""
     return machine.card is not None and any(g.arch == machine.card.arch and g.devices > 0 for g in machine.gpus)
-
-
-__all__ = ["DetectOptions", "KFD_NODES", "KfdUnreadable", "SYSFS", "detect_machine", "families", "family_of", "find_gpus",
-           "has_gpu", "kfd_gpus", "match_card", "parse_probe", "recipe_command", "supported_cards", "torch_facts",
-           "torch_gpus", "wheel_lines"]

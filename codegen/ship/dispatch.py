@@ -23,7 +23,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from codegen.core import processes
@@ -35,6 +35,7 @@ from codegen.core.fsutil import move_into_place
 from codegen.models import TargetSpec
 from codegen.models.cases import SHAPES, Shape
 from codegen.models.dtypes import served_dtypes
+from codegen.models.functional import Functional
 from codegen.ship.stub import Stub, compile_c
 
 DRIVER = Path(__file__).resolve().parent / "stub" / "driver.cc"
@@ -58,10 +59,16 @@ class DispatchCase:
     pads_to: int = 0          # > 0: head_dim is below this declared head dim, which it pads to (PADDED_HEAD)
 
     @property
-    def functional(self) -> tuple:
-        """What picks its image packages: (dtype, declared head dim, causal, bias, dropout, padded)."""
-        return (self.dtype, self.pads_to or self.head_dim, self.causal, self.bias, self.dropout > 0,
-                self.pads_to > 0)
+    def functional(self) -> Functional:
+        """The key its launches' tuning rows are looked up by (codegen.models.functional)."""
+        s = self.shape
+        return Functional(self.dtype, self.head_dim, self.causal, self.dropout > 0, self.bias, s.seqlen_q, s.seqlen_k)
+
+    @property
+    def package(self) -> tuple[Functional, bool]:
+        """What picks its image packages: its key at the declared head dim, without the seqlens (a
+        package serves them all), and whether the head is padded."""
+        return replace(self.functional, head_dim=self.pads_to or self.head_dim, seqlen_q=0, seqlen_k=0), self.pads_to > 0
 
     def line(self) -> str:
         s = self.shape
@@ -112,7 +119,7 @@ def coverage_cases(spec: TargetSpec) -> list[DispatchCase]:
     does not dispatch: every dtype the build serves (codegen.models.dtypes.served_dtypes: bf16
     too where the spec lists fp16 only), every head dim, with a head dim 8 below it that pads to
     it, every variant. A package missing for any of them fails its case."""
-    have = {c.functional for c in dispatch_cases(spec)}
+    have = {c.package for c in dispatch_cases(spec)}
     out, shape = [], SHAPES[0]
     for dtype in served_dtypes(spec.dtypes):
         for hd in sorted(spec.head_dims):
@@ -122,7 +129,7 @@ def coverage_cases(spec: TargetSpec) -> list[DispatchCase]:
                                         f"{'.bias' if bias else ''}{'.dropout' if dropout else ''}.{shape.tag}",
                                         dtype, head, causal, shape, bias=bias, dropout=0.25 if dropout else 0.0,
                                         pads_to=pads)
-                    if case.functional not in have:
+                    if case.package not in have:
                         out.append(case)
     return out
 
@@ -326,7 +333,3 @@ def run_dispatch(*, lib: Path, prefix: Path, images: Path, hip_include: Path, st
     return DispatchReport(target=target, hip_major=stub.major, check_gpu=check, cases=list(results.values()),
                           loads=loads, stderr_tail="\n".join(stderr.strip().splitlines()[-10:]), returncode=rc,
                           violations=outside, containers=containers, packed=index.packed())
-
-
-__all__ = ["DispatchCase", "DispatchReport", "ImageIndex", "LABEL", "check_cases", "coverage_cases", "dispatch_cases",
-           "padded_head", "remove_image", "run_dispatch", "variants"]

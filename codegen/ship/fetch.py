@@ -23,6 +23,7 @@ urllib.request and hashlib, no HTTP client of our own (docs/explanation/architec
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import ipaddress
@@ -162,10 +163,8 @@ class _Transfer:
         with self._lock:
             self.expired = True
             for s in self._socks:
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def watch(self, sock: socket.socket) -> None:
         """A connection's socket (a duplicate is kept: TLS takes the original over)."""
@@ -509,7 +508,3 @@ def _resumable(exc: NetworkError, have: int, partial: Path) -> NetworkError:
     kept = f"{have:,} bytes are kept in {partial}: " if have else ""
     exc.hint = f"{kept}run the same command again (it resumes), or use an index folder: --index DIR"
     return exc
-
-
-__all__ = ["DEFAULT_LIMITS", "LIMITS_ENV", "LOOPBACK_HOSTS", "Limits", "NetworkError", "Wanted",
-           "check_url", "fetch", "fetch_bytes", "limits", "loopback", "open_url"]

@@ -33,10 +33,7 @@ def _major(name: str | None) -> int | None:
 
 def needed_hip(dyn: DynamicInfo | None) -> str | None:
     """The HIP runtime a library's DT_NEEDED names (None when it needs none)."""
-    for n in (dyn.needed if dyn else ()):
-        if _HIP_RE.match(n):
-            return n
-    return None
+    return next((n for n in (dyn.needed if dyn else ()) if _HIP_RE.match(n)), None)
 
 
 def library_hip(dyn: DynamicInfo) -> HipRuntime | None:

@@ -97,6 +97,3 @@ def library_identity(dyn: DynamicInfo, manifest: BundleManifest, hip_nodes: set[
                      "; ".join(f"{k}: manifest {stated[k]!r}, file {facts[k]!r}" for k in differ)[:2000]
                      or f"{', '.join(sorted(manifest.library.model_fields_set & set(facts))) or 'none listed'}"))
     return out
-
-
-__all__ = ["HIP_RE_PREFIX", "Claim", "library_identity", "link_identity"]

@@ -291,8 +291,3 @@ def select_bundle(index: BundleIndex, *, release: str, arch: str, hip_major: int
 def index_json_schema() -> dict:
     """The JSON Schema of `index.json` (the reference page shows it)."""
     return BundleIndex.model_json_schema()
-
-
-__all__ = ["BUNDLE_SUFFIX", "DEFAULT_INDEX_URL", "INDEX_ENV", "Choice", "IndexLocation", "build_index",
-           "bundle_problems", "entry_differences", "entry_of", "index_json_schema", "index_location", "index_source", "read_index",
-           "read_index_file", "select_bundle", "write_index"]

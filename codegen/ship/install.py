@@ -35,17 +35,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pydantic import TypeAdapter, ValidationError
-
 from codegen.apply.journal import (STATE_DIR, TXN_DIR, Finished, RollbackIncomplete, RootsDiffer, StagedDiffers, Transaction, TreeBusy,
                                    TxnFailed, journal_label, pending, recover, state_of, tree_lock, write_durable)
 from codegen.core.contain import Escape, inside, is_rel_path
 from codegen.core.errors import CodegenError, EXIT_UPSTREAM, SystemFailure, UserError, os_failure, os_reason
-from codegen.core.fsutil import trusted_storage
+from codegen.core.fsutil import sha256_file, trusted_storage
 from codegen.core.ui import printable
-from codegen.formats.bundle_zip import Bundle, extract, open_bundle
+from codegen.formats.bundle_zip import Bundle, extract
 from codegen.formats.elf import ElfError, read_dynamic, version_key
-from codegen.models.archs import Arch
+from codegen.models.archs import arch_option
 from codegen.models.backup import BACKUP_SCHEMA, BackupManifest, BundleRecord
 from codegen.models.records import RECORD_LIMIT, RecordError, read_record, validate_record, write_json
 from codegen.ship.hip import hip_mismatch, library_hip, torch_hip
@@ -58,7 +56,6 @@ from codegen.ship.layout import (
     TorchInstall,
     aotriton_namespaces,
     needed_aotriton_symbols,
-    sha256_file,
 )
 
 MANIFEST = "manifest.json"
@@ -128,7 +125,7 @@ def _refuse(msg: str, hint: str | None = None) -> None:
 
 def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> list[str]:
     """Every refusal of `install`, as one clear error; returns notes (non-fatal) otherwise."""
-    _check_arch(arch)
+    arch_option(arch)
     _check_rocm_torch(torch)
     _check_library(torch, prefix)
     notes: list[str] = []
@@ -141,14 +138,6 @@ def check_compatible(torch: TorchInstall, prefix: PrefixInstall, arch: str) -> l
     _check_symbols(torch, prefix)
     _check_images(prefix, arch)
     return notes
-
-
-def _check_arch(arch: str) -> None:
-    """The arch names a folder below torch (`amd-<arch>`): a processor name, never a path."""
-    try:
-        TypeAdapter(Arch).validate_python(arch)
-    except ValidationError as exc:
-        _refuse(f"--arch: {exc.errors(include_url=False)[0]['msg'].removeprefix('Value error, ')}")
 
 
 def _check_rocm_torch(torch: TorchInstall) -> None:
@@ -278,12 +267,6 @@ def machine_glibc() -> str | None:
         return None
     parts = v.split()
     return f"GLIBC_{parts[1]}" if len(parts) == 2 and parts[0] == "glibc" else None
-
-
-def open_bundle_prefix(path: Path, work: Path, torch: TorchInstall, arch: str | None = None,
-                       glibc: str | None = None) -> tuple[PrefixInstall, str, BundleRecord]:
-    """A bundle file, verified (every member against its manifest), then `bundle_prefix`."""
-    return bundle_prefix(open_bundle(path), work, torch, arch, glibc)
 
 
 def bundle_prefix(b: Bundle, work: Path, torch: TorchInstall, arch: str | None = None,

@@ -7,14 +7,15 @@ Nothing here imports torch: a torch whose AOTriton was swapped for a wrong one f
 
 from __future__ import annotations
 
+import contextlib
 import ast
-import hashlib
 import importlib.util
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from codegen.core.errors import EnvironmentMissing, UserError
+from codegen.core.fsutil import sha256, sha256_file
 from codegen.formats.elf import DynamicInfo, read_dynamic
 from codegen.upstream.releases import (IMAGES_DIR, SUPPORTED, TORCH_LINES, parse_tag, release_line, release_name,
                                        tag_line)
@@ -50,21 +51,18 @@ def build_release_for_line(line: str) -> str | None:
     return best
 
 
+def torch_lines(tag: str) -> list[str]:
+    """The PyTorch lines whose wheels link a release of the tag's line ('0.12.1b' -> ['2.13'])."""
+    return [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == tag_line(tag)]
+
+
 def unsupported_line_message(tag: str) -> str:
     """One sentence for a release line mi100-codegen cannot build for PyTorch yet."""
     line = tag_line(tag) or tag
-    torch = [t.torch for t in TORCH_LINES if tag_line(t.aotriton) == line]
+    torch = torch_lines(tag)
     who = f" (PyTorch {', '.join(torch)})" if torch else ""
     return (f"AOTriton {tag}{who}: mi100-codegen's torch integration does not support the {line} release "
             f"line yet; releases it builds for PyTorch: {', '.join(TORCH_RELEASES)}")
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def images_signature(arch_dir: Path) -> tuple[str, int]:
     lines = []
     for f in sorted(p for p in arch_dir.rglob("*") if p.is_file()):
         lines.append(f"{f.relative_to(arch_dir).as_posix()} {sha256_file(f)}\n")
-    return hashlib.sha256("".join(lines).encode()).hexdigest(), len(lines)
+    return sha256("".join(lines).encode()), len(lines)
 
 
 def image_archs(lib_dir: Path) -> dict[str, int]:
@@ -158,10 +156,8 @@ def _version_py(path: Path) -> dict[str, object]:
             targets, value = [node.target], node.value
         for t in targets:
             if isinstance(t, ast.Name):
-                try:
+                with contextlib.suppress(ValueError):
                     out[t.id] = ast.literal_eval(value)
-                except ValueError:
-                    pass
     return out
 
 

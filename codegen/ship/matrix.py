@@ -100,6 +100,3 @@ def kernel_groups(rows: list[MatrixRow]) -> list[dict]:
 def matrix_json(rows: list[MatrixRow]) -> dict:
     """What `bundle matrix --json` prints: `bundles` (one per row) and `kernels` (one per group)."""
     return {"bundles": [r.as_json() for r in rows], "kernels": kernel_groups(rows)}
-
-
-__all__ = ["MatrixRow", "kernel_groups", "matrix_json", "release_matrix"]

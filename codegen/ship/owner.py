@@ -493,7 +493,3 @@ def install_auto(opts: OwnerOptions, console: Console) -> OwnerResult | None:
         say(f"validate not run ({plan.validate}). Then: mi100-codegen report (writes mi100-codegen-report.md; "
             "attach it to a Card report issue)")
     return res
-
-
-__all__ = ["OwnerOptions", "OwnerPlan", "OwnerResult", "ValidateFailed", "ValidateRun", "build_here", "check_downloaded",
-           "describe", "install_auto", "obtain_bundle", "plan_owner", "run_owner"]

@@ -62,13 +62,9 @@ def torch_line_for_tag(tag: str, prefer: str | None = None) -> str | None:
     line = tag_line(tag)
     if prefer is not None and line is not None and tag_line(TORCH_TO_AOTRITON.get(prefer, "")) == line:
         return prefer
-    for t, want in TORCH_TO_AOTRITON.items():
-        if want == tag:
-            return t
-    for t, want in TORCH_TO_AOTRITON.items():
-        if line is not None and tag_line(want) == line:
-            return t
-    return None
+    exact = (t for t, want in TORCH_TO_AOTRITON.items() if want == tag)
+    same_line = (t for t, want in TORCH_TO_AOTRITON.items() if line is not None and tag_line(want) == line)
+    return next(exact, next(same_line, None))
 
 
 def release_for_installed_torch(torch: TorchInstall) -> str:

@@ -30,15 +30,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt, ValidationError, model_validator
+from pydantic import Field, PlainValidator, StrictInt, ValidationError, model_validator
 
 from codegen.core.contain import inside
 from codegen.core.errors import UserError
-from codegen.models.records import RecordError, parse_json
+from codegen.models.records import Record, RecordError, parse_json
+from codegen.models.functional import Functional
 from codegen.models.image_name import ImageName, Spelling
 from codegen.models.target import GpuName
 from codegen.formats import tuning_db as db
-from codegen.formats.tuning_db import Functional, Table
+from codegen.formats.tuning_db import Table
 from codegen.upstream import tuning_db_places
 from codegen.upstream.releases import DB_ARCHIVE_SUFFIX
 from codegen.formats.bundle_zip import BundleError
@@ -119,8 +120,7 @@ Source = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.][A-Za-z0-9_./-]{0,300}$")]
 INT_COLUMNS = (db.HEAD_DIM,) + db.CO_COLUMNS     # read as numbers by the lookup (with the seqlen columns)
 
 
-class CarriedTable(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class CarriedTable(Record):
     columns: list[Column] = Field(min_length=1)
     head_dims: list[StrictInt]
     rows: list[list[Cell]]
@@ -143,10 +143,9 @@ class CarriedTable(BaseModel):
         return self
 
 
-class CarriedRows(BaseModel):
+class CarriedRows(Record):
     """`tuning-rows.json`: the spec's GPUs' rows of every tuned table of the tree the bundle was
     built from (a bundle member, so hostile input: read only through this model)."""
-    model_config = ConfigDict(frozen=True, extra="forbid")
     format: Literal[1]
     gpus: list[GpuName] = Field(min_length=1)
     sources: list[Source]
@@ -325,12 +324,6 @@ def match_row(tdb: TuningDatabase, gpu: str, stem: str, inp: Functional, names: 
     return m
 
 
-def case_inputs(case) -> Functional:
-    """A dispatch.DispatchCase -> the functional the LUT is indexed by."""
-    s = case.shape
-    return Functional(case.dtype, case.head_dim, case.causal, case.dropout > 0, case.bias, s.seqlen_q, s.seqlen_k)
-
-
 def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, names: Spelling) -> list[RowMatch]:
     """Every launched kernel of every case (dispatch.DispatchCase / CaseResult pairs, by name)
     that has a tuning table, matched to the row `gpu` defines."""
@@ -342,7 +335,7 @@ def match_report(tdb: TuningDatabase, gpu: str, cases: list, results: list, name
             continue
         for phase in ("fwd", "bwd"):
             for stem in res.kernels[phase]:
-                m = match_row(tdb, gpu, stem, case_inputs(case), names, case=res.case, phase=phase)
+                m = match_row(tdb, gpu, stem, case.functional, names, case=res.case, phase=phase)
                 if m is not None:
                     out.append(m)
     return out
@@ -365,8 +358,3 @@ def summary(matches: list[RowMatch], gpu: str, *, every_gpu: bool = True) -> tup
         b = bad[0]
         line += f"; first mismatch: {b.case} {b.family}: launched {b.got}, row {b.want or b.note}"
     return bool(matches) and not bad, line
-
-
-__all__ = ["CarriedRows", "ROWS", "RowMatch", "RowsSource", "Table", "TuningDatabase",
-           "carried_database", "carry_rows", "case_inputs", "differences", "match_report", "match_row", "parse_stem",
-           "read_rows", "summary", "tree_database"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from codegen.core.errors import EnvironmentMissing, UserError
+from codegen.core.fsutil import sha256_file
 from codegen.core.ui import printable
 from codegen.formats.elf import ElfError, read_dynamic
 from codegen.models.archs import HSA_OVERRIDE_ENV
@@ -22,7 +23,7 @@ from codegen.models.records import Record
 from codegen.ship.detect import SYSFS, DetectOptions, detect_machine, families, wheel_lines
 from codegen.ship.install import MANIFEST, backup_location, default_backup_dir, read_manifest, unfinished
 from codegen.ship.layout import (TORCH_TO_AOTRITON, TorchInstall, build_release_for_line, image_archs, inspect_torch,
-                                 sha256_file, unsupported_line_message)
+                                 unsupported_line_message)
 
 
 class PythonFacts(Record):

@@ -16,7 +16,6 @@ under a lock and renamed into place: a folder under its final name is complete.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -31,11 +30,10 @@ from filelock import FileLock
 from codegen.core import processes
 from codegen.core.contain import inside
 from codegen.core.errors import EnvironmentMissing, UserError
-from codegen.core.fsutil import move_into_place
+from codegen.core.fsutil import move_into_place, sha256_file
 from codegen.core.resources import user_cache_dir
 from codegen.models.hip import HIP_SOURCES, SYSROOT_FORMAT, SYSROOT_RECORD, HipSource, SysrootRecord
 from codegen.models.records import read_record, write_json
-
 
 
 @dataclass(frozen=True)
@@ -215,7 +213,7 @@ def _fill(tmp: Path, major: int, src: HipSource, env: dict, entry: Path,
     for deb in sorted(debs.glob("*.deb")):
         name, version, _arch = deb.stem.split("_", 2)
         record["packages"][name] = {"version": version.replace("%3a", ":"), "file": deb.name,
-                                    "sha256": hashlib.sha256(deb.read_bytes()).hexdigest()}
+                                    "sha256": sha256_file(deb)}
     dev = record["packages"].get(src.packages[0], {})
     if not str(dev.get("version", "")).startswith(f"{major}."):
         raise _offline(src, f"suite {src.suite} offers {src.packages[0]} {dev.get('version', 'none')}, "
@@ -282,6 +280,3 @@ def ensure_sysroot(major: int, *, root: Path | None = None, etc_apt: Path = Path
         size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file() and not p.is_symlink())
         progress(f"HIP {major} sysroot: ready at {entry} ({size / 1e6:.1f} MB)")
         return made
-
-
-__all__ = ["HIP_SOURCES", "HipSource", "Mirror", "Sysroot", "debian_mirrors", "ensure_sysroot", "find_sysroot"]

@@ -90,6 +90,3 @@ def refused(claims: list[Claim]) -> str | None:
     """The failed claims as one line (None: the bundle is accepted)."""
     failed = [c for c in claims if not c.ok]
     return "; ".join(f"{c.name} ({c.detail})" for c in failed) or None
-
-
-__all__ = ["DECOMPRESS", "ONE_LIBRARY", "PACKAGES", "bundle_verdict", "refused"]

@@ -26,12 +26,11 @@ library, nor a toolchain that was itself compromised (docs/trust.md)."""
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
@@ -42,6 +41,7 @@ from codegen.compile import engine
 from codegen.compile.sample import stratified_sample
 from codegen.core import ui
 from codegen.core.errors import EXIT_UPSTREAM, CodegenError, UserError
+from codegen.core.fsutil import sha256_file
 from codegen.core.ui import printable
 from codegen.formats.aks2 import KernelRef, ZipRef, package_images, packed_kernels
 from codegen.formats.bundle_zip import Bundle, BundleError, extract, open_bundle
@@ -89,8 +89,7 @@ class KernelVerdict:
     detail: str = ""
 
     def as_json(self) -> dict:
-        return {"kernel": self.kernel, "config": self.config, "package": self.package, "entry": self.entry,
-                "verdict": self.verdict, "sections": list(self.sections), "detail": self.detail}
+        return {**asdict(self), "sections": list(self.sections)}
 
 
 @dataclass
@@ -185,7 +184,7 @@ def _compile_report_note(bundle: Bundle, loaded: LoadedSpec) -> list[str]:
     path = overlay_results(loaded).get(COMPILE_REPORT)
     if summary is None or path is None:
         return []
-    if hashlib.sha256(path.read_bytes()).hexdigest() == summary.sha256:
+    if sha256_file(path) == summary.sha256:
         return []
     return [f"this mi100-codegen renders the spec with another compile report than the bundle's builder "
             f"({summary.sha256[:12]}…): a kernel it plans differently shows as not packed or not planned"]
@@ -306,7 +305,3 @@ def verify_bundle(opts: VerifyOptions, err: Console | None = None) -> VerifyRepo
         lap("compare")
     rep.seconds["total"] = round(clock[-1] - clock[0], 1)
     return rep
-
-
-__all__ = ["BundleDiffers", "KernelVerdict", "VERDICTS", "VerifyOptions", "VerifyReport", "compare_code_objects",
-           "recorded_triton", "verify_bundle"]

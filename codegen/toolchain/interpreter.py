@@ -20,14 +20,17 @@ from codegen.toolchain import TRITON_DISTRIBUTIONS, require_triton, triton_misma
 from codegen.toolchain.venv import ensure_venv
 
 _PROBE = r"""
-import importlib.metadata as md, json, sys
-v = None
-for d in json.loads(sys.argv[1]):
+import importlib.metadata as md, json, site, sys
+found = {}
+for n in json.loads(sys.argv[1]):
     try:
-        v = md.version(d); break
+        found[n] = md.version(n)
     except md.PackageNotFoundError:
-        pass
-print(json.dumps({"triton": v, "python": list(sys.version_info[:2])}))
+        found[n] = None
+paths = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+if getattr(site, "ENABLE_USER_SITE", False) and site.getusersitepackages():
+    paths.append(site.getusersitepackages())
+print(json.dumps({"found": found, "site": paths, "python": list(sys.version_info[:3])}))
 """
 
 
@@ -54,13 +57,16 @@ class CompilerPython:
 PROBE_TIMEOUT_S = 60.0  # importing importlib.metadata and reading one version takes well under a second
 
 
-def probe(python: str) -> dict:
-    """`{"triton": version or None, "python": [major, minor]}` of another interpreter (read-only)."""
+def probe(python: str, names=(), env: dict | None = None) -> dict:
+    """What another interpreter has (read-only): `found` (the version of each distribution of
+    `names`, None when absent), `site` (its site-packages folders), `python` ([major, minor, micro])
+    and `triton` (the first of TRITON_DISTRIBUTIONS found, or None)."""
     try:
-        proc = processes.run([python, "-c", _PROBE, json.dumps(TRITON_DISTRIBUTIONS)], capture_output=True,
-                             text=True, stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S)
+        proc = processes.run([python, "-c", _PROBE, json.dumps(list(dict.fromkeys([*names, *TRITON_DISTRIBUTIONS])))],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S,
+                             env=env)
     except subprocess.TimeoutExpired:
-        raise EnvironmentMissing(f"--python {python} did not answer a version probe within "
+        raise EnvironmentMissing(f"{python} did not answer a version probe within "
                                  f"{PROBE_TIMEOUT_S:g} s (killed): is it a Python interpreter?") from None
     except OSError as exc:
         raise EnvironmentMissing(f"cannot run Python interpreter {python}: {exc}") from None
@@ -68,11 +74,13 @@ def probe(python: str) -> dict:
         raise EnvironmentMissing(f"cannot run Python interpreter {python}: {proc.stderr.strip()[-400:]}")
     try:
         found = json.loads(proc.stdout)
-        if not (isinstance(found, dict) and isinstance(found.get("python"), list)):
+        if not (isinstance(found, dict) and isinstance(found.get("python"), list)
+                and isinstance(found.get("found"), dict) and isinstance(found.get("site"), list)):
             raise ValueError(found)
     except ValueError:
-        raise EnvironmentMissing(f"--python {python}: its answer to the version probe is not ours "
+        raise EnvironmentMissing(f"{python}: its answer to the version probe is not ours "
                                  f"({proc.stdout.strip()[:200]!r}): is it a Python interpreter?") from None
+    found["triton"] = next((v for d in TRITON_DISTRIBUTIONS if (v := found["found"].get(d))), None)
     return found
 
 
@@ -97,8 +105,8 @@ def compiler_python(spec: TargetSpec, stage: str, *, python: str | None = None, 
     path = preflight.interpreter(python)
     found = probe(path)
     require_triton(spec, found["triton"], stage, path)
-    if same_python and tuple(found["python"]) != tuple(sys.version_info[:2]):
-        have = ".".join(map(str, found["python"]))
+    if same_python and tuple(found["python"][:2]) != tuple(sys.version_info[:2]):
+        have = ".".join(map(str, found["python"][:2]))
         raise UserError(f"--python {path} is Python {have}; {stage}'s compile workers load mi100-codegen's "
                         f"modules there from this Python {sys.version_info[0]}.{sys.version_info[1]}",
                         hint="pass an interpreter of the same Python version, or leave out --python (the build venv)")
@@ -118,6 +126,3 @@ def _warn_unmeasured(spec: TargetSpec, used: str | None, measured: str | None, c
             f"warning: compiling with Triton {used}, but tuning/{spec.arch}/compile_report.json (which caps the "
             f"seeded rows' waves_per_eu) was measured with {measured}: configs clean there may spill here; "
             f"re-measure (`mi100-codegen precompile TREE --tuning-report FILE`) or use Triton {measured}", style="yellow", markup=False)
-
-
-__all__ = ["CompilerPython", "compiler_python", "probe"]

@@ -177,18 +177,6 @@ def _run_logged(cmd: list[str], log: Path, what: str) -> None:
                              f"constraints): fix it, or pre-create the venv offline ({DOCS})")
 
 
-def _installed_triton(python: str) -> str:
-    try:
-        proc = processes.run([python, "-c", "import importlib.metadata as m; print(m.version('triton'))"],
-                             capture_output=True, text=True, env=pip_env(), stdin=subprocess.DEVNULL,
-                             timeout=60)
-    except subprocess.TimeoutExpired:
-        raise VenvError("the new build venv's Python did not report its Triton within 60 s (killed)") from None
-    if proc.returncode != 0:
-        raise VenvError(f"the new build venv's Python cannot report its Triton: {proc.stderr.strip()[-300:]}")
-    return proc.stdout.strip()
-
-
 def create_venv(root: Path, specifier: str, requirements, triton: str | None, console: Console,
                 python: str | None = None) -> BuildVenv:
     """Create a build venv (caller holds the lock): venv in a temp dir, pip install, record, rename."""
@@ -207,7 +195,10 @@ def create_venv(root: Path, specifier: str, requirements, triton: str | None, co
         vpy = str(tmp / "bin" / "python")
         with console.status(f"pip install '{want}' {' '.join(reqs)} (about 250 MB for Triton)"):
             _run_logged([vpy, "-m", "pip", "install", "--no-input", want, *reqs], log, "pip install")
-        version = _installed_triton(vpy)
+        # import-time dependency: a cycle (the interpreter module imports this one)
+        from codegen.toolchain.interpreter import probe
+
+        version = probe(vpy, ("triton",), env=pip_env())["found"]["triton"] or ""
         if not _triton_allowed(version, specifier):
             raise VenvError(f"pip installed Triton {version}, outside '{specifier}' (a constraint or "
                             f"pin in your pip configuration?); pip's log: {log}")
@@ -246,7 +237,3 @@ def ensure_venv(specifier: str, requirements, *, triton: str | None = None, root
             return found
         _remove_stale(root)
         return create_venv(root, specifier, requirements, triton, console)
-
-
-__all__ = ["BuildVenv", "VenvError", "VenvKey", "cached_venvs", "create_venv", "default_root", "ensure_venv",
-           "find_venv", "key_for", "pip_env"]

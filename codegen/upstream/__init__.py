@@ -6,40 +6,15 @@ anything is written*. The records, one per release, are `codegen.upstream.releas
 identity (name, version, commit), layout traits, shipped archs, the torch lines that link it,
 the Triton it pins, its library file name. Stages receive the record, never a release name.
 
-Stable API (other stages call it; keep it compatible):
+Stable API (other stages call it; keep it compatible): `detect(tree)` returns the record (`Adapter`
+is the same class), and stages read its fields, each documented where `Release` declares it.
 
-    adapter = detect(tree)          # -> Release (frozen; `Adapter` is the same class)
-    adapter.release                 # '0.10b' … '0.13b', or '0.14.0-dev' (main 30ae967, not a release)
-    adapter.label                   # the name with what it is: '0.14.0-dev (main at 30ae967, not a release)'
-    adapter.version                 # (0, 11, 1): what CMakeLists.txt says
-    adapter.id                      # layout family: 'v3python-central-db' | 'v3python-sharded-db' |
-                                    # 'aotriton-python' (0.13b) | 'aotriton-modular' (main, 0.14 line)
-    adapter.layout                  # 'v3python' | 'aotriton-python' (codegen.upstream.layouts: module
-                                    # path, Config import, edit paths)
-    adapter.tuning_db_layout        # 'central' (0.10b, 0.11b) | 'sharded' (0.11.1b and later)
-    adapter.tuning_db, .op_db       # central / op-DB tarball paths (op_db None for 0.10b)
-    adapter.shard_root              # 'v3python/database/amd', 'modules/database/amd' (0.13b),
-                                    # 'modules/flash/database/amd' (main) or None
-    adapter.shard_path(arch, kernel)   # '<shard_root>/gfx908/flash/attn_fwd.sqlite3.tar.xz'
-                                    # (main: '<shard_root>/gfx908/attn_fwd.sqlite3.tar.xz')
-    adapter.generator_module        # 'v3python.generate' / 'aotriton.generate' (run from the tree root)
-    adapter.db_compose_module       # 'v3python.database_compose' (sharded) or None
-    adapter.package_dir             # None, or 'python' (0.13b+: python/ imported as `aotriton` by
-                                    # `codegen.upstream.generator.importable`, never installed)
-    adapter.build_db_dir            # where the generator reads the DB, relative to --build_dir:
-                                    # '.' (central), 'database' (sharded), 'flash/database' (main)
-    adapter.kernel_dir              # the Triton kernels, imported flat by tune/validate
-    adapter.image_format            # 'aks2' or 'zip' (0.13b+)
-    adapter.image_names             # how its images are named (codegen.models.image_name: SIG, ENTRY 0.13b+)
-    adapter.shipped_archs, .torch_lines, .triton, .library, .commit_ids
-    adapter.required_files, .foreign_paths, .markers, .foreign_markers   # what identifies the layout
-
-Release knowledge beside the records, one module each: `layouts` (where a layout family
-keeps its files), `edits` (the anchored edits as typed records), `tuning_db` (table and column
-names, winner -> row), `database` (composing the DB as CMake does), `generator` (the
-environment the tree's own Python tools run in), `registration` (is the target registered; may a
-spec be applied to this release), `kernel_args` (importing the tree's Triton kernels and passing
-their parameters by name, for tune and validate --kernels).
+Release knowledge beside the records, one module each: `layouts` (where a layout family keeps its
+files), `edits` (the anchored edits as typed records), `generator` (the environment the tree's own
+Python tools run in), `registration` (is the target registered; may a spec be applied to this
+release), `kernel_args` (importing the tree's Triton kernels and passing their parameters by name,
+for tune and validate --kernels), `trees` (a pristine tree of a release), `knobs` (the environment
+knobs its CMake reads).
 
 How detection works: the top CMakeLists.txt's `set(AOTRITON_VERSION_{MAJOR,MINOR,PATCH}_INT n)`
 lines give the version (there is no `project(... VERSION ...)`); it selects the records of that
@@ -52,6 +27,7 @@ or a newer tree with the same version" (e.g. a 0.14 tag after the 0.14.0-dev sna
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -144,10 +120,8 @@ def kernel_source_dir(tree: Path | str) -> Path | None:
     the detected release's `kernel_dir`; for a tree `detect` refuses (e.g. a bare kernel
     checkout), the first known kernel folder that holds flash.py; None when there is none."""
     root = Path(tree)
-    try:
+    with contextlib.suppress(UnsupportedTree):
         return root / detect(root).kernel_dir
-    except UnsupportedTree:
-        pass
     return next((root / d for d in KERNEL_DIRS if (root / d / "flash.py").is_file()), None)
 
 
@@ -182,10 +156,8 @@ def parse_constexpr(text: str):
     or None when the entry is not a constant (e.g. '*fp16:16')."""
     text = text.strip()
     for conv in (int, float):
-        try:
+        with contextlib.suppress(ValueError):
             return conv(text)
-        except ValueError:
-            pass
     return {"True": True, "False": False}.get(text)
 
 

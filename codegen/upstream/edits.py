@@ -128,6 +128,3 @@ def edit_records(spec: TargetSpec, paths: EditPaths, hook_lines: list[str]) -> l
     dup = sorted({i for i in ids if ids.count(i) > 1})
     assert not dup, f"duplicate edit ids: {dup}"  # a bug here, not a user error
     return sorted(out, key=lambda e: e.id)
-
-
-__all__ = ["CATALOGUE", "EditPaths", "EditRecord", "edit_records"]

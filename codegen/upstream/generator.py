@@ -44,6 +44,3 @@ def with_pythonpath(env: dict[str, str] | None, extra: dict[str, str]) -> dict[s
     out = dict(os.environ if env is None else env)
     out.update(extra)
     return out
-
-
-__all__ = ["importable", "package_name", "with_pythonpath"]

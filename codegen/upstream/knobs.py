@@ -7,5 +7,3 @@ HEAD_DIMS_ENV = "AOTRITON_FLASH_BLOCK_DMODEL"  # head dims the flash rules build
 ENABLE_FP32_ENV = "AOTRITON_ENABLE_FP32"       # CMake option passed to the generator (default ON)
 COMMIT_ENV = "AOTRITON_CI_SUPPLIED_SHA1"       # the commit, for a tree without .git (0.11b+)
 TREE_SHA_ENV = "AOTRITON_GIT_TREESHA1"         # the commit's tree id, likewise (0.12b+)
-
-__all__ = ["COMMIT_ENV", "ENABLE_FP32_ENV", "HEAD_DIMS_ENV", "TREE_SHA_ENV"]

@@ -52,6 +52,3 @@ DEFAULT_LAYOUT = "v3python"
 
 def layout_of(name: str) -> Layout:
     return LAYOUTS[name]
-
-
-__all__ = ["DEFAULT_LAYOUT", "LAYOUTS", "Layout", "MODULE_NAME", "layout_of"]

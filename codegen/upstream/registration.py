@@ -57,6 +57,3 @@ def registration_gaps(tree: Path, layout: str, gpus: list[str], arch: str | None
     if arch is not None and arch not in (_literal_strings(table, "AOTRITON_ARCH_TO_PACK") or []):
         gaps.append(("AOTRITON_ARCH_TO_PACK", arch))
     return gaps
-
-
-__all__ = ["refuse_unsuitable_tree", "registration_gaps"]

@@ -361,8 +361,3 @@ def _torch_key(line: str) -> tuple[int, ...]:
 TORCH_LINES: tuple[TorchLink, ...] = tuple(sorted(
     (TorchLink(t.torch, t.branch, t.note, t.rocm, aotriton=r.release) for r in RELEASES for t in r.torch_lines),
     key=lambda t: _torch_key(t.torch)))
-
-
-__all__ = ["BuildCost", "DB_ARCHIVE_SUFFIX", "IMAGES_DIR", "OP_DB_FILE", "RELEASES", "ROCM_TRITON_FORK", "Release", "SUPPORTED",
-           "SUPPORTED_RELEASES", "TORCH_LINES", "TUNING_DB_FILE", "TorchLine", "TorchLink", "by_release", "db_archive",
-           "parse_tag", "release_line", "release_name", "tag_line", "version_text"]

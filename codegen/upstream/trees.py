@@ -136,6 +136,3 @@ def release_tree(release: str, dest: Path, fetch: Callable[[str, Path], str | No
     raise UserError(f"no AOTriton {release} tree to rebuild from",
                     hint=f"set {SRC_ENV} to an extracted {release} tree, {GIT_ENV} to a git dir of ROCm/aotriton, "
                          f"or {ARCHIVE_ENV} to the release archive (shared/upstream/aotriton-releases.tar.xz)")
-
-
-__all__ = ["ARCHIVE_ENV", "ARCHIVE_REL", "GIT_ENV", "SRC_ENV", "archive_entries", "release_archive", "release_tree"]

@@ -11,6 +11,7 @@ reporting), then exits 3 like `validate`."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -62,12 +63,10 @@ def _command(cmd: list[str]) -> str | None:
 
 
 def _os_name() -> str | None:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/etc/os-release").read_text(encoding="utf-8", errors="replace").splitlines():
             if line.startswith("PRETTY_NAME="):
                 return line.split("=", 1)[1].strip().strip('"')
-    except OSError:
-        pass
     return None
 
 
@@ -166,6 +165,3 @@ def run_report(opts: ReportOptions) -> Path:
                  f"({REDACTED}), {counts[PATH]} paths ({PATH}), {counts[URL]} addresses ({URL}).", markup=False)
     validate._verdict(report, True)
     return opts.out
-
-
-__all__ = ["DEFAULT_OUT", "ReportOptions", "compose_report", "environment", "render_report", "run_report"]

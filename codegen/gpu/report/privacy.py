@@ -312,7 +312,3 @@ def scrub(data, counts: Counter | None = None):
     if data is None or isinstance(data, (bool, int, float)):
         return data
     return sanitize(data if isinstance(data, str) else str(data), counts)
-
-
-__all__ = ["KNOWN_ENV", "PATH", "PLACEHOLDERS", "REDACTED", "SITE", "URL", "allowed", "private_values", "sanitize",
-           "scrub", "vocabulary"]

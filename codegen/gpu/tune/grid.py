@@ -1,6 +1,6 @@
 """The tuning grid and its candidate configs (pure: no I/O, no GPU).
 
-Upstream's tuning database holds one row per GPU and functional key (codegen.formats.tuning_db's
+Upstream's tuning database holds one row per GPU and functional key (codegen.models.functional's
 `Functional`: dtype, head dim, causal, dropout, bias and the (seqlen_q, seqlen_k) bins), for each
 kernel family (`attn_fwd`, `bwd_kernel_dk_dv`, `bwd_kernel_dq`, `bwd_kernel_fuse`). A grid
 entry is one such key of one family and arch; `tune` measures every candidate config of the spec's space for it and
@@ -14,8 +14,9 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
-from codegen.formats.tuning_db import SEQLEN_BINS, Functional
+from codegen.formats.tuning_db import SEQLEN_BINS
 from codegen.models import FAMILIES, KernelConfig, TargetSpec, expand_family
+from codegen.models.functional import Functional
 
 
 @dataclass(frozen=True, order=True)

@@ -5,9 +5,10 @@ Imported only once torch is known to be importable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -16,7 +17,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from codegen.core.errors import EnvironmentMissing
 from codegen.models.dtypes import DTYPE_INFO
-from codegen.ship.layout import images_signature, sha256_file
+from codegen.core.fsutil import sha256_file
+from codegen.ship.layout import images_signature
 from codegen.upstream.releases import IMAGES_DIR
 from codegen.models.cases import Case, Shape, tolerance
 
@@ -41,16 +43,8 @@ class Platform:
         return self.kind != "rocm"
 
     def as_dict(self) -> dict:
-        return {
-            "platform": self.kind,
-            "device_name": self.device_name,
-            "arch": self.arch,
-            "arch_full": self.arch_full,
-            "torch_version": self.torch_version,
-            "hip_version": self.hip_version,
-            "cuda_version": self.cuda_version,
-            "compute_units": self.compute_units,
-        }
+        d = asdict(self)
+        return {"platform": d.pop("kind"), **d}
 
 
 def detect_platform() -> Platform:
@@ -155,10 +149,8 @@ def aotriton_proof(arch: str) -> dict:
     lib = Path(libs[0])
     out["file"] = lib.name
     out["path"] = str(lib)
-    try:
+    with contextlib.suppress(OSError):
         out["sha256"] = sha256_file(lib)
-    except OSError:
-        pass
     img = lib.parent / IMAGES_DIR / f"amd-{arch}"
     out["images_dir"] = str(img)
     if img.is_dir():

@@ -29,12 +29,11 @@ from typing import Callable
 
 from codegen.core.errors import UpstreamError, UserError
 from codegen.core.pool import Job, Lost, Pool
-from codegen.models import KernelConfig, expand_family
+from codegen.models import FAMILIES, KernelConfig, expand_family
 from codegen.models.cases import KERNEL_SHAPES, Shape
 from codegen.upstream import KERNEL_DIRS, kernel_source_dir
 from codegen.upstream.kernel_args import bind, load_kernels, param_values
 
-FAMILIES = ("attn_fwd", "bwd_kernel_dk_dv", "bwd_kernel_dq", "bwd_kernel_fuse")
 TIMEOUT_S = 600.0  # one config: its compile, launches and checks
 
 
