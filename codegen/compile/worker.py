@@ -9,7 +9,6 @@ imports Triton once, `handle` compiles one task dict into one result dict.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from codegen.upstream import parse_constexpr as _constexpr
 from codegen.upstream import signature_constant
+from codegen.upstream.kernel_args import import_flat
 
 _MODULES: dict[str, object] = {}
 parse_resources = None  # bound in serve()
@@ -30,10 +30,7 @@ def _kernel(source: str, name: str):
     mod = _MODULES.get(source)
     if mod is None:
         path = Path(source)
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        mod = importlib.import_module(path.stem)
-        _MODULES[source] = mod
+        mod = _MODULES[source] = import_flat(path.parent, path.stem)
     return getattr(mod, name)
 
 

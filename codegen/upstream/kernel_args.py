@@ -56,7 +56,6 @@ BUFFERS = ("q", "k", "v", "do", "o", "L", "delta", "dq", "dk", "dv", "db", "b", 
            "i32null", "u64null", "counter")
 PREPROCESS_BLOCK_M = 16  # bwd_preprocess's tile (it only computes delta; not a tuned kernel)
 
-_loaded_dir: list[Path] = []  # the kernel folder whose modules are imported in this process
 
 
 def block_dmodel(head_dim: int) -> int:
@@ -68,30 +67,30 @@ def block_dmodel(head_dim: int) -> int:
     return m
 
 
-def load_kernels(src: Path) -> dict[str, object]:
-    """family -> the kernel (a Triton JITFunction) of the kernel folder `src`, imported flat
-    (the kernels import each other by bare module name). A family whose module the folder
-    lacks is left out. Modules imported earlier from another kernel folder are dropped first,
-    so one process can load the kernels of several trees in turn."""
-    src = Path(src).resolve()
-    for old in [d for d in _loaded_dir if d != src]:
-        for name, mod in list(sys.modules.items()):
-            f = getattr(mod, "__file__", None)
-            if f and Path(f).resolve().parent == old:
-                del sys.modules[name]
-        while str(old) in sys.path:
-            sys.path.remove(str(old))
-        _loaded_dir.remove(old)
+def import_flat(folder: Path, module: str):
+    """`module` of the kernel folder `folder`, imported flat (kernels import each other by bare
+    module name, so the folder goes first on sys.path). Every flat module the folder holds a file
+    of but that was imported from elsewhere (another tree's kernel folder, by this function or
+    anyone) is dropped first, so one process can load the kernels of several trees in turn."""
+    src = Path(folder).resolve()
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if "." not in name and f and (src / f"{name}.py").is_file() and Path(f).resolve() != src / f"{name}.py":
+            del sys.modules[name]
     if str(src) in sys.path:
         sys.path.remove(str(src))
     sys.path.insert(0, str(src))
-    if src not in _loaded_dir:
-        _loaded_dir.append(src)
     importlib.invalidate_caches()
+    return importlib.import_module(module)
+
+
+def load_kernels(src: Path) -> dict[str, object]:
+    """family -> the kernel (a Triton JITFunction) of the kernel folder `src` (`import_flat`). A
+    family whose module the folder lacks is left out."""
     kernels: dict[str, object] = {}
     for fam, (mod, fn) in {**FAMILY_MODULES, **AUX_MODULES}.items():
         try:
-            m = importlib.import_module(mod)
+            m = import_flat(src, mod)
         except ModuleNotFoundError as exc:
             if exc.name == mod:
                 continue
