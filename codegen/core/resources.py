@@ -39,6 +39,20 @@ def data_dir(name: str) -> Path:
                     hint="reinstall mi100-codegen (pip install .)")
 
 
+def shared_file(rel: Path, env: str, starts: list[Path] | None = None) -> Path | None:
+    """A file of the project's shared folder (test and CI input kept beside a checkout, e.g.
+    `shared/upstream/...`): the file `$env` names, else `rel` in the nearest ancestor of each of
+    `starts` (default: the current folder, then this install) that holds it; None without one."""
+    named = os.environ.get(env)
+    if named:
+        return Path(named) if Path(named).is_file() else None
+    for start in starts if starts is not None else [Path.cwd(), _PKG]:
+        for parent in [start.resolve(), *start.resolve().parents]:
+            if (parent / rel).is_file():
+                return parent / rel
+    return None
+
+
 DEFAULT_SPEC = "mi100"   # the embedded spec every command takes without --spec (`spec show` prints it)
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from codegen.core import processes
 from codegen.core.errors import EnvironmentMissing
 from codegen.core.fsutil import move_into_place, trusted_storage
-from codegen.core.resources import user_cache_dir
+from codegen.core.resources import shared_file, user_cache_dir
 
 COMMIT = "a9069c177a9da9cca18593edf55acd2e6073cca6"
 SHORT = COMMIT[:8]
@@ -82,16 +82,9 @@ def check_tree(root: Path, what: str) -> Path:
 
 
 def find_archive(starts: list[Path] | None = None) -> Path | None:
-    """The emulator's archive: `TINYGRAD_ARCHIVE`, else shared/emulators/ in the nearest ancestor
-    of each of `starts` (default: the current folder, then this install)."""
-    env = os.environ.get(ARCHIVE_ENV)
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    for start in starts if starts is not None else [Path.cwd(), Path(__file__).resolve().parent]:
-        for parent in [start.resolve(), *start.resolve().parents]:
-            if (parent / ARCHIVE_REL).is_file():
-                return parent / ARCHIVE_REL
-    return None
+    """The emulator's archive: `TINYGRAD_ARCHIVE`, else shared/emulators/ beside the checkout
+    (codegen.core.resources.shared_file)."""
+    return shared_file(ARCHIVE_REL, ARCHIVE_ENV, starts)
 
 
 def _cache_root() -> Path:

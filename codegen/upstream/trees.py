@@ -26,6 +26,7 @@ from typing import Callable
 from codegen.core import processes
 from codegen.core.errors import UserError
 from codegen.core.fsutil import move_into_place
+from codegen.core.resources import shared_file
 from codegen.upstream import UnsupportedTree, by_release, detect
 
 SRC_ENV, GIT_ENV, ARCHIVE_ENV = "AOTRITON_SRC", "AOTRITON_GIT", "AOTRITON_ARCHIVE"
@@ -34,16 +35,9 @@ TREE_TIMEOUT_S = 900.0   # extracting one release from the 22 MB archive takes a
 
 
 def release_archive(starts: list[Path] | None = None) -> Path | None:
-    """The archive of release trees: `AOTRITON_ARCHIVE`, else `shared/upstream/...` in the nearest
-    ancestor of each of `starts` (default: the current folder, then this install)."""
-    env = os.environ.get(ARCHIVE_ENV)
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    for start in starts if starts is not None else [Path.cwd(), Path(__file__).resolve().parent]:
-        for parent in [start.resolve(), *start.resolve().parents]:
-            if (parent / ARCHIVE_REL).is_file():
-                return parent / ARCHIVE_REL
-    return None
+    """The archive of release trees: `AOTRITON_ARCHIVE`, else `shared/upstream/...` beside the
+    checkout (codegen.core.resources.shared_file)."""
+    return shared_file(ARCHIVE_REL, ARCHIVE_ENV, starts)
 
 
 def archive_entries(archive: Path) -> dict[str, tuple[Path, str]]:
