@@ -200,6 +200,31 @@ def test_requests_the_service_declines():
             parse_request({**req, **bad}, ARCH)
 
 
+def test_closing_the_service_ends_the_thread_blocked_in_accept():
+    """Closing wakes and joins the accepting thread. Left blocked on the socket's fd number, it took
+    the connections of a later socket given that number when its call restarted: a loopback HTTP
+    server's, in a test run on a loaded machine (the client saw "Connection reset by peer")."""
+    class Elsewhere:   # an executor: no local workers to start
+        def start(self):
+            pass
+
+        def close(self):
+            pass
+
+    svc = CompileService(jobs=1, python=None, triton="3.5.1", arch=ARCH, warp_size=64, cache=None,
+                         executor=Elsewhere())
+    with svc:
+        fd, (thread,) = svc._sock.fileno(), svc._threads
+        syscall = Path(f"/proc/self/task/{thread.native_id}/syscall")
+        if not syscall.is_file():
+            pytest.skip("needs Linux's /proc/self/task/TID/syscall to see the thread inside accept")
+        deadline = time.monotonic() + 30
+        while syscall.read_text().split()[1:2] != [hex(fd)]:   # its call's first argument: the socket
+            assert time.monotonic() < deadline, "the service's thread never entered accept"
+            time.sleep(0.01)
+    assert not thread.is_alive()
+
+
 SERVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path

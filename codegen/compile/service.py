@@ -157,6 +157,13 @@ class CompileService:
     def close(self) -> None:
         self._closing.set()
         if self._sock is not None:
+            # Closing alone leaves the accepting thread blocked on the socket's fd number; a later
+            # socket of this process given that number (an HTTP download's, say) then has its
+            # connections taken by it once the call restarts. Shutdown wakes it; it is joined.
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            for t in self._threads:
+                t.join(timeout=10)
             with contextlib.suppress(OSError):
                 self._sock.close()
         if self._executor is None:
