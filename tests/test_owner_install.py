@@ -49,8 +49,10 @@ def dist(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def machine(tmp_path, monkeypatch):
-    """An MI100 owner's machine: torch 2.9 on ROCm 6.4, the user cache in tmp_path, bundle check recorded."""
+    """An MI100 owner's machine: torch 2.9 on ROCm 6.4, the user cache in tmp_path, bundle check
+    recorded, offline: a build here fails at once, so a test that did not plan one never runs one."""
     monkeypatch.setenv("MI100_CODEGEN_CACHE", str(tmp_path / "cache"))
+    offline(tmp_path / "cache", monkeypatch)
     monkeypatch.delenv("MI100_CODEGEN_INDEX", raising=False)
     checked: list[Path] = []
 
@@ -240,7 +242,6 @@ def test_no_bundle_in_the_index_or_no_index_plans_a_build_here(tmp_path, dist, m
 
 
 def test_offline_the_local_build_names_the_step_that_needs_the_network(machine, monkeypatch):
-    offline(machine, monkeypatch)
     before = snapshot(machine.site)
     r = auto(machine, str(machine.cache / "none"), "--build-locally")
     assert r.exit_code == 3, r.output
@@ -249,9 +250,9 @@ def test_offline_the_local_build_names_the_step_that_needs_the_network(machine, 
     assert snapshot(machine.site) == before
 
 
-def offline(m, monkeypatch) -> None:
+def offline(cache: Path, monkeypatch) -> None:
     """No AOTriton tree can be had here: a build here fails at once (exit 3, git clone)."""
-    monkeypatch.setenv("AOTRITON_ARCHIVE", str(m.cache / "no-archive"))
+    monkeypatch.setenv("AOTRITON_ARCHIVE", str(cache / "no-archive"))
     monkeypatch.delenv("AOTRITON_SRC", raising=False)
     monkeypatch.delenv("AOTRITON_GIT", raising=False)
     monkeypatch.setattr(owner, "AOTRITON_URL", "https://127.0.0.1:9/aotriton.git")   # nothing listens there
@@ -260,7 +261,6 @@ def offline(m, monkeypatch) -> None:
 def test_a_failed_fallback_build_says_the_index_failed_and_why(machine, monkeypatch):
     """The index answers 500: the plan builds here; offline, that build's final error is about git
     clone, and says too why it was built here at all."""
-    offline(machine, monkeypatch)
     with serve(Site({}, errors={"/r/index.json": 500})) as site:
         r = auto(machine, site.url("/r/"))
     assert r.exit_code == 3, r.output
@@ -273,7 +273,6 @@ def test_a_failed_fallback_build_says_the_index_failed_and_why(machine, monkeypa
 def test_a_redirect_our_url_rule_refuses_is_hostile_never_a_fallback(machine, dist, which, monkeypatch):
     """file:// (which urllib itself refuses, as an HTTP error) and plain http to another host: exit 2
     naming the rule, for the index and the bundle alike; never the plan's build here."""
-    offline(machine, monkeypatch)
     for target in ("file:///etc/passwd", "http://10.0.0.1/x.json"):
         path = "/r/index.json" if which == "index" else f"/r/{NAME}"
         before = snapshot(machine.site)
