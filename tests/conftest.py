@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -35,6 +36,12 @@ if not os.environ.get("MI100_CODEGEN_HOME"):
     import tempfile
 
     os.environ["MI100_CODEGEN_HOME"] = tempfile.mkdtemp(prefix="mi100-codegen-home-")
+
+# The children a test interrupts must hear SIGINT: a test run started in the background (`cmd &`,
+# nohup) inherits SIGINT ignored, an ignored signal stays ignored across exec, and those tests
+# then skipped or failed. Such a run has no terminal to send this process a Ctrl-C anyway.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 SUPPORTED_TAGS: tuple[str, ...] = SUPPORTED_RELEASES
 NO_TREE = (
     "needs a real AOTriton tree: set AOTRITON_GIT to a git dir of ROCm/aotriton "
