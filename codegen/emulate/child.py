@@ -22,22 +22,24 @@ FRAME = struct.Struct("<Q")
 FRAME_LIMIT = 512 << 20
 
 
-def read_frame(stream) -> bytes | None:
+def read_frame(stream, limit: int = FRAME_LIMIT) -> bytes | None:
+    """One frame's JSON bytes; None at the end of the stream (or a frame cut short)."""
     head = stream.read(FRAME.size)
     if len(head) < FRAME.size:
         return None
     (n,) = FRAME.unpack(head)
-    if n > FRAME_LIMIT:
-        raise ValueError(f"frame of {n} bytes")
+    if n > limit:
+        raise ValueError(f"a frame of {n} bytes (at most {limit})")
     data = stream.read(n)
     if len(data) < n:
         return None
     return data
 
 
-def write_frame(stream, obj: dict) -> None:
+def write_frame(stream, obj: dict, payload: bytes = b"") -> None:
+    """`obj` as one frame, then `payload` (a request's code image)."""
     data = json.dumps(obj, separators=(",", ":")).encode()
-    stream.write(FRAME.pack(len(data)) + data)
+    stream.write(FRAME.pack(len(data)) + data + payload)
     stream.flush()
 
 

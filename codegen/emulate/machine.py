@@ -31,7 +31,7 @@ from codegen.core.resources import user_cache_dir
 from codegen.emulate import source
 from codegen.emulate.arena import CODE_BASE, LAUNCH_BYTES, SCRATCH_APERTURE, Arena
 from codegen.emulate.parts import PARTS
-from codegen.emulate.child import FRAME
+from codegen.emulate.child import read_frame, write_frame
 from codegen.emulate.source import EmulatorMissing
 from codegen.formats.elf import IMAGE_LIMIT, ElfError, kernel_descriptor, loaded_image, read_code_object
 from codegen.models.emulate import Execution, Fault, Launch
@@ -153,10 +153,8 @@ class Machine:
         started again on the next request)."""
         self.start()
         proc = self.proc
-        data = json.dumps(header, separators=(",", ":")).encode()
         try:
-            proc.stdin.write(FRAME.pack(len(data)) + data + payload)
-            proc.stdin.flush()
+            write_frame(proc.stdin, header, payload)
             answer = self._read_answer(proc)
         except (OSError, ValueError) as exc:
             answer = None
@@ -178,16 +176,8 @@ class Machine:
         deadline = time.monotonic() + self.timeout_s
         if not sel.select(max(0.0, deadline - time.monotonic())):
             raise ValueError(f"no answer within {self.timeout_s:g} s")
-        head = proc.stdout.read(FRAME.size)
-        if len(head) < FRAME.size:
-            return None
-        (n,) = FRAME.unpack(head)
-        if n > ANSWER_LIMIT:
-            raise ValueError(f"an answer of {n} bytes")
-        raw = proc.stdout.read(n)
-        if len(raw) < n:
-            return None
-        return json.loads(raw)
+        raw = read_frame(proc.stdout, ANSWER_LIMIT)
+        return None if raw is None else json.loads(raw)
 
     # --- launches ----------------------------------------------------------------------------
     def _prepare(self, code_object: bytes, launch: Launch, budget: int) -> tuple[dict, bytes]:

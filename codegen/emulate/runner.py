@@ -83,14 +83,6 @@ class _Canaries:
         return ok
 
 
-class KernelStop(Exception):
-    """A fault: the kernel stops here (the fields of codegen.models.emulate.Fault)."""
-
-    def __init__(self, pc: int, instruction: str, reason: str, lane: int | None = None, address: int | None = None):
-        super().__init__(reason)
-        self.pc, self.instruction, self.reason, self.lane, self.address = pc, instruction, reason, lane, address
-
-
 class Program:
     """One kernel's code in this process: its loaded image and what was compiled at each PC."""
 
