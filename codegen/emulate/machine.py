@@ -19,7 +19,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -171,11 +170,10 @@ class Machine:
         return answer
 
     def _read_answer(self, proc: subprocess.Popen) -> dict | None:
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + self.timeout_s
-        if not sel.select(max(0.0, deadline - time.monotonic())):
-            raise ValueError(f"no answer within {self.timeout_s:g} s")
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            if not sel.select(self.timeout_s):
+                raise ValueError(f"no answer within {self.timeout_s:g} s")
         raw = read_frame(proc.stdout, ANSWER_LIMIT)
         return None if raw is None else json.loads(raw)
 
